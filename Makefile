@@ -1,0 +1,46 @@
+# The two commands of the README: `make study` and `make test`. Both create .venv when it is missing.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PLAN ?= plans/default.yaml
+
+.PHONY: study test install lab data smoke full clean-runs
+
+$(STAMP): pyproject.toml requirements.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e . || $(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+## the default study: datasets, every default run, tables and figures
+study: $(STAMP)
+	@start=$$(date +%s); \
+	$(BIN)/dmlstudy data generate && \
+	$(BIN)/dmlstudy study run $(PLAN); status=$$?; \
+	echo "study finished in $$(( $$(date +%s) - start )) s (status $$status)"; \
+	echo "runs and executed notebooks: runs/   tables: results/   figures: figures/"; \
+	exit $$status
+
+## the whole test suite: unit tests and every notebook under nbval (CI-sized defaults)
+test: $(STAMP)
+	$(BIN)/python -m pytest --nbval-lax tests notebooks
+
+smoke: $(STAMP)
+	$(BIN)/dmlstudy study run plans/smoke.yaml
+
+full: $(STAMP)
+	$(BIN)/dmlstudy study run plans/full.yaml
+
+data: $(STAMP)
+	$(BIN)/dmlstudy data generate
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+clean-runs:
+	rm -rf runs/

@@ -1,0 +1,137 @@
+"""Image-list datasets, layout errors and the dataset registry.
+
+Every reader (real benchmarks and the embedded sets) returns an :class:`ImageListDataset`: a list of
+image files with 0-based class labels that are contiguous *within the split* (what proxy and
+classifier losses need), plus the original class names/ids so nothing is lost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+
+class DatasetLayoutError(FileNotFoundError):
+    """A dataset folder does not have the expected layout; the message shows the layout and what is missing."""
+
+
+class CorruptImageError(OSError):
+    """An image file could not be decoded; the message names the file."""
+
+
+class ImageListDataset(torch.utils.data.Dataset):
+    """Images listed by path with integer labels.
+
+    Args:
+        paths: image files.
+        labels: class index per image, 0-based and contiguous within this split.
+        class_names: ``class_names[label]`` is the human-readable name (or original id) of a class.
+        transform: applied to the RGB ``PIL.Image``.
+        name: dataset name and split, for messages.
+        cache: keep decoded images in memory after the first read (small embedded sets).
+        flip_invariant: whether a horizontal flip keeps the class (False for glyphs: b/d).
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | Path],
+        labels: Sequence[int] | np.ndarray,
+        *,
+        class_names: Sequence[str] | None = None,
+        transform: Callable | None = None,
+        name: str = "",
+        cache: bool = False,
+        flip_invariant: bool = True,
+    ) -> None:
+        self.paths = [Path(p) for p in paths]
+        self.labels = np.asarray(labels, dtype=np.int64)
+        if len(self.paths) != len(self.labels):
+            raise ValueError(f"{name}: {len(self.paths)} paths but {len(self.labels)} labels")
+        n_classes = int(self.labels.max()) + 1 if len(self.labels) else 0
+        self.class_names = list(class_names) if class_names is not None else [str(c) for c in range(n_classes)]
+        self.transform = transform
+        self.name = name
+        self.flip_invariant = flip_invariant
+        self._cache: dict[int, Image.Image] | None = {} if cache else None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def load_image(self, index: int) -> Image.Image:
+        """The RGB image at ``index``; a file that cannot be decoded raises :class:`CorruptImageError`."""
+        if self._cache is not None and index in self._cache:
+            return self._cache[index]
+        path = self.paths[index]
+        try:
+            with Image.open(path) as handle:
+                image = handle.convert("RGB")
+        except FileNotFoundError as error:
+            raise DatasetLayoutError(f"{self.name}: image file listed but missing: {path}") from error
+        except (UnidentifiedImageError, OSError, SyntaxError) as error:
+            raise CorruptImageError(f"{self.name}: cannot decode image file {path}: {error}") from error
+        if self._cache is not None:
+            self._cache[index] = image
+        return image
+
+    def __getitem__(self, index: int):
+        image = self.load_image(index)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+
+DatasetBuilder = Callable[..., ImageListDataset]
+DATASETS: dict[str, DatasetBuilder] = {}
+
+
+@dataclass(frozen=True)
+class EvaluationProtocol:
+    """How a dataset is evaluated: the query split, the gallery split (None: all-vs-all within the query
+    split, self excluded) and the Recall@K list of the papers for it."""
+
+    query_split: str = "test"
+    gallery_split: str | None = None
+    recall_ks: tuple[int, ...] = (1, 2, 4, 8)
+
+
+PROTOCOLS: dict[str, EvaluationProtocol] = {}
+
+
+def register_dataset(name: str, *, protocol: EvaluationProtocol = EvaluationProtocol()) -> Callable[[DatasetBuilder], DatasetBuilder]:
+    """Decorator: ``@register_dataset("cub200") def build(root, split, transform=None) -> ImageListDataset``."""
+
+    def decorator(builder: DatasetBuilder) -> DatasetBuilder:
+        if name in DATASETS:
+            raise ValueError(f"dataset {name!r} registered twice")
+        DATASETS[name] = builder
+        PROTOCOLS[name] = protocol
+        return builder
+
+    return decorator
+
+
+def evaluation_protocol(name: str) -> EvaluationProtocol:
+    """The evaluation protocol of a registered dataset."""
+    if name not in PROTOCOLS:
+        raise KeyError(f"unknown dataset {name!r}; valid names: {', '.join(list_datasets())}")
+    return PROTOCOLS[name]
+
+
+def list_datasets() -> list[str]:
+    return sorted(DATASETS)
+
+
+def build_dataset(name: str, root: str | Path | None = None, split: str = "train", transform: Callable | None = None, **kwargs) -> ImageListDataset:
+    """Build a registered dataset split. ``root=None`` means ``data/<name>`` (embedded sets are generated there)."""
+    if name not in DATASETS:
+        raise KeyError(f"unknown dataset {name!r}; valid names: {', '.join(list_datasets())}")
+    root = Path(root) if root is not None else Path("data") / name
+    return DATASETS[name](root=root, split=split, transform=transform, **kwargs)

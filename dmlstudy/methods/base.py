@@ -1,0 +1,88 @@
+"""The shape every method has, and the method registry.
+
+A method is an ``nn.Module`` whose ``forward(images)`` returns the inference embedding (``B × d``,
+L2-normalised) and whose ``loss(images, labels)`` returns ``(loss, parts)``: the scalar to minimise and a
+dict of named parts (floats) for the logs. Extra test-time scoring (DIML re-ranking, cross-attention sⁿ)
+lives in separately named functions of the method's own file. The training loop knows nothing else.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from dmlstudy.models import Backbone
+
+POOLINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "avg": lambda feature_map: feature_map.mean(dim=(2, 3)),
+    "max": lambda feature_map: feature_map.amax(dim=(2, 3)),
+    "avgmax": lambda feature_map: feature_map.mean(dim=(2, 3)) + feature_map.amax(dim=(2, 3)),
+}
+
+
+def global_pool(feature_map: torch.Tensor, pooling: str = "avg") -> torch.Tensor:
+    """``B × C × H × W`` → ``B × C`` by the named pooling (``avg``, ``max``, ``avgmax``)."""
+    if pooling not in POOLINGS:
+        raise KeyError(f"unknown pooling {pooling!r}; valid names: {', '.join(POOLINGS)}")
+    return POOLINGS[pooling](feature_map)
+
+
+class Method(nn.Module):
+    """Base class of every method: a backbone plus whatever the method adds."""
+
+    def __init__(self, backbone: Backbone, *, embedding_dim: int = 128) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.embedding_dim = embedding_dim
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Inference embedding, ``B × d``, L2-normalised."""
+        raise NotImplementedError
+
+    def loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Training loss and its named parts."""
+        raise NotImplementedError
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        """Parameters trained at ``head_lr`` (proxies, class centres); everything else uses ``lr``."""
+        return []
+
+    def parameter_groups(self, *, lr: float, head_lr: float, weight_decay: float) -> list[dict]:
+        """Optimizer parameter groups: the model at ``lr``, :meth:`head_parameters` at ``head_lr``."""
+        head = {id(parameter) for parameter in self.head_parameters()}
+        body = [p for p in self.parameters() if p.requires_grad and id(p) not in head]
+        groups = [{"params": body, "lr": lr, "weight_decay": weight_decay, "name": "model"}]
+        if head:
+            groups.append({"params": [p for p in self.head_parameters() if p.requires_grad], "lr": head_lr, "weight_decay": 0.0, "name": "head"})
+        return groups
+
+
+MethodBuilder = Callable[..., Method]
+METHODS: dict[str, MethodBuilder] = {}
+
+
+def register_method(name: str, **preset) -> Callable[[MethodBuilder], MethodBuilder]:
+    """Decorator registering a method class (or builder) under ``name``, with optional preset keyword arguments."""
+
+    def decorator(builder: MethodBuilder) -> MethodBuilder:
+        if name in METHODS:
+            raise ValueError(f"method {name!r} registered twice")
+        METHODS[name] = (lambda **kwargs: builder(**{**preset, **kwargs})) if preset else builder
+        return builder
+
+    return decorator
+
+
+def list_methods() -> list[str]:
+    return sorted(METHODS)
+
+
+def build_method(name: str, *, backbone: Backbone, embedding_dim: int = 128, num_classes: int, **kwargs) -> Method:
+    """Build a registered method around ``backbone``; unknown names list the valid ones.
+
+    ``num_classes`` is the number of training classes (proxy/classifier methods need it; others ignore it).
+    """
+    if name not in METHODS:
+        raise KeyError(f"unknown method {name!r}; valid names: {', '.join(list_methods())}")
+    return METHODS[name](backbone=backbone, embedding_dim=embedding_dim, num_classes=num_classes, **kwargs)

@@ -1,0 +1,111 @@
+"""Backbones: any timm model by name, exposing its final feature map ``B × C × H × W``.
+
+CNNs give the map directly; ViT-like models give tokens, which are reshaped to their patch grid after the
+class/distillation (prefix) tokens are dropped; NHWC models (Swin, …) are permuted to NCHW.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import timm
+import torch
+from torch import nn
+
+from dmlstudy.models import convnet  # noqa: F401  (registers dml_convnet with timm)
+
+
+class Backbone(nn.Module):
+    """A timm model as a feature-map extractor.
+
+    Args:
+        name: a timm model name (``timm.list_models()``), e.g. ``dml_convnet``, ``resnet50``, ``deit_tiny_patch16_224``.
+        pretrained: load timm's pretrained weights (needs them cached locally: nothing is downloaded here).
+        checkpoint_path: a local file of weights for this architecture (classifier keys are ignored).
+        freeze_bn: keep BatchNorm layers in eval mode with frozen affine parameters, as the DML benchmark
+            codebases do for ImageNet-pretrained backbones.
+        image_size: passed as ``img_size`` to models that take it (ViTs), so the patch grid fits the images.
+        output_stride: passed to models that support dilation (ResNets), to keep a larger grid.
+    """
+
+    def __init__(
+        self,
+        name: str = "dml_convnet",
+        *,
+        pretrained: bool = False,
+        checkpoint_path: str | Path | None = None,
+        freeze_bn: bool = False,
+        image_size: int | None = None,
+        output_stride: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not timm.is_model(name):
+            close = difflib.get_close_matches(name, timm.list_models(), n=8)
+            raise KeyError(f"unknown backbone {name!r}: not a timm model name. Close matches: {close or 'none'}; "
+                           "the full list is timm.list_models(); the study's default is 'dml_convnet'.")
+        options: dict[str, object] = {"num_classes": 0, "global_pool": ""}
+        if output_stride is not None:
+            options["output_stride"] = output_stride
+        self.name = name
+        try:  # ViTs need img_size to fit their patch grid; CNNs do not take it
+            self.model = timm.create_model(name, pretrained=pretrained, img_size=image_size, **options) if image_size else None
+        except TypeError:
+            self.model = None
+        if self.model is None:
+            self.model = timm.create_model(name, pretrained=pretrained, **options)
+        if checkpoint_path:
+            load_backbone_checkpoint(self.model, checkpoint_path)
+        self.num_features = int(self.model.num_features)
+        self.num_prefix_tokens = int(getattr(self.model, "num_prefix_tokens", 0))
+        self.output_nhwc = getattr(self.model, "output_fmt", "NCHW") == "NHWC"
+        self.freeze_bn = freeze_bn
+        if freeze_bn:
+            for module in self.model.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    for parameter in module.parameters():
+                        parameter.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> "Backbone":
+        super().train(mode)
+        if self.freeze_bn:
+            for module in self.model.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Feature map ``B × C × H × W`` of ``images`` (``B × 3 × S × S``)."""
+        features = self.model.forward_features(images)
+        if features.ndim == 3:  # B × N × C tokens
+            tokens = features[:, self.num_prefix_tokens:]
+            side = int(round(tokens.shape[1] ** 0.5))
+            if side * side != tokens.shape[1]:
+                raise ValueError(f"backbone {self.name}: {tokens.shape[1]} patch tokens do not form a square grid")
+            return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], side, side)
+        if self.output_nhwc:
+            features = features.permute(0, 3, 1, 2)
+        return features
+
+
+def load_backbone_checkpoint(model: nn.Module, path: str | Path) -> None:
+    """Load a local weights file into ``model``; keys of a classifier head the backbone lacks are ignored.
+
+    Any other missing or unexpected key raises, naming the keys, so a wrong architecture is never half-loaded.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"backbone checkpoint not found: {path}")
+    state = timm.models.load_state_dict(str(path))
+    own = model.state_dict()
+    unexpected = [key for key in state if key not in own]
+    head_like = [key for key in unexpected if key.split(".")[0] in {"fc", "head", "classifier", "last_linear", "head_dist"}]
+    unexpected = [key for key in unexpected if key not in head_like]
+    missing = [key for key in own if key not in state]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match {type(model).__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    model.load_state_dict({key: value for key, value in state.items() if key in own})
+
+
+def build_backbone(name: str = "dml_convnet", **kwargs) -> Backbone:
+    """``Backbone(name, **kwargs)``; unknown names raise with close matches from timm's registry."""
+    return Backbone(name, **kwargs)

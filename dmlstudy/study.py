@@ -1,0 +1,207 @@
+"""Study plans: parameterized notebooks executed by papermill, and the tables gathered from their runs.
+
+A plan (``plans/*.yaml``)::
+
+    study: default                  # runs go to runs/<study>/
+    entries:
+      - name: baseline              # entry name; grid values are appended to it
+        notebook: notebooks/01_train.ipynb
+        parameters: {method: ms, epochs: 8}
+        grid: {dataset: [synbirds, glyphs], seed: [0, 1, 2]}   # every combination is one run
+
+Each expanded entry is executed in ``runs/<study>/<run_name>/`` (the executed notebook is written beside
+the run's records; ``study`` and ``run_name`` are injected when the notebook has those parameters). An
+entry whose ``study_entry.json`` says ``complete`` with the same parameters is skipped, so re-running a
+plan resumes where it stopped; a failing notebook is recorded and the plan continues; the failures are
+listed at the end with the cell that failed.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import yaml
+
+from dmlstudy.paths import project_root, runs_root
+from dmlstudy.records import write_json
+
+
+class PlanError(ValueError):
+    """A plan file is malformed; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One notebook execution: the notebook, its parameters and where its run lives."""
+
+    study: str
+    run_name: str
+    notebook: Path
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def run_dir(self, root: Path) -> Path:
+        return root / self.study / self.run_name
+
+
+def _slug(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", text).strip("_")
+
+
+def load_plan(path: str | Path) -> list[PlanEntry]:
+    """Read a plan file and expand every entry's grid into :class:`PlanEntry` objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"plan file not found: {path}")
+    plan = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(plan, dict) or "entries" not in plan:
+        raise PlanError(f"{path}: expected a mapping with 'study' and a list of 'entries'")
+    study = str(plan.get("study") or path.stem)
+    base = project_root()
+    entries: list[PlanEntry] = []
+    for number, entry in enumerate(plan["entries"], start=1):
+        if not isinstance(entry, dict) or "notebook" not in entry or "name" not in entry:
+            raise PlanError(f"{path}: entry {number} needs 'name' and 'notebook', got {entry!r}")
+        notebook = Path(entry["notebook"])
+        notebook = notebook if notebook.is_absolute() else base / notebook
+        if not notebook.is_file():
+            raise PlanError(f"{path}: entry {entry['name']!r}: notebook not found: {notebook}")
+        grid = entry.get("grid") or {}
+        keys = list(grid)
+        for values in itertools.product(*(grid[key] if isinstance(grid[key], list) else [grid[key]] for key in keys)):
+            combination = dict(zip(keys, values))
+            name = "-".join([entry["name"], *(f"{key}={_slug(value)}" for key, value in combination.items())])
+            entries.append(PlanEntry(study, name, notebook, {**(entry.get("parameters") or {}), **combination}))
+    names = [e.run_name for e in entries]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise PlanError(f"{path}: run names repeat: {duplicates}; give the entries distinct names")
+    return entries
+
+
+def notebook_parameters(notebook: Path) -> dict[str, dict]:
+    """The parameters a notebook declares in its ``parameters`` cell (papermill's inspection)."""
+    import papermill
+
+    return papermill.inspect_notebook(str(notebook))
+
+
+def injected_parameters(entry: PlanEntry, declared: Iterable[str], root: Path) -> dict[str, Any]:
+    """The entry's parameters plus ``study``/``run_name``/``runs_root`` where the notebook declares them."""
+    declared = set(declared)
+    unknown = sorted(set(entry.parameters) - declared)
+    if unknown:
+        raise PlanError(f"entry {entry.run_name!r}: {entry.notebook.name} has no parameters {unknown}; it declares {sorted(declared)}")
+    extra = {"study": entry.study, "run_name": entry.run_name, "runs_root": str(root)}
+    return {**{k: v for k, v in extra.items() if k in declared}, **entry.parameters}
+
+
+@dataclass
+class EntryOutcome:
+    entry: PlanEntry
+    status: str  # complete, skipped or failed
+    seconds: float = 0.0
+    error: str = ""
+
+
+def _is_complete(record: Path, parameters: dict[str, Any]) -> bool:
+    if not record.is_file():
+        return False
+    stored = json.loads(record.read_text())
+    return stored.get("status") == "complete" and stored.get("parameters") == json.loads(json.dumps(parameters, default=str))
+
+
+def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = "", kernel_name: str = "python3", progress: bool = True) -> list[EntryOutcome]:
+    """Execute every entry of a plan with papermill (see the module docstring); returns one outcome per entry."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    root = Path(root) if root else runs_root()
+    entries = [e for e in load_plan(plan) if re.search(only, e.run_name)] if only else load_plan(plan)
+    declared = {notebook: notebook_parameters(notebook) for notebook in {e.notebook for e in entries}}
+    prepared = [(entry, injected_parameters(entry, declared[entry.notebook], root)) for entry in entries]
+    outcomes: list[EntryOutcome] = []
+    for number, (entry, parameters) in enumerate(prepared, start=1):
+        run_dir = entry.run_dir(root)
+        record = run_dir / "study_entry.json"
+        if _is_complete(record, parameters):
+            outcomes.append(EntryOutcome(entry, "skipped"))
+            print(f"[{number}/{len(prepared)}] {entry.run_name}: complete, skipped", flush=True)
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"[{number}/{len(prepared)}] {entry.run_name}: {entry.notebook.name} {parameters}", flush=True)
+        started = time.perf_counter()
+        try:
+            papermill.execute_notebook(
+                str(entry.notebook), str(run_dir / entry.notebook.name), parameters=parameters,
+                kernel_name=kernel_name, cwd=str(project_root()), progress_bar=False,
+            )
+            outcome = EntryOutcome(entry, "complete", time.perf_counter() - started)
+        except PapermillExecutionError as error:
+            outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"cell {error.exec_count}: {error.ename}: {error.evalue}")
+        except Exception as error:  # a kernel that died, a notebook that could not be read, …
+            outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}")
+        write_json(record, {"status": outcome.status, "notebook": str(entry.notebook), "parameters": parameters, "seconds": outcome.seconds, "error": outcome.error})
+        print(f"    {outcome.status} in {outcome.seconds:.0f} s {outcome.error}", flush=True)
+        outcomes.append(outcome)
+    failures = [o for o in outcomes if o.status == "failed"]
+    print(f"plan {Path(plan).name}: {sum(o.status == 'complete' for o in outcomes)} ran, "
+          f"{sum(o.status == 'skipped' for o in outcomes)} skipped, {len(failures)} failed", flush=True)
+    for failure in failures:
+        print(f"  FAILED {failure.entry.run_name} ({failure.entry.notebook.name}) — {failure.error}", flush=True)
+    return outcomes
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()}
+    return {prefix: json.dumps(value) if isinstance(value, list) else value}
+
+
+def gather_runs(study: str, *, root: str | Path | None = None) -> pd.DataFrame:
+    """One row per finished run of a study: its config fields (``method_kwargs.K1``, …) and metrics."""
+    root = Path(root) if root else runs_root()
+    rows = []
+    for metrics_file in sorted((root / study).glob("**/metrics.json")):
+        config_file = metrics_file.parent / "config.yaml"
+        config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+        rows.append({**_flatten("", config), **json.loads(metrics_file.read_text()), "run_dir": str(metrics_file.parent)})
+    return pd.DataFrame(rows)
+
+
+def summarize(frame: pd.DataFrame, *, by: list[str], metrics: list[str], percent: bool = True, decimals: int = 1) -> pd.DataFrame:
+    """Mean ± std over the runs of each group (seeds): a tidy table with a ``runs`` column.
+
+    Retrieval metrics (fractions) are shown in percent when ``percent``; other columns as they are.
+    """
+    missing = [c for c in [*by, *metrics] if c not in frame.columns]
+    if missing:
+        raise KeyError(f"columns {missing} not in the gathered runs; available: {sorted(frame.columns)}")
+    grouped = frame.groupby(by, dropna=False, sort=False)
+    table = grouped.size().rename("runs").to_frame()
+    for metric in metrics:
+        scale = 100.0 if percent and metric in PERCENT_METRICS else 1.0
+        mean, std = grouped[metric].mean() * scale, grouped[metric].std(ddof=1).fillna(0.0) * scale
+        table[metric] = [f"{m:.{decimals}f} ± {s:.{decimals}f}" for m, s in zip(mean, std)]
+        table[f"{metric}_mean"], table[f"{metric}_std"] = mean, std
+    return table.reset_index()
+
+
+PERCENT_METRICS = {"R@1", "R@2", "R@4", "R@8", "R@10", "R@16", "R@20", "R@30", "R@32", "R@100", "R@1000", "P@1", "RP", "MAP@R", "NMI"}
+
+
+def write_table(table: pd.DataFrame, path_stem: str | Path, *, display_columns: list[str] | None = None) -> tuple[Path, Path]:
+    """Write ``<stem>.csv`` (all columns) and ``<stem>.md`` (the display columns) and return both paths."""
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = stem.with_suffix(".csv"), stem.with_suffix(".md")
+    table.to_csv(csv_path, index=False)
+    shown = table[display_columns] if display_columns else table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
+    md_path.write_text(shown.to_markdown(index=False) + "\n")
+    return csv_path, md_path

@@ -1,0 +1,106 @@
+"""The training engine: records, determinism, kill-and-resume, bad parameters."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from dmlstudy.train import TrainConfig, run
+
+
+def test_run_leaves_complete_records(tiny_config):
+    result = run(tiny_config(run_name="records"))
+    for name, path in result.records.items():
+        assert path.is_file(), name
+    stored = json.loads(result.records["metrics.json"].read_text())
+    assert stored["R@1"] == result.metrics["R@1"] and 0.0 <= stored["R@1"] <= 1.0
+    assert {"R@1", "R@2", "R@4", "R@8", "RP", "MAP@R", "NMI", "ESD", "rho"} <= set(stored)
+    history = pd.read_csv(result.records["history.csv"])
+    assert list(history["epoch"]) == [1, 2] and history["loss"].notna().all()
+    assert yaml.safe_load(result.records["config.yaml"].read_text())["run_name"] == "records"
+    environment = json.loads(result.records["environment.json"].read_text())
+    assert environment["packages"]["torch"] == torch.__version__.split("+")[0] or environment["packages"]["torch"]
+    with np.load(result.records["embeddings.npz"]) as arrays:
+        assert arrays["embeddings"].shape == (72, 128) and arrays["labels"].shape == (72,)
+
+
+def test_same_seed_gives_identical_metrics_and_other_seed_differs(tiny_config):
+    first = run(tiny_config(run_name="a", seed=3))
+    second = run(tiny_config(run_name="b", seed=3))
+    other = run(tiny_config(run_name="c", seed=4))
+    assert first.metrics["R@1"] == second.metrics["R@1"] and first.metrics["MAP@R"] == second.metrics["MAP@R"]
+    np.testing.assert_array_equal(first.embeddings["embeddings"], second.embeddings["embeddings"])
+    assert not np.array_equal(first.embeddings["embeddings"], other.embeddings["embeddings"])
+
+
+def test_training_lowers_the_loss(tiny_config):
+    result = run(tiny_config(run_name="learns", epochs=6, steps_per_epoch=4, lr_schedule="constant"))
+    losses = result.history["loss"].to_numpy()
+    assert losses[-2:].mean() < losses[:2].mean()
+
+
+def test_complete_run_is_loaded_not_retrained(tiny_config):
+    first = run(tiny_config(run_name="done"))
+    stamp = first.records["metrics.json"].stat().st_mtime_ns
+    again = run(tiny_config(run_name="done", resume=True))
+    assert again.records["metrics.json"].stat().st_mtime_ns == stamp
+    assert again.metrics == first.metrics
+    torch.testing.assert_close(again.method.embedding.weight, first.method.embedding.weight)
+
+
+def test_killed_run_resumes_to_the_same_metrics(tiny_config, tmp_path):
+    reference = run(tiny_config(run_name="uninterrupted", epochs=5, steps_per_epoch=3))
+    killed = tiny_config(run_name="killed", epochs=5, steps_per_epoch=3)
+    arguments = [sys.executable, "-m", "dmlstudy", "train"]
+    for name, value in killed.to_dict().items():
+        option = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            arguments.append(option if value else "--no-" + option[2:])
+        elif isinstance(value, (dict, list)):
+            arguments += [option, json.dumps(value)]
+        else:
+            arguments += [option, str(value)]
+    process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = killed.run_dir / "checkpoint.pt"
+    deadline = time.time() + 120
+    while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoint.exists(), "the run never wrote a checkpoint"
+    assert not (killed.run_dir / "metrics.json").exists(), "the run finished before it could be killed"
+    stored_epoch = torch.load(checkpoint, weights_only=False)["epoch"]
+    assert stored_epoch < 4
+    resumed = run(tiny_config(run_name="killed", epochs=5, steps_per_epoch=3, resume=True))
+    assert len(resumed.history) == 5
+    assert resumed.metrics["R@1"] == reference.metrics["R@1"]
+    np.testing.assert_allclose(resumed.embeddings["embeddings"], reference.embeddings["embeddings"], atol=1e-6)
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("epochs", "3", "parameter 'epochs' must be of type int, got str"),
+    ("lr", "fast", "parameter 'lr' must be of type float"),
+    ("progress", 1, "parameter 'progress' must be of type bool"),
+    ("method_kwargs", [1], "parameter 'method_kwargs' must be of type dict"),
+    ("samples_per_class", 1, "samples_per_class"),
+    ("optimizer", "adagrad", "optimizer"),
+])
+def test_bad_parameters_are_named(name, value, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        TrainConfig(**{name: value})
+
+
+def test_integer_learning_rate_is_accepted_as_float():
+    assert TrainConfig(lr=1).lr == 1.0
+
+
+@pytest.mark.parametrize("field,value,message", [("method", "msx", "valid names"), ("dataset", "cub", "valid names"), ("backbone", "resnet_50", "timm")])
+def test_unknown_names_list_the_valid_ones(tiny_config, field, value, message):
+    with pytest.raises(KeyError, match=message):
+        run(tiny_config(**{field: value}))
