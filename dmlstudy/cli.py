@@ -31,10 +31,13 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from dmlstudy.distributed import is_main_process
     from dmlstudy.train import TrainConfig, run
 
     values = {k: v for k, v in vars(args).items() if k in TrainConfig.field_names()}
     result = run(TrainConfig(**values))
+    if not is_main_process():
+        return 0
     shown = {k: round(v, 4) for k, v in result.metrics.items() if isinstance(v, float)}
     print(f"run folder: {result.run_dir}\nmetrics: {shown}")
     return 0

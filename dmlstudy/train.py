@@ -10,10 +10,8 @@ checkpoint of epoch e continues exactly as the uninterrupted run (on CPU).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -21,10 +19,14 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 import torch
+import yaml
+from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
+from dmlstudy import distributed
 from dmlstudy import metrics as metric_functions
+from dmlstudy.config import TypedConfig
 from dmlstudy.data import ClassBalancedBatchSampler, ImageListDataset, build_dataset, build_transforms, evaluation_protocol
 from dmlstudy.methods import Method, build_method
 from dmlstudy.models import build_backbone
@@ -33,7 +35,7 @@ from dmlstudy.records import environment_info, save_torch, seed_everything, writ
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(TypedConfig):
     """Everything one training run depends on. Field names match the notebook's ``parameters`` cell.
 
     The defaults are a CI-sized run (well under a minute on 2 CPU cores); plans override them.
@@ -65,36 +67,18 @@ class TrainConfig:
     weight_decay: float = 1e-4  # weight decay of the backbone and embedding
     lr_schedule: str = "cosine"  # constant or cosine (per epoch, to 1 % of lr)
     eval_every: int = 1  # evaluate on the test classes every n epochs (and always after the last)
-    recall_ks: list = field(default_factory=list)  # [] = the dataset's standard K list
+    recall_ks: list = field(default_factory=list)  # Recall@K list; empty: the dataset's standard list
     eval_batch_size: int = 256  # batch size when embedding the test set
     num_workers: int = 0  # DataLoader worker processes
     seed: int = 0  # seeds model init, batches and augmentation
     device: str = "auto"  # auto (CUDA when present), cpu or cuda
+    sync_bn: bool = False  # SyncBatchNorm across ranks under torchrun (GPU); or use freeze_bn
     resume: bool = False  # continue from the run folder's checkpoint; a complete run is loaded, not retrained
     progress: bool = True  # tqdm progress bars
 
-    def __post_init__(self) -> None:
-        self.validate()
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def from_namespace(cls, namespace: Mapping[str, Any]) -> "TrainConfig":
-        """Build from a notebook's globals (the injected ``parameters``); unknown names are ignored."""
-        return cls(**{name: namespace[name] for name in cls.field_names() if name in namespace})
-
     def validate(self) -> None:
         """Check every field's type and range; the message names the offending parameter."""
-        hints = typing.get_type_hints(type(self))
-        for name in self.field_names():
-            value, expected = getattr(self, name), hints[name]
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                setattr(self, name, float(value))
-                continue
-            if expected is int and isinstance(value, bool) or not isinstance(value, expected):
-                raise TypeError(f"parameter {name!r} must be of type {expected.__name__}, got {type(value).__name__} {value!r}")
+        self.check_types()
         positive = ("embedding_dim", "image_size", "classes_per_batch", "samples_per_class", "epochs", "eval_every", "eval_batch_size")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -108,6 +92,9 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"parameter 'device' must be auto, cpu or cuda[:i], got {self.device!r}")
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     @property
     def resolved_run_name(self) -> str:
         return self.run_name or f"{self.dataset}-{self.method}-seed{self.seed}"
@@ -116,8 +103,6 @@ class TrainConfig:
     def run_dir(self) -> Path:
         return Path(self.runs_root or runs_root()) / self.study / self.resolved_run_name
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": lambda groups, **kw: torch.optim.SGD(groups, momentum=0.9, **kw)}
@@ -163,6 +148,27 @@ def _first_classes(dataset: ImageListDataset, count: int) -> ImageListDataset | 
     return subset
 
 
+class SeededAugmentation(torch.utils.data.Dataset):
+    """Training view whose random augmentation of item ``i`` in epoch ``e`` is a pure function of
+    ``(seed, e, i)``: results do not depend on batch order, DataLoader workers, or how a global batch is
+    split across distributed ranks (so one process and N processes see identical images)."""
+
+    def __init__(self, dataset, *, seed: int) -> None:
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+        self.labels, self.num_classes = dataset.labels, dataset.num_classes
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + self.epoch * 7_919 + int(index) * 104_729) % 2**63)
+            return self.dataset[index]
+
+
 def load_datasets(config: TrainConfig) -> dict[str, Any]:
     """Train split (train transforms) and the evaluation splits (test transforms) of ``config.dataset``."""
     root = Path(config.data_root or data_root()) / config.dataset
@@ -173,7 +179,7 @@ def load_datasets(config: TrainConfig) -> dict[str, Any]:
     query = build_dataset(config.dataset, root, protocol.query_split, transform=test_transform)
     gallery = build_dataset(config.dataset, root, protocol.gallery_split, transform=test_transform) if protocol.gallery_split else None
     return {
-        "train": _first_classes(train, config.train_classes),
+        "train": SeededAugmentation(_first_classes(train, config.train_classes), seed=config.seed),
         "query": _first_classes(query, config.test_classes),
         "gallery": _first_classes(gallery, config.test_classes) if gallery is not None else None,
         "recall_ks": tuple(config.recall_ks) or protocol.recall_ks,
@@ -182,13 +188,23 @@ def load_datasets(config: TrainConfig) -> dict[str, Any]:
 
 @torch.no_grad()
 def embed(method: Method, dataset, *, batch_size: int = 256, device: torch.device | str = "cpu", num_workers: int = 0) -> np.ndarray:
-    """Inference embeddings (``N × d``, float32) of a dataset, in dataset order."""
+    """Inference embeddings (``N × d``, float32) of a dataset, in dataset order.
+
+    Under torchrun each rank embeds one contiguous shard and the shards are gathered once.
+    """
     was_training = method.training
     method.eval()
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
-    chunks = [method(images.to(device)).float().cpu() for images, _ in loader]
+    shard = np.array_split(np.arange(len(dataset)), distributed.world_size())[distributed.rank()]
+    size = int(np.ceil(len(dataset) / distributed.world_size()))
+    loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    chunks = [method(images.to(device)).float() for images, _ in loader]
+    local = torch.cat(chunks) if chunks else torch.zeros(0, method.embedding_dim, device=device)
     method.train(was_training)
-    return torch.cat(chunks).numpy()
+    if distributed.world_size() == 1:
+        return local.cpu().numpy()
+    padded = torch.cat([local, local.new_zeros(size - len(local), local.shape[1])])
+    gathered = distributed.gather_without_grad(padded).reshape(distributed.world_size(), size, -1)
+    return torch.cat([part[:len(rows)] for part, rows in zip(gathered, np.array_split(np.arange(len(dataset)), distributed.world_size()))]).cpu().numpy()
 
 
 def evaluate(method: Method, datasets: Mapping[str, Any], *, batch_size: int, device: torch.device, num_workers: int = 0) -> tuple[dict[str, float], dict[str, np.ndarray]]:
@@ -232,23 +248,67 @@ def _load_complete(config: TrainConfig, datasets: Mapping[str, Any], device: tor
     return RunResult(config, run_dir, json.loads((run_dir / "metrics.json").read_text()), pd.read_csv(run_dir / "history.csv"), method, embeddings)
 
 
+# Fields that do not change what a run computes: a resumed run may differ in these.
+NON_IDENTITY_FIELDS = ("resume", "progress", "runs_root", "data_root", "device", "num_workers", "eval_batch_size")
+
+
+def check_resumable(config: TrainConfig) -> None:
+    """Refuse to resume a run folder that holds a run of a different configuration (names the fields)."""
+    stored_file = config.run_dir / "config.yaml"
+    if not stored_file.is_file():
+        return
+    stored = yaml.safe_load(stored_file.read_text()) or {}
+    current = config.to_dict()
+    differing = {k: (stored.get(k), current[k]) for k in current if k not in NON_IDENTITY_FIELDS and stored.get(k) != current[k]}
+    if differing:
+        details = ", ".join(f"{k}: stored {old!r} ≠ requested {new!r}" for k, (old, new) in differing.items())
+        raise ValueError(f"cannot resume {config.run_dir}: it holds a run with another configuration ({details}). "
+                         "Use another run_name or study, or run with resume=False to overwrite it.")
+
+
+class _LossStep(nn.Module):
+    """``forward(images, labels) = method.loss(images, labels)``, so DistributedDataParallel (which hooks a
+    module's forward) can wrap a method's training loss."""
+
+    def __init__(self, method: Method) -> None:
+        super().__init__()
+        self.method = method
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor):
+        return self.method.loss(images, labels)
+
+
 def run(config: TrainConfig) -> RunResult:
-    """Train ``config.method`` on ``config.dataset`` and evaluate it; see the module docstring for the records."""
+    """Train ``config.method`` on ``config.dataset`` and evaluate it; see the module docstring for the records.
+
+    Under ``torchrun`` (several processes) the model is wrapped in DistributedDataParallel, each rank takes
+    its share of every global P × M batch, methods gather embeddings across ranks before their pair losses,
+    and only rank 0 writes records and checkpoints.
+    """
     config.validate()
-    device = resolve_device(config.device)
+    device = distributed.setup(config.device) if distributed.launched_by_torchrun() else resolve_device(config.device)
+    main_process = distributed.is_main_process()
     run_dir = config.run_dir
+    if config.resume:
+        check_resumable(config)
     datasets = load_datasets(config)
     checkpoint_path = run_dir / "checkpoint.pt"
     if config.resume and (run_dir / "metrics.json").is_file() and checkpoint_path.is_file():
         return _load_complete(config, datasets, device)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_yaml(run_dir / "config.yaml", config.to_dict())
-    write_json(run_dir / "environment.json", environment_info(str(device)))
-    (run_dir / "metrics.json").unlink(missing_ok=True)
+    if main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_yaml(run_dir / "config.yaml", config.to_dict())
+        write_json(run_dir / "environment.json", {**environment_info(str(device)), "world_size": distributed.world_size()})
+        (run_dir / "metrics.json").unlink(missing_ok=True)
 
     train = datasets["train"]
     method = build_model(config, train.num_classes).to(device)
+    step = _LossStep(method)
+    if distributed.world_size() > 1:
+        if config.sync_bn:
+            step = nn.SyncBatchNorm.convert_sync_batchnorm(step)
+        step = nn.parallel.DistributedDataParallel(step, find_unused_parameters=True)
     groups = method.parameter_groups(lr=config.lr, head_lr=config.head_lr, weight_decay=config.weight_decay)
     optimizer = OPTIMIZERS[config.optimizer]([{k: v for k, v in g.items() if k != "name"} for g in groups])
     base_lrs = [group["lr"] for group in optimizer.param_groups]
@@ -258,6 +318,8 @@ def run(config: TrainConfig) -> RunResult:
         samples_per_class=config.samples_per_class,
         num_batches=config.steps_per_epoch or None,
         seed=config.seed,
+        rank=distributed.rank(),
+        world_size=distributed.world_size(),
     )
     history: list[dict[str, float]] = []
     start_epoch = 0
@@ -269,18 +331,20 @@ def run(config: TrainConfig) -> RunResult:
 
     latest: dict[str, float] = next((row for row in reversed(history) if "R@1" in row), {})
     arrays: dict[str, np.ndarray] = {}
-    epochs = tqdm(range(start_epoch, config.epochs), desc=config.resolved_run_name, disable=not config.progress, initial=start_epoch, total=config.epochs)
+    show = config.progress and main_process
+    epochs = tqdm(range(start_epoch, config.epochs), desc=config.resolved_run_name, disable=not show, initial=start_epoch, total=config.epochs)
     for epoch in epochs:
         seed_everything(_epoch_seed(config.seed, epoch))
         sampler.set_epoch(epoch)
+        train.set_epoch(epoch)
         scale = SCHEDULES[config.lr_schedule](epoch, config.epochs)
         for group, base_lr in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base_lr * scale
         method.train()
         loader = DataLoader(train, batch_sampler=sampler, num_workers=config.num_workers)
         started, totals, steps = time.perf_counter(), {}, 0
-        for images, labels in tqdm(loader, desc=f"epoch {epoch + 1}", leave=False, disable=not config.progress):
-            loss, parts = method.loss(images.to(device), labels.to(device))
+        for images, labels in tqdm(loader, desc=f"epoch {epoch + 1}", leave=False, disable=not show):
+            loss, parts = step(images.to(device), labels.to(device))
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"run {config.resolved_run_name}: loss became {loss.item()} at epoch {epoch + 1}, step {steps + 1}")
             optimizer.zero_grad(set_to_none=True)
@@ -295,8 +359,9 @@ def run(config: TrainConfig) -> RunResult:
             latest, arrays = evaluate(method, datasets, batch_size=config.eval_batch_size, device=device, num_workers=config.num_workers)
             row.update(latest, eval_seconds=time.perf_counter() - eval_started)
         history.append(row)
-        pd.DataFrame(history).to_csv(run_dir / "history.csv", index=False)
-        save_torch(checkpoint_path, {"epoch": epoch, "method": method.state_dict(), "optimizer": optimizer.state_dict(), "history": history, "config": config.to_dict()})
+        if main_process:
+            pd.DataFrame(history).to_csv(run_dir / "history.csv", index=False)
+            save_torch(checkpoint_path, {"epoch": epoch, "method": method.state_dict(), "optimizer": optimizer.state_dict(), "history": history, "config": config.to_dict()})
         epochs.set_postfix(loss=f"{row['loss']:.4f}", R1=f"{latest.get('R@1', float('nan')):.3f}")
 
     if not arrays:  # resumed after the last epoch's checkpoint but before the records were written
@@ -309,6 +374,7 @@ def run(config: TrainConfig) -> RunResult:
         "seconds_per_epoch": float(frame["train_seconds"].mean()),
         "parameters": int(sum(p.numel() for p in method.parameters())),
     }
-    np.savez(run_dir / "embeddings.npz", **arrays)
-    write_json(run_dir / "metrics.json", summary)
+    if main_process:
+        np.savez(run_dir / "embeddings.npz", **arrays)
+        write_json(run_dir / "metrics.json", summary)
     return RunResult(config, run_dir, summary, frame, method, arrays)

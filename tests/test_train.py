@@ -104,3 +104,10 @@ def test_integer_learning_rate_is_accepted_as_float():
 def test_unknown_names_list_the_valid_ones(tiny_config, field, value, message):
     with pytest.raises(KeyError, match=message):
         run(tiny_config(**{field: value}))
+
+
+def test_resuming_a_run_of_another_configuration_is_refused(tiny_config):
+    run(tiny_config(run_name="fixed", epochs=1))
+    with pytest.raises(ValueError, match=r"another configuration \(epochs: stored 1 ≠ requested 2"):
+        run(tiny_config(run_name="fixed", epochs=2, resume=True))
+    run(tiny_config(run_name="fixed", epochs=1, resume=True, progress=True))  # presentation fields may differ

@@ -17,7 +17,7 @@ import nbformat
 def parameter_lines(config_class: type, overrides: dict | None = None) -> str:
     """``name: type = literal  # comment`` for every field of ``config_class`` (comments from its source)."""
     overrides = overrides or {}
-    source = inspect.getsource(config_class)
+    source = "\n".join(inspect.getsource(klass) for klass in reversed(config_class.__mro__) if dataclasses.is_dataclass(klass))
     comments = {}
     for line in source.splitlines():
         stripped = line.strip()

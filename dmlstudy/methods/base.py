@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from dmlstudy.distributed import gather_with_grad, gather_without_grad
 from dmlstudy.models import Backbone
 
 POOLINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -43,6 +44,12 @@ class Method(nn.Module):
     def loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """Training loss and its named parts."""
         raise NotImplementedError
+
+    @staticmethod
+    def gather(embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global batch across distributed ranks (with gradients for ``embeddings``); the identity in one
+        process. Pair-based losses call it before building their similarity matrix."""
+        return gather_with_grad(embeddings), gather_without_grad(labels)
 
     def head_parameters(self) -> list[nn.Parameter]:
         """Parameters trained at ``head_lr`` (proxies, class centres); everything else uses ``lr``."""

@@ -37,7 +37,8 @@ class Baseline(Method):
         return F.normalize(self.embedding(global_pool(self.backbone(images), self.pooling)), dim=1)
 
     def loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        value = self.criterion(self(images), labels)
+        embeddings, labels = self.gather(self(images), labels)
+        value = self.criterion(embeddings, labels)
         return value, {self.loss_name: float(value.detach())}
 
     def head_parameters(self) -> list[nn.Parameter]:

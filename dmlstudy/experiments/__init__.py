@@ -1,0 +1,14 @@
+"""Study notebooks' logic: one module per notebook, each with the typed config its ``parameters`` cell
+mirrors and the functions (sweeps, tables) the notebook calls. Notebooks stay thin.
+
+``NOTEBOOK_CONFIGS`` maps each notebook to the dataclass its ``parameters`` cell mirrors one to one
+(checked by ``tests/test_notebooks.py``).
+"""
+NOTEBOOK_CONFIGS = {
+    "00_datasets.ipynb": "dmlstudy.experiments.datasets:DatasetTour",
+    "01_train.ipynb": "dmlstudy.train:TrainConfig",
+    "10_crt.ipynb": "dmlstudy.experiments.crt:CRTStudy",
+    "20_diml.ipynb": "dmlstudy.experiments.diml:DIMLStudy",
+    "30_cross_attention.ipynb": "dmlstudy.experiments.cross_attention:CrossAttentionStudy",
+    "40_dgcrl.ipynb": "dmlstudy.experiments.dgcrl:DGCRLStudy",
+}

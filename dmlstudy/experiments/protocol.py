@@ -1,0 +1,98 @@
+"""The shared protocol of every study notebook: same backbone, image size, embedding size, batch and
+epochs for every method in a table, and mean ± std over seeds (the fair comparison none of the papers make).
+
+A notebook's config dataclass subclasses :class:`ProtocolConfig`; :meth:`ProtocolConfig.train_config` turns
+it into the :class:`~dmlstudy.train.TrainConfig` of one run, and :func:`run_grid` trains a list of them,
+reusing complete runs (``resume=True``), so re-executing a notebook costs nothing for finished runs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from dmlstudy.config import TypedConfig
+from dmlstudy.study import summarize
+from dmlstudy.train import RunResult, TrainConfig, run
+
+
+@dataclass
+class ProtocolConfig(TypedConfig):
+    """Fields shared by every study notebook. Defaults are CI-sized; plans inject the study's sizes."""
+
+    study: str = "notebooks"  # runs go to <runs_root>/<study>/
+    runs_root: str = ""  # default: <project>/runs
+    data_root: str = ""  # default: <project>/data
+    datasets: list = field(default_factory=lambda: ["synbirds"])  # embedded sets: synbirds, glyphs
+    seeds: list = field(default_factory=lambda: [0])  # one run per seed; tables report mean ± std
+    backbone: str = "dml_convnet"  # timm model name, the same for every method of a table
+    image_size: int = 64  # pixels
+    embedding_dim: int = 128  # d of every method
+    classes_per_batch: int = 16  # P
+    samples_per_class: int = 4  # M
+    epochs: int = 2  # training epochs per run
+    steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
+    train_classes: int = 16  # 0: all training classes
+    test_classes: int = 16  # 0: all test classes
+    lr: float = 1e-3  # backbone/embedding learning rate
+    progress: bool = False  # tqdm bars inside the notebook
+
+    def protocol_text(self) -> str:
+        """One line describing the protocol, printed above every table."""
+        sizes = "all" if not self.train_classes else f"first {self.train_classes}"
+        return (f"backbone {self.backbone} (random init), {self.image_size} px, d = {self.embedding_dim}, batch "
+                f"{self.classes_per_batch}×{self.samples_per_class}, {self.epochs} epochs × "
+                f"{self.steps_per_epoch or 'full'} steps, AdamW lr {self.lr:g}, {sizes} train classes, "
+                f"seeds {self.seeds}")
+
+    def train_config(self, *, dataset: str, method: str, seed: int, name: str, method_kwargs: dict | None = None, **overrides) -> TrainConfig:
+        """The :class:`TrainConfig` of one run of this protocol; ``name`` + seed make its run name."""
+        values = dict(
+            study=self.study, runs_root=self.runs_root, data_root=self.data_root, dataset=dataset, method=method,
+            method_kwargs=dict(method_kwargs or {}), backbone=self.backbone, image_size=self.image_size,
+            embedding_dim=self.embedding_dim, classes_per_batch=self.classes_per_batch,
+            samples_per_class=self.samples_per_class, epochs=self.epochs, steps_per_epoch=self.steps_per_epoch,
+            train_classes=self.train_classes, test_classes=self.test_classes, lr=self.lr, seed=seed,
+            run_name=f"{dataset}-{name}-seed{seed}", resume=True, progress=self.progress,
+        )
+        values.update(overrides)
+        return TrainConfig(**values)
+
+    def grid(self, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, TrainConfig]]:
+        """``(variant, config)`` for every variant × dataset × seed; a variant maps to ``train_config`` kwargs
+        (``method``, ``method_kwargs`` and any TrainConfig override)."""
+        configs = []
+        for dataset in datasets or self.datasets:
+            for variant, spec in variants.items():
+                for seed in self.seeds:
+                    configs.append((variant, self.train_config(dataset=dataset, seed=seed, name=variant, **dict(spec))))
+        return configs
+
+
+def run_grid(configs: list[tuple[str, TrainConfig]]) -> list[tuple[str, RunResult]]:
+    """Train every config (complete runs are loaded, not retrained)."""
+    return [(variant, run(config)) for variant, config in configs]
+
+
+def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
+    """One row per run: variant, dataset, seed, metrics, and the method's keyword arguments as JSON."""
+    rows = []
+    for variant, result in results:
+        config = result.config
+        rows.append({"variant": variant, "dataset": config.dataset, "method": config.method, "seed": config.seed,
+                     "method_kwargs": json.dumps(config.method_kwargs, sort_keys=True), **result.metrics})
+    return pd.DataFrame(rows)
+
+
+def mean_std_table(frame: pd.DataFrame, *, metrics: list[str], by: tuple[str, ...] = ("dataset", "variant")) -> pd.DataFrame:
+    """Mean ± std over seeds per (dataset, variant), in the order the variants were run."""
+    return summarize(frame, by=list(by), metrics=metrics)
+
+
+def with_paper_column(table: pd.DataFrame, paper: Mapping[str, Any], *, key: str = "variant", label: str = "paper") -> pd.DataFrame:
+    """Add the paper's reported number per variant (for orientation only: other data, backbone and budget)."""
+    table = table.copy()
+    table[label] = [paper.get(value, "–") for value in table[key]]
+    return table

@@ -1,0 +1,90 @@
+"""The papermill study runner: plan expansion, resume, failures with their cell, tables over seeds."""
+import json
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+
+from dmlstudy.study import PlanError, gather_runs, load_plan, run_plan, summarize, write_table
+
+
+def write_notebook(path, parameters: str, body: str):
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cell = nbformat.v4.new_code_cell(parameters)
+    cell.metadata["tags"] = ["parameters"]
+    notebook.cells = [cell, nbformat.v4.new_code_cell(body)]
+    path.write_text(nbformat.writes(notebook))
+    return path
+
+
+@pytest.fixture
+def toy_notebooks(tmp_path):
+    write_notebook(tmp_path / "echo.ipynb", "study: str = 'x'\nrun_name: str = ''\nruns_root: str = ''\nvalue: int = 1\nscale: float = 1.0",
+                   "import json, pathlib\nfolder = pathlib.Path(runs_root) / study / run_name\nfolder.mkdir(parents=True, exist_ok=True)\n"
+                   "(folder / 'metrics.json').write_text(json.dumps({'R@1': value * scale / 10}))\n"
+                   "(folder / 'config.yaml').write_text(f'value: {value}\\nscale: {scale}\\n')")
+    write_notebook(tmp_path / "broken.ipynb", "value: int = 1", "x = 1\nraise RuntimeError(f'broken on purpose {value}')")
+    return tmp_path
+
+
+def write_plan(folder, text):
+    path = folder / "plan.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_grid_expands_every_combination(toy_notebooks):
+    plan = write_plan(toy_notebooks, f"study: s\nentries:\n  - name: e\n    notebook: {toy_notebooks}/echo.ipynb\n"
+                                     "    parameters: {scale: 2.0}\n    grid: {value: [1, 2, 3], study_seed: [0, 1]}\n")
+    entries = load_plan(plan)
+    assert len(entries) == 6
+    assert entries[0].run_name == "e-value=1-study_seed=0" and entries[0].parameters == {"scale": 2.0, "value": 1, "study_seed": 0}
+    assert len({e.run_name for e in entries}) == 6
+
+
+def test_plan_errors_are_specific(toy_notebooks):
+    with pytest.raises(PlanError, match="notebook not found"):
+        load_plan(write_plan(toy_notebooks, "entries:\n  - name: a\n    notebook: nowhere.ipynb\n"))
+    with pytest.raises(PlanError, match="needs 'name' and 'notebook'"):
+        load_plan(write_plan(toy_notebooks, "entries:\n  - notebook: x.ipynb\n"))
+    plan = write_plan(toy_notebooks, f"entries:\n  - name: a\n    notebook: {toy_notebooks}/echo.ipynb\n    parameters: {{valu: 3}}\n")
+    with pytest.raises(PlanError, match=r"has no parameters \['valu'\]"):
+        run_plan(plan, root=toy_notebooks / "runs")
+
+
+def test_run_resumes_and_lists_failures(toy_notebooks, capsys):
+    plan = write_plan(toy_notebooks, f"study: s\nentries:\n  - name: ok\n    notebook: {toy_notebooks}/echo.ipynb\n    grid: {{value: [1, 3]}}\n"
+                                     f"  - name: bad\n    notebook: {toy_notebooks}/broken.ipynb\n")
+    root = toy_notebooks / "runs"
+    outcomes = run_plan(plan, root=root)
+    assert [o.status for o in outcomes] == ["complete", "complete", "failed"]
+    assert "RuntimeError" in outcomes[2].error and "broken on purpose" in outcomes[2].error
+    assert (root / "s" / "ok-value=3" / "echo.ipynb").is_file()
+    assert json.loads((root / "s" / "ok-value=3" / "metrics.json").read_text()) == {"R@1": 0.3}
+    assert "FAILED bad" in capsys.readouterr().out
+    again = run_plan(plan, root=root)
+    assert [o.status for o in again] == ["skipped", "skipped", "failed"]
+
+
+def test_tables_are_mean_and_std_over_seeds(tmp_path):
+    rows = {"a": [0.5, 0.7, 0.6], "b": [0.2, 0.4, 0.3]}
+    for method, values in rows.items():
+        for seed, value in enumerate(values):
+            folder = tmp_path / "study" / f"{method}-{seed}"
+            folder.mkdir(parents=True)
+            (folder / "metrics.json").write_text(json.dumps({"R@1": value}))
+            (folder / "config.yaml").write_text(f"method: {method}\nseed: {seed}\nmethod_kwargs: {{K: 2}}\n")
+    frame = gather_runs("study", root=tmp_path)
+    assert len(frame) == 6 and "method_kwargs.K" in frame
+    table = summarize(frame, by=["method"], metrics=["R@1"])
+    for method, values in rows.items():
+        row = table[table["method"] == method].iloc[0]
+        assert row["runs"] == 3
+        assert row["R@1_mean"] == pytest.approx(100 * np.mean(values))
+        assert row["R@1_std"] == pytest.approx(100 * np.std(values, ddof=1))
+    assert table.loc[table["method"] == "a", "R@1"].item() == "60.0 ± 10.0"
+    csv_path, md_path = write_table(table, tmp_path / "out" / "table")
+    assert pd.read_csv(csv_path)["R@1_mean"].tolist() == pytest.approx([60.0, 30.0])
+    assert "60.0 ± 10.0" in md_path.read_text()
