@@ -34,7 +34,15 @@ def _train(args: argparse.Namespace) -> int:
     from dmlstudy.distributed import is_main_process
     from dmlstudy.train import TrainConfig, run
 
-    values = {k: v for k, v in vars(args).items() if k in TrainConfig.field_names()}
+    values = {}
+    if args.config:
+        loaded = yaml.safe_load(Path(args.config).read_text()) or {}
+        parameters = loaded.get("parameters", loaded)
+        unknown = sorted(set(parameters) - set(TrainConfig.field_names()))
+        if unknown:
+            raise SystemExit(f"{args.config}: unknown TrainConfig fields {unknown}; valid: {TrainConfig.field_names()}")
+        values.update(parameters)
+    values.update({k: v for k, v in vars(args).items() if k in TrainConfig.field_names()})
     result = run(TrainConfig(**values))
     if not is_main_process():
         return 0
@@ -81,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train and evaluate one method on one dataset")
+    train.add_argument("--config", default="", help="YAML file of TrainConfig fields (its 'parameters' mapping, or the top level); options given here override it")
     _add_config_options(train)
     train.set_defaults(handler=_train)
 

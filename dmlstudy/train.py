@@ -57,12 +57,12 @@ class TrainConfig(TypedConfig):
     image_size: int = 64  # training crop and test centre-crop size in pixels
     classes_per_batch: int = 16  # P of a P × M class-balanced batch
     samples_per_class: int = 4  # M of a P × M class-balanced batch
-    epochs: int = 2  # training epochs
+    epochs: int = 8  # training epochs
     steps_per_epoch: int = 0  # 0: len(train) // (P·M) batches per epoch
     train_classes: int = 0  # 0: all training classes; n: only the first n (CI-sized runs)
     test_classes: int = 0  # 0: all test classes; n: only the first n
     optimizer: str = "adamw"  # adam, adamw or sgd
-    lr: float = 1e-3  # learning rate of the backbone and embedding
+    lr: float = 4e-3  # learning rate of the backbone and embedding
     head_lr: float = 1e-2  # learning rate of proxies / class centres
     weight_decay: float = 1e-4  # weight decay of the backbone and embedding
     lr_schedule: str = "cosine"  # constant or cosine (per epoch, to 1 % of lr)

@@ -36,7 +36,7 @@ class ProtocolConfig(TypedConfig):
     steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
     train_classes: int = 16  # 0: all training classes
     test_classes: int = 16  # 0: all test classes
-    lr: float = 1e-3  # backbone/embedding learning rate
+    lr: float = 4e-3  # backbone/embedding learning rate
     progress: bool = False  # tqdm bars inside the notebook
 
     def protocol_text(self) -> str:
