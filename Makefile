@@ -22,6 +22,7 @@ study: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/dmlstudy data generate && \
 	$(BIN)/dmlstudy study run $(PLAN); status=$$?; \
+	$(BIN)/dmlstudy study table $$(basename $(PLAN) .yaml) --by dataset method || status=1; \
 	echo "study finished in $$(( $$(date +%s) - start )) s (status $$status)"; \
 	echo "runs and executed notebooks: runs/   tables: results/   figures: figures/"; \
 	exit $$status
