@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import typing
 from pathlib import Path
 
@@ -33,12 +34,19 @@ def parameter_lines(config_class: type, overrides: dict | None = None) -> str:
         else:
             value = spec.default_factory()
         ast.literal_eval(repr(value))
-        lines.append(f"{spec.name}: {hints[spec.name].__name__} = {value!r}  # {comments.get(spec.name, '')}".rstrip())
+        comment = comments.get(spec.name, "").replace("=", "＝")  # papermill cannot parse a comment holding "="
+        lines.append(f"{spec.name}: {hints[spec.name].__name__} = {value!r}  # {comment}".rstrip())
     return "\n".join(lines)
 
 
 def build_notebook(cells: list[tuple[str, str]], path: str | Path) -> None:
-    """Write a notebook of ``(kind, source)`` cells; kind is ``md``, ``code`` or ``parameters``."""
+    """Write a notebook of ``(kind, source)`` cells; kind is ``md``, ``code`` or ``parameters``.
+
+    A ``study`` parameter defaults to ``notebook-<stem>``: the CI-sized runs of different notebooks (run as
+    they are, e.g. by nbval) never share run folders, while plans inject one study for all of them.
+    """
+    study_line = re.compile(r"^study: str = '[^']*'", re.MULTILINE)
+    cells = [(kind, study_line.sub(f"study: str = 'notebook-{Path(path).stem}'", source) if kind == "parameters" else source) for kind, source in cells]
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     notebook.metadata["language_info"] = {"name": "python"}

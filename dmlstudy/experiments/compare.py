@@ -1,0 +1,667 @@
+"""Notebook 90 (the headline comparison): every method of the study under one protocol, in one table per
+dataset, plus the embedding geometry, projections, cost, and a reading of the four papers' claims.
+
+``notebooks/90_compare.ipynb`` calls only the functions here. Runs come from :meth:`ProtocolConfig.grid`
+with ``{name: {"method": name}}``, so run folders are ``<dataset>-<method>-seed<seed>``: the method
+notebooks (10_crt, 20_diml, 30_cross_attention, 40_dgcrl) train ``ms`` and their method under exactly these
+names, and ``resume=True`` reuses them (the plan must give every notebook the same protocol fields, or the
+run folder refuses to resume with a message naming the differing fields).
+
+Decisions (stated in the notebook too):
+
+* ``diml_rerank`` is a row, not a training method: the ``ms`` runs' test embeddings re-ranked at test time
+  with DIML's structural similarity (:func:`dmlstudy.methods.diml.reranked_retrieval_metrics`): the cosine
+  top-``rerank_top_k`` of every query re-ranked by ``cos + s_struct`` on the trained ``ms`` model's
+  ``rerank_grid`` × ``rerank_grid`` local embeddings (its own embedding layer applied per cell), DIML's
+  default transport (ε = 0.05, cross-correlation marginals). Re-ranking changes the order of neighbours,
+  not the embeddings, so its NMI, ESD, ρ and training time are those of the ``ms`` runs; its extra
+  test-time cost is recorded as ``rerank_seconds``. Results are cached in the ``ms`` run folders
+  (``compare_rerank-<key>.json``).
+* Best per column: the highest mean over seeds *as displayed* (rounded to the table's decimals), so equal
+  displayed numbers are all marked; every row of a dataset competes, classic baselines included.
+* Standard errors of differences treat the two methods' seeds as independent samples
+  (``√(s₁²/n₁ + s₂²/n₂)``), which is conservative: the seeds are shared, the runs are not paired.
+* A claim "A > B" *held* when our mean difference is positive (and, with ≥ 2 seeds each, at least two
+  standard errors), *did not hold* when it is negative beyond two standard errors, and is *inconclusive*
+  within two standard errors. With one seed there is no noise estimate: the sign decides and the sentence
+  says "1 seed".
+* ESD and ρ are the runs' own metrics (``metrics.json``: keys ``ESD``, ``rho``), computed on the test
+  embeddings with ``drop_first = 0``. Projections (UMAP, t-SNE) use one fixed subset of the first dataset's
+  test images (the first ``projection_classes`` classes, all their images, fewer than 4,096 points), the
+  first seed of every method, ``random_state`` = 0.
+* The papers' numbers (each on its own backbone and protocol) are used only to print the size of the
+  effect each paper claims; SynBirds stands beside CUB-200 and Glyphs beside Cars196.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from dmlstudy.data import evaluation_protocol
+from dmlstudy.experiments import cross_attention as cross_attention_study
+from dmlstudy.experiments import crt as crt_study
+from dmlstudy.experiments import dgcrl as dgcrl_study
+from dmlstudy.experiments import diml as diml_study
+from dmlstudy.experiments.protocol import ProtocolConfig, results_frame, run_grid
+from dmlstudy.methods import list_methods
+from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
+from dmlstudy.paths import project_root
+from dmlstudy.records import write_json
+from dmlstudy.study import summarize, write_table
+from dmlstudy.train import RunResult
+
+RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
+SHARED_VARIANTS = {"softmax": dgcrl_study.NAMED_VARIANTS["softmax"]}  # other notebooks' named runs a table may include
+MAIN_METHODS = ("ms", "crt", RERANK, "diml", "cross_attention", "dgcrl", "softmax")
+CLASSIC_METHODS = ("contrastive", "triplet", "margin", "lifted", "npairs", "proxynca", "proxyanchor", "normsoftmax")
+METHOD_LABELS = {
+    "ms": "MS baseline", "crt": "CRT", RERANK: "MS + DIML re-ranking", "diml": "DIML-trained MS",
+    "cross_attention": "cross-attention", "dgcrl": "DGCRL", "softmax": "softmax (DGCRL head, no N-S)", "contrastive": "contrastive", "triplet": "triplet",
+    "margin": "margin", "lifted": "lifted structure", "npairs": "N-pairs", "proxynca": "ProxyNCA",
+    "proxyanchor": "Proxy-Anchor", "normsoftmax": "normalized softmax",
+}
+RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K
+DECIMALS = 1  # percent, as displayed
+FEWER_SEEDS_MARK = "†"
+MAX_PROJECTION_POINTS = 4095
+TSNE_ITERATIONS = 500  # 250 early-exaggeration + 250 free steps: settled for a few thousand points, half the default cost
+PAPER_DATASET = {"synbirds": "CUB", "glyphs": "Cars"}  # as every method notebook
+DIML_PAPER_DATASET = {"CUB": "CUB-200", "Cars": "Cars196"}
+
+
+@dataclass
+class CompareStudy(ProtocolConfig):
+    """Parameters of ``notebooks/90_compare.ipynb``: the protocol plus which methods enter the table."""
+
+    methods: list = field(default_factory=lambda: ["ms", "crt", RERANK])  # main methods, every seed: ms, crt, diml_rerank (ms re-ranked by DIML), diml, cross_attention, dgcrl, softmax (40_dgcrl's)
+    classic_methods: list = field(default_factory=lambda: ["triplet"])  # classic baselines: contrastive, triplet, margin, lifted, npairs, proxynca, proxyanchor, normsoftmax
+    classic_seeds: list = field(default_factory=lambda: [0])  # seeds of the classic baselines (fewer than seeds: the table says so)
+    rerank_top_k: int = 20  # K of DIML re-ranking: the cosine top-K re-ranked by cos + s_struct (the paper: 100)
+    rerank_grid: int = 4  # G of DIML re-ranking: G × G local embeddings (DIML's default 4)
+    projection_classes: int = 8  # test classes of the first dataset in the UMAP / t-SNE panels (all their images)
+    umap: bool = True  # draw the UMAP panels (numba compiles UMAP on first use: ~15 s)
+    tsne: bool = True  # draw the t-SNE panels
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        known = set(list_methods()) | {RERANK, *SHARED_VARIANTS}
+        for name, values in (("methods", self.methods), ("classic_methods", self.classic_methods)):
+            unknown = [m for m in values if m not in known]
+            if unknown:
+                raise ValueError(f"parameter {name!r}: unknown methods {unknown}; valid: {sorted(known)}")
+        if RERANK in self.classic_methods:
+            raise ValueError(f"parameter 'classic_methods': {RERANK!r} is a main method (it re-ranks the ms runs of every seed)")
+        overlap = sorted(set(self.methods) & set(self.classic_methods))
+        if overlap:
+            raise ValueError(f"parameters 'methods' and 'classic_methods' share {overlap}; list each method once")
+        if self.classic_methods and not self.classic_seeds:
+            raise ValueError("parameter 'classic_seeds' must list at least one seed when 'classic_methods' is not empty")
+        if self.rerank_top_k < 1 or self.rerank_grid < 1:
+            raise ValueError(f"parameters 'rerank_top_k' and 'rerank_grid' must be ≥ 1, got {self.rerank_top_k} and {self.rerank_grid}")
+        if self.projection_classes < 2:
+            raise ValueError(f"parameter 'projection_classes' must be ≥ 2, got {self.projection_classes}")
+
+    def classic_protocol(self) -> "CompareStudy":
+        """This protocol with the classic baselines' seeds."""
+        return dataclasses.replace(self, seeds=list(self.classic_seeds))
+
+    def results_folder(self) -> Path:
+        """``<project>/results/<study>/``, where the notebook writes its tables."""
+        return project_root() / "results" / self.study
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs
+# ----------------------------------------------------------------------------------------------
+def trained_methods(methods: Sequence[str]) -> list[str]:
+    """The registered methods to train for ``methods``: ``diml_rerank`` needs the ``ms`` runs."""
+    names = [("ms" if name == RERANK else name) for name in methods]
+    return list(dict.fromkeys(names))
+
+
+def method_grid(methods: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {"method": name}}``: every method with its defaults, named as the method notebooks name it;
+    the names of :data:`SHARED_VARIANTS` get the spec their notebook gives them (``softmax``: 40_dgcrl's
+    DGCRL head without normalize-scale, margin or decorrelation)."""
+    return {name: dict(SHARED_VARIANTS.get(name, {"method": name})) for name in methods}
+
+
+def run_main(config: CompareStudy) -> list[tuple[str, RunResult]]:
+    """Train (or load) the main methods on every dataset and seed."""
+    return run_grid(config.grid(method_grid(trained_methods(config.methods))))
+
+
+def run_classic(config: CompareStudy) -> list[tuple[str, RunResult]]:
+    """Train (or load) the classic baselines on every dataset with ``classic_seeds``."""
+    if not config.classic_methods:
+        return []
+    return run_grid(config.classic_protocol().grid(method_grid(config.classic_methods)))
+
+
+def _cache_key(settings: Mapping[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: TransportOptions | None = None) -> dict[str, float]:
+    """Retrieval metrics of one trained run after DIML re-ranking of each query's cosine top-``top_k`` (all
+    Recall@K of the dataset's list, RP, MAP@R) and the seconds it took; cached in the run folder.
+
+    ``top_k`` is capped at the number of retrievable items. Uses the run's query (and gallery) sets embedded
+    at ``grid`` × ``grid`` through :func:`dmlstudy.experiments.diml.evaluation_sets`.
+    """
+    options = options or TransportOptions()
+    ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
+    settings = {"top_k": top_k, "grid": grid, "ks": list(ks), "epsilon": options.epsilon, "uniform": options.uniform_marginals,
+                "tolerance": options.tolerance, "max_iterations": options.max_iterations}
+    cache = result.run_dir / f"compare_rerank-{_cache_key(settings)}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())["metrics"]
+    started = time.perf_counter()
+    sets = diml_study.evaluation_sets(result, grid_sizes=[grid])
+    query, gallery = sets["query"], sets["gallery"]
+    retrievable = len(query.global_) - 1 if gallery is None else len(gallery.global_)
+    gallery_kwargs = {} if gallery is None else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
+    k = min(top_k, retrievable)
+    values = reranked_retrieval_metrics(query.global_, query.local[grid], query.labels, top_ks=[k], ks=ks, options=options, **gallery_kwargs)[k]
+    metrics = {**{name: float(value) for name, value in values.items()}, "rerank_top_k": k, "rerank_seconds": time.perf_counter() - started}
+    write_json(cache, {"settings": settings, "metrics": metrics})
+    return metrics
+
+
+def rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> list[dict[str, Any]]:
+    """One ``diml_rerank`` row per ``ms`` run: the re-ranked retrieval metrics, and the ``ms`` run's NMI,
+    ESD, ρ, training time and parameters (re-ranking does not change the embeddings)."""
+    if RERANK not in config.methods:
+        return []
+    rows = []
+    for variant, result in results:
+        if variant != "ms":
+            continue
+        reranked = rerank_metrics(result, top_k=config.rerank_top_k, grid=config.rerank_grid)
+        row = {"variant": RERANK, "dataset": result.config.dataset, "method": RERANK, "seed": result.config.seed,
+               "method_kwargs": json.dumps({"top_k": reranked["rerank_top_k"], "grid_size": config.rerank_grid}), **result.metrics}
+        row.update(reranked)
+        rows.append(row)
+    return rows
+
+
+def comparison_frame(main: Sequence[tuple[str, RunResult]], classic: Sequence[tuple[str, RunResult]], rerank_rows: Sequence[Mapping[str, Any]], *, methods: Sequence[str]) -> pd.DataFrame:
+    """One row per run (and per re-ranked ``ms`` run) with a ``group`` column (main / classic), main methods in
+    the order of ``methods`` (only those asked for), then the classic baselines."""
+    parts = []
+    if main:
+        frame = results_frame(list(main))
+        parts.append(frame[frame["variant"].isin(methods)].assign(group="main"))
+    if rerank_rows:
+        parts.append(pd.DataFrame(list(rerank_rows)).assign(group="main"))
+    if classic:
+        parts.append(results_frame(list(classic)).assign(group="classic"))
+    if not parts:
+        return pd.DataFrame(columns=["variant", "dataset", "method", "seed", "group"])
+    frame = pd.concat(parts, ignore_index=True)
+    order = {name: i for i, name in enumerate([*methods, *dict.fromkeys(frame.loc[frame["group"] == "classic", "variant"])])}
+    frame["_order"] = frame["variant"].map(order)
+    return frame.sort_values(["_order", "dataset", "seed"], kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------
+def table_metrics(frame: pd.DataFrame) -> list[str]:
+    """The first four Recall@K columns present (by K), then RP, MAP@R and NMI where present."""
+    ks = sorted(int(c[2:]) for c in frame.columns if c.startswith("R@") and c[2:].isdigit() and frame[c].notna().any())
+    return [f"R@{k}" for k in ks[:4]] + [c for c in RETRIEVAL_TAIL if c in frame.columns and frame[c].notna().any()]
+
+
+def _seed_text(seeds: Iterable[Any]) -> str:
+    return ", ".join(str(int(s)) for s in sorted(set(seeds)))
+
+
+def comparison_table(frame: pd.DataFrame, *, metrics: Sequence[str] | None = None, decimals: int = DECIMALS) -> pd.DataFrame:
+    """Mean ± std over seeds per (dataset, method), in percent, in the frame's row order.
+
+    Columns: ``dataset``, ``method`` (the label; classic rows with fewer seeds than the main rows get
+    :data:`FEWER_SEEDS_MARK`), ``variant``, ``group``, ``seeds``, ``runs``, one display column per metric,
+    ``<metric>_mean`` / ``<metric>_std`` (numbers) and ``best <metric>`` (bool, see :func:`best_flags`).
+    """
+    metrics = list(metrics or table_metrics(frame))
+    table = summarize(frame, by=["dataset", "variant", "group"], metrics=metrics, decimals=decimals)
+    seeds = frame.groupby(["dataset", "variant", "group"], sort=False)["seed"].apply(_seed_text).tolist()
+    table.insert(3, "seeds", seeds)
+    main_runs = table.loc[table["group"] == "main"].groupby("dataset")["runs"].max()
+    fewer = [(g == "classic" and r < main_runs.get(d, 0)) for d, g, r in zip(table["dataset"], table["group"], table["runs"])]
+    labels = [METHOD_LABELS.get(v, v) + (f" {FEWER_SEEDS_MARK}" if f else "") for v, f in zip(table["variant"], fewer)]
+    table.insert(1, "method", labels)
+    flags = best_flags(table, metrics, decimals=decimals)
+    for metric in metrics:
+        table[f"best {metric}"] = flags[metric]
+    return table
+
+
+def best_flags(table: pd.DataFrame, metrics: Sequence[str], *, by: str = "dataset", decimals: int = DECIMALS) -> pd.DataFrame:
+    """``True`` where a row has the highest ``<metric>_mean`` of its ``by`` group, compared as displayed
+    (rounded to ``decimals``), so ties are all best; missing values are never best."""
+    flags = pd.DataFrame(False, index=table.index, columns=list(metrics))
+    for _, rows in table.groupby(by, sort=False):
+        for metric in metrics:
+            shown = rows[f"{metric}_mean"].astype(float).round(decimals)
+            if shown.notna().any():
+                flags.loc[rows.index, metric] = (shown == shown.max()).to_numpy()
+    return flags
+
+
+def bold_best(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """The table with each best cell (``best <metric>``) wrapped in Markdown bold."""
+    shown = table.copy()
+    for metric in metrics:
+        shown[metric] = [f"**{text}**" if best else text for text, best in zip(shown[metric], shown[f"best {metric}"])]
+    return shown
+
+
+def table_note(config: CompareStudy) -> str:
+    """The note printed beside the table when classic baselines ran with fewer seeds than the main methods
+    ("" otherwise), and the note on the re-ranked row."""
+    notes = []
+    if config.classic_methods and len(set(config.classic_seeds)) < len(set(config.seeds)):
+        notes.append(f"{FEWER_SEEDS_MARK} classic baselines ran with {len(set(config.classic_seeds))} seed(s) "
+                     f"({_seed_text(config.classic_seeds)}) only, the main methods with {len(set(config.seeds))} "
+                     f"({_seed_text(config.seeds)}): their mean ± std is over fewer runs.")
+    if RERANK in config.methods:
+        notes.append(f"MS + DIML re-ranking: the MS runs' cosine top-{config.rerank_top_k} re-ranked by cos + s_struct "
+                     f"({config.rerank_grid} × {config.rerank_grid} local embeddings); NMI is the MS embeddings' "
+                     "(re-ranking changes neighbour order, not the embeddings).")
+    return " ".join(notes)
+
+
+def comparison_markdown(table: pd.DataFrame, config: CompareStudy, *, dataset: str) -> str:
+    """The Markdown of one dataset's table: title, protocol line, the table (best per column in bold), notes."""
+    rows = table[table["dataset"] == dataset]
+    metrics = [m for m in table_metrics_of(table) if rows[f"{m}_mean"].notna().any()]
+    shown = bold_best(rows, metrics)[["method", "seeds", *metrics]]
+    note = table_note(config)
+    lines = [f"### {dataset}: retrieval (%), mean ± std over seeds, best per column in bold", "",
+             f"Protocol: {config.protocol_text()}.", "", shown.to_markdown(index=False)]
+    if note:
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+def table_metrics_of(table: pd.DataFrame) -> list[str]:
+    """The metric columns of a :func:`comparison_table` (those with a ``best`` flag), in order."""
+    return [c[len("best "):] for c in table.columns if c.startswith("best ")]
+
+
+def write_comparison(table: pd.DataFrame, config: CompareStudy, *, folder: str | Path | None = None) -> list[Path]:
+    """``compare_main_<dataset>.csv`` (all columns, numbers included) and ``.md`` (protocol line, bold best,
+    notes) per dataset under ``folder`` (default :meth:`CompareStudy.results_folder`)."""
+    folder = Path(folder) if folder else config.results_folder()
+    paths = []
+    for dataset in dict.fromkeys(table["dataset"]):
+        csv_path, md_path = write_table(table[table["dataset"] == dataset], folder / f"compare_main_{dataset}")
+        md_path.write_text(comparison_markdown(table, config, dataset=dataset))
+        paths += [csv_path, md_path]
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# The papers' claims, read from our numbers
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Claim:
+    """"``better`` beats ``worse`` in R@1", as a paper claims it, with the paper's R@1 gain per paper dataset."""
+
+    name: str
+    better: str
+    worse: str
+    paper: str  # where the claim comes from
+    paper_gain: Mapping[str, float | None]  # paper dataset (CUB, Cars) → R@1 points (None: no number)
+
+
+def _crt_gain(dataset: str) -> float:
+    values = crt_study.PAPER_BASELINE_VS_CRT[dataset]
+    return round(values["crt"] - values["ms"], 2)
+
+
+def _diml_gain(dataset: str) -> float:
+    name = DIML_PAPER_DATASET[dataset]
+    return round(diml_study.PAPER_TRUNCATION[("ms", 100)][name][0] - diml_study.PAPER_TRUNCATION[("ms", 0)][name][0], 2)
+
+
+def _cross_attention_gain(dataset: str) -> float:
+    values = cross_attention_study.PAPER_TABLE1[dataset]
+    return round(values["cross_attention"][0] - values["ms"][0], 2)
+
+
+def _dgcrl_gain(dataset: str, other: str) -> float:
+    values = dgcrl_study.PAPER_TABLE1[dataset]
+    return round(values["dgcrl"][0] - values[other][0], 2)
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("CRT > MS baseline", "crt", "ms", "CRT paper, MiT-B1", {d: _crt_gain(d) for d in ("CUB", "Cars")}),
+    Claim("DIML re-ranking > MS baseline", RERANK, "ms", "DIML supplement Table 1, ResNet-50, P@1 at K = 100",
+          {d: _diml_gain(d) for d in ("CUB", "Cars")}),
+    Claim("DIML training > MS baseline", "diml", "ms", "DIML paper (no MS-vs-DIML-trained number)", {"CUB": None, "Cars": None}),
+    Claim("cross-attention > MS baseline", "cross_attention", "ms", "cross-attention paper Table 1 (ResNet-50 vs the MS paper's BN-Inception)",
+          {d: _cross_attention_gain(d) for d in ("CUB", "Cars")}),
+    Claim("DGCRL > triplet", "dgcrl", "triplet", "DGCRL paper Table 1, ResNet-50", {d: _dgcrl_gain(d, "triplet") for d in ("CUB", "Cars")}),
+    Claim("DGCRL > lifted structure", "dgcrl", "lifted", "DGCRL paper Table 1, ResNet-50", {d: _dgcrl_gain(d, "lifted") for d in ("CUB", "Cars")}),
+    Claim("DGCRL > softmax without N-S", "dgcrl", "softmax", "DGCRL paper (N-S layer, centre margin and decorrelation over a plain softmax; no number)",
+          {"CUB": None, "Cars": None}),
+    Claim("DGCRL > normalized softmax", "dgcrl", "normsoftmax", "DGCRL paper (N-S layer + centre margin over a plain softmax; no number)",
+          {"CUB": None, "Cars": None}),
+)
+
+
+def verdict(difference: float, error: float, seeds: int) -> str:
+    """held / did not hold / inconclusive for a claimed positive difference (see the module docstring)."""
+    if seeds >= 2 and abs(difference) < 2 * error:
+        return "inconclusive (|Δ| < 2 s.e.)"
+    suffix = " (1 seed, no noise estimate)" if seeds < 2 else ""
+    if difference > 0:
+        return "held" + suffix
+    if difference < 0:
+        return "did not hold" + suffix
+    return "no difference" + suffix
+
+
+def _stats(table: pd.DataFrame, dataset: str, variant: str, metric: str) -> tuple[float, float, int] | None:
+    row = table[(table["dataset"] == dataset) & (table["variant"] == variant)]
+    if row.empty or pd.isna(row[f"{metric}_mean"].iloc[0]):
+        return None
+    return float(row[f"{metric}_mean"].iloc[0]), float(row[f"{metric}_std"].iloc[0]), int(row["runs"].iloc[0])
+
+
+def claims_table(table: pd.DataFrame, *, claims: Sequence[Claim] = CLAIMS, metric: str = "R@1") -> pd.DataFrame:
+    """One row per claim × dataset: our mean difference of ``metric`` (points), its standard error, the seeds
+    behind it, the paper's gain and the verdict; claims whose methods did not run say so."""
+    rows = []
+    for claim in claims:
+        for dataset in dict.fromkeys(table["dataset"]):
+            better, worse = _stats(table, dataset, claim.better, metric), _stats(table, dataset, claim.worse, metric)
+            paper_gain = claim.paper_gain.get(PAPER_DATASET.get(dataset, ""))
+            row = {"claim": claim.name, "dataset": dataset, "paper": claim.paper,
+                   f"paper Δ{metric}": paper_gain if paper_gain is not None else "–"}
+            if better is None or worse is None:
+                missing = [name for name, stats in ((claim.better, better), (claim.worse, worse)) if stats is None]
+                rows.append({**row, f"ours Δ{metric}": math.nan, "s.e.": math.nan, "seeds": 0, "verdict": f"not evaluated (no {' / '.join(missing)} runs)"})
+                continue
+            difference = better[0] - worse[0]
+            error = math.sqrt(better[1] ** 2 / better[2] + worse[1] ** 2 / worse[2])
+            seeds = min(better[2], worse[2])
+            rows.append({**row, f"ours Δ{metric}": round(difference, 2), "s.e.": round(error, 2) if seeds >= 2 else math.nan,
+                         "seeds": seeds, "verdict": verdict(difference, error, seeds)})
+    columns = ["claim", "dataset", f"ours Δ{metric}", "s.e.", "seeds", f"paper Δ{metric}", "paper", "verdict"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def claim_sentences(claims: pd.DataFrame, *, metric: str = "R@1") -> list[str]:
+    """One sentence per evaluated claim and dataset, then one summary sentence, all from the numbers."""
+    sentences = []
+    for row in claims.itertuples(index=False):
+        values = dict(zip(claims.columns, row))
+        if not values["verdict"].startswith("not evaluated"):
+            sentences.append(_claim_sentence(values, metric=metric))
+    evaluated = claims[~claims["verdict"].str.startswith("not evaluated")]
+    if evaluated.empty:
+        return ["No claim could be evaluated: the methods it compares did not run."]
+    counts = {kind: int(evaluated["verdict"].str.startswith(kind).sum()) for kind in ("held", "did not hold", "inconclusive", "no difference")}
+    skipped = sorted(set(claims.loc[claims["verdict"].str.startswith("not evaluated"), "claim"]))
+    summary = (f"Of {len(evaluated)} claim × dataset comparisons, {counts['held']} held, {counts['did not hold']} did not hold, "
+               f"{counts['inconclusive']} were within seed noise" + (f" and {counts['no difference']} showed no difference" if counts["no difference"] else "")
+               + "." + (f" Not evaluated (methods not run): {', '.join(skipped)}." if skipped else ""))
+    return [*sentences, summary]
+
+
+def _claim_sentence(row: Mapping[str, Any], *, metric: str) -> str:
+    difference, error, seeds = row[f"ours Δ{metric}"], row["s.e."], row["seeds"]
+    noise = f" ± {error:.2f} s.e." if seeds >= 2 else ""
+    paper = row[f"paper Δ{metric}"]
+    paper_text = f"the paper reports {paper:+.2f} ({row['paper']})" if paper != "–" else f"the paper gives no number ({row['paper']})"
+    return f"{row['dataset']}: {row['claim']}: ours {difference:+.2f} {metric} points{noise} over {seeds} seed(s); {paper_text} → {row['verdict']}."
+
+
+def caveats(config: CompareStudy, frame: pd.DataFrame) -> list[str]:
+    """What limits the reading, with this study's actual settings."""
+    parameters = frame.groupby("variant")["parameters"].first() if "parameters" in frame else pd.Series(dtype=float)
+    base = f" ({parameters['ms'] / 1e6:.2f} M parameters with the MS head)" if "ms" in parameters else ""
+    classic = (f"; classic baselines {len(set(config.classic_seeds))} seed(s)" if config.classic_methods else "")
+    return [
+        f"Synthetic data: {', '.join(config.datasets)} stand in for CUB-200 / Cars196; the papers' effects were measured on real photographs.",
+        f"Small backbone trained from scratch: {config.backbone}{base}, random initialisation — no ImageNet pre-training, which every paper uses "
+        "and which several of the methods (prototypes, attention, local matching) build on.",
+        f"Short training at low resolution: {config.epochs} epochs × {config.steps_per_epoch or 'full'} steps, {config.image_size} px, "
+        f"d = {config.embedding_dim}, batch {config.classes_per_batch}×{config.samples_per_class}; the papers train for up to 100+ epochs at 224–227 px.",
+        f"Seeds: {len(set(config.seeds))} for the main methods{classic}; differences under two standard errors are noise.",
+        "One protocol for every method (same backbone, size, batch, epochs, seeds): the papers each used their own, so their gains are not "
+        "comparable with each other or with ours; the paper columns show only the direction and size each paper claims.",
+        "Training seconds come from each run's records; on a shared machine they vary with the load at the time the run trained.",
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Generalisation: ESD and spectral decay
+# ----------------------------------------------------------------------------------------------
+GEOMETRY = {"ESD": "ESD = π_intra / π_inter (↑ in the CRT paper's reading)", "rho": "ρ, spectral decay, drop_first = 0 (↓)"}
+
+
+def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd.DataFrame:
+    """Rows = methods, columns = datasets: mean ± std over seeds of ``metric`` (``ESD`` or ``rho``) of the test
+    embeddings, the CRT paper's numbers for MS / +CRT beside. The re-ranked row is left out (same embeddings
+    as ``ms``)."""
+    if metric not in ("ESD", "rho"):
+        raise ValueError(f"geometry_table: metric must be 'ESD' or 'rho', got {metric!r}")
+    rows = frame[frame["variant"] != RERANK]
+    grouped = rows.groupby(["variant", "dataset"], sort=False)[metric]
+    stats = grouped.agg(["mean", "std", "count"]).reset_index()
+    stats["std"] = stats["std"].fillna(0.0)
+    variants = list(dict.fromkeys(rows["variant"]))
+    datasets = list(dict.fromkeys(rows["dataset"]))
+    paper = crt_study.PAPER_ESD if metric == "ESD" else crt_study.PAPER_RHO
+    out = []
+    for variant in variants:
+        line: dict[str, Any] = {"method": METHOD_LABELS.get(variant, variant), "variant": variant}
+        for dataset in datasets:
+            cell = stats[(stats["variant"] == variant) & (stats["dataset"] == dataset)]
+            line[dataset] = "–" if cell.empty else f"{cell['mean'].iloc[0]:.{decimals}f} ± {cell['std'].iloc[0]:.{decimals}f}"
+            line[f"{dataset}_mean"] = math.nan if cell.empty else float(cell["mean"].iloc[0])
+        for dataset in datasets:
+            pair = paper.get(PAPER_DATASET.get(dataset, ""))
+            line[f"paper ({PAPER_DATASET.get(dataset, '–')})"] = (pair[0] if variant == "ms" else pair[1]) if pair and variant in ("ms", "crt") else "–"
+        out.append(line)
+    return pd.DataFrame(out)
+
+
+def _rank_correlation(x: pd.Series, y: pd.Series) -> float:
+    """Spearman's ρ as the Pearson correlation of ranks (ties averaged); NaN with fewer than 3 points."""
+    keep = x.notna() & y.notna()
+    if keep.sum() < 3:
+        return math.nan
+    return float(x[keep].rank().corr(y[keep].rank()))
+
+
+def geometry_readings(frame: pd.DataFrame) -> list[str]:
+    """Per dataset: did CRT raise ESD and lower ρ against MS (the CRT paper's claim), and how do ESD and ρ rank
+    with R@1 across all methods (Roth et al.: denser, flatter-spectrum embeddings generalise better)?"""
+    rows = frame[frame["variant"] != RERANK]
+    means = rows.groupby(["dataset", "variant"], sort=False)[["ESD", "rho", "R@1"]].mean()
+    sentences = []
+    for dataset in dict.fromkeys(rows["dataset"]):
+        group = means.loc[dataset]
+        if {"ms", "crt"} <= set(group.index):
+            esd = group.loc["crt", "ESD"] - group.loc["ms", "ESD"]
+            rho = group.loc["crt", "rho"] - group.loc["ms", "rho"]
+            held = [name for name, ok in (("ESD up", esd > 0), ("ρ down", rho < 0)) if ok]
+            sentences.append(f"{dataset}: CRT − MS: ESD {esd:+.3f}, ρ {rho:+.3f}; the CRT paper has ESD up and ρ down on all four of its datasets → "
+                             + ("both held." if len(held) == 2 else f"only {held[0]} held." if held else "neither held."))
+        if len(group) >= 3:
+            esd_r1, rho_r1 = _rank_correlation(group["ESD"], group["R@1"]), _rank_correlation(group["rho"], group["R@1"])
+            sentences.append(f"{dataset}, across {len(group)} methods: rank correlation with R@1 is {esd_r1:+.2f} for ESD and {rho_r1:+.2f} for ρ "
+                             f"(generalisation by density and spectral decay predicts > 0 for ESD and < 0 for ρ → "
+                             f"{'ESD agrees' if esd_r1 > 0 else 'ESD disagrees'}, {'ρ agrees' if rho_r1 < 0 else 'ρ disagrees'}).")
+    return sentences
+
+
+def first_seed_embeddings(results: Sequence[tuple[str, RunResult]], *, dataset: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Method → (test embeddings, labels) of its first run on ``dataset`` (the lowest seed)."""
+    chosen: dict[str, RunResult] = {}
+    for variant, result in results:
+        if result.config.dataset == dataset and (variant not in chosen or result.config.seed < chosen[variant].config.seed):
+            chosen[variant] = result
+    return {variant: (result.embeddings["embeddings"], result.embeddings["labels"]) for variant, result in chosen.items()}
+
+
+def spectrum_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, dataset: str) -> plt.Figure:
+    """Normalised singular-value spectra (drop_first = 0) of every method's test embeddings on one dataset."""
+    from dmlstudy import plots
+
+    named = {METHOD_LABELS.get(v, v): e for v, (e, _) in embeddings.items()}
+    return plots.spectrum(named, drop_first=0, title=f"{dataset}: test-embedding spectra (drop_first = 0, first seed)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Projections and cost
+# ----------------------------------------------------------------------------------------------
+def projection_subset(labels: np.ndarray, *, classes: int, max_points: int = MAX_PROJECTION_POINTS, seed: int = 0) -> np.ndarray:
+    """Sorted indices of every image of the first ``classes`` classes (by label value), seeded-subsampled to at
+    most ``max_points``: the same points in every panel."""
+    labels = np.asarray(labels)
+    keep = np.flatnonzero(np.isin(labels, np.unique(labels)[:classes]))
+    if len(keep) > max_points:
+        keep = np.sort(np.random.default_rng(seed).choice(keep, size=max_points, replace=False))
+    return keep
+
+
+def project(embeddings: np.ndarray, *, kind: str, seed: int = 0) -> np.ndarray:
+    """2-D UMAP (cosine metric, 15 neighbours) or t-SNE (PCA init, cosine metric, :data:`TSNE_ITERATIONS` steps)
+    of ``N × d`` embeddings, ``random_state=seed``."""
+    n = len(embeddings)
+    if kind == "umap":
+        import umap
+
+        return umap.UMAP(n_components=2, n_neighbors=min(15, n - 1), metric="cosine", random_state=seed, n_jobs=1).fit_transform(embeddings)
+    if kind == "tsne":
+        from sklearn.manifold import TSNE
+
+        return TSNE(n_components=2, init="pca", metric="cosine", perplexity=min(30.0, (n - 1) / 3), max_iter=TSNE_ITERATIONS,
+                    random_state=seed).fit_transform(embeddings)
+    raise ValueError(f"project: kind must be 'umap' or 'tsne', got {kind!r}")
+
+
+def projection_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, kind: str, classes: int, seed: int = 0, dataset: str = "") -> plt.Figure:
+    """One panel per method: the 2-D ``kind`` projection of the same subset of test images, coloured by class."""
+    names = list(embeddings)
+    columns = min(4, max(len(names), 1))
+    rows = int(math.ceil(max(len(names), 1) / columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.4 * rows), squeeze=False)
+    for axis in axes.flat:
+        axis.axis("off")
+    for axis, name in zip(axes.flat, names):
+        vectors, labels = embeddings[name]
+        keep = projection_subset(labels, classes=classes, seed=seed)
+        points = project(np.asarray(vectors)[keep], kind=kind, seed=seed)
+        codes = np.searchsorted(np.unique(labels[keep]), labels[keep])
+        axis.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab20" if classes > 10 else "tab10", s=5, linewidths=0)
+        axis.set_title(METHOD_LABELS.get(name, name), fontsize=9)
+    shown = len(projection_subset(next(iter(embeddings.values()))[1], classes=classes, seed=seed)) if names else 0
+    figure.suptitle(f"{'UMAP' if kind == 'umap' else 't-SNE'} of {dataset} test embeddings: {shown} images of the first {classes} classes, first seed")
+    figure.tight_layout()
+    return figure
+
+
+def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset and method: parameters (M), training seconds and seconds per epoch (mean ± std over seeds),
+    and, for the re-ranked row, the re-ranking seconds."""
+    metrics = [m for m in ("train_seconds", "seconds_per_epoch", "rerank_seconds") if m in frame.columns]
+    table = summarize(frame, by=["dataset", "variant"], metrics=metrics, percent=False, decimals=1)
+    parameters = frame.groupby(["dataset", "variant"], sort=False)["parameters"].first() / 1e6
+    table.insert(2, "parameters (M)", [round(float(parameters.loc[(d, v)]), 3) for d, v in zip(table["dataset"], table["variant"])])
+    table.insert(1, "method", [METHOD_LABELS.get(v, v) for v in table["variant"]])
+    if "rerank_seconds" in table:
+        table["rerank_seconds"] = [text if v == RERANK else "–" for text, v in zip(table["rerank_seconds"], table["variant"])]
+    return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
+
+
+def time_figure(frame: pd.DataFrame) -> plt.Figure:
+    """R@1 (%) against training seconds per method, one panel per dataset, mean ± std over seeds. The re-ranked
+    row sits at the MS runs' training time (its cost is at test time)."""
+    datasets = list(dict.fromkeys(frame["dataset"]))
+    figure, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
+    for axis, dataset in zip(axes[0], datasets):
+        rows = frame[frame["dataset"] == dataset]
+        for index, (variant, group) in enumerate(rows.groupby("variant", sort=False)):
+            x, y = group["train_seconds"], 100 * group["R@1"]
+            marker = "s" if group["group"].iloc[0] == "classic" else ("D" if variant == RERANK else "o")
+            axis.errorbar(x.mean(), y.mean(), xerr=x.std() if len(group) > 1 else None, yerr=y.std() if len(group) > 1 else None,
+                          marker=marker, color=f"C{index % 10}", capsize=3, linestyle="none", label=METHOD_LABELS.get(variant, variant))
+            axis.annotate(METHOD_LABELS.get(variant, variant), (x.mean(), y.mean()), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        axis.set(xlabel="training seconds (whole run)", ylabel="R@1 (%)", title=dataset)
+        axis.grid(alpha=0.3)
+    axes[0, -1].legend(fontsize=7, loc="best")
+    figure.suptitle("R@1 against training time (circles: main methods, squares: classic baselines, diamond: re-ranked MS)")
+    figure.tight_layout()
+    return figure
+
+
+# ----------------------------------------------------------------------------------------------
+# figures/README.md
+# ----------------------------------------------------------------------------------------------
+FIGURE_PREFIXES = {  # file-name prefix → the notebook that writes figures with it (in notebook order)
+    "datasets_": "00_datasets.ipynb",
+    "train_": "01_train.ipynb",
+    "crt_": "10_crt.ipynb",
+    "diml_": "20_diml.ipynb",
+    "cross_attention_": "30_cross_attention.ipynb",
+    "dgcrl_": "40_dgcrl.ipynb",
+    "compare_": "90_compare.ipynb",
+    "explore_": "95_explore.ipynb",
+}
+
+
+def figure_notebook(name: str) -> str | None:
+    """The notebook that made figure ``name`` (by its longest matching prefix), or None."""
+    matches = [prefix for prefix in FIGURE_PREFIXES if name.startswith(prefix)]
+    return FIGURE_PREFIXES[max(matches, key=len)] if matches else None
+
+
+def figures_readme(folder: str | Path) -> str:
+    """The text of ``figures/README.md``: every PNG of ``folder``, grouped by the notebook that made it (in
+    notebook order; unknown prefixes last), each with a line naming the notebook and the image embedded."""
+    folder = Path(folder)
+    names = sorted(path.name for path in folder.glob("*.png"))
+    order = list(dict.fromkeys(FIGURE_PREFIXES.values()))
+    by_notebook: dict[str | None, list[str]] = {}
+    for name in names:
+        by_notebook.setdefault(figure_notebook(name), []).append(name)
+    lines = ["# Figures", "",
+             "Written by the study's notebooks (`make study` regenerates them from the run records; do not edit by hand).",
+             "Each figure names the notebook that made it, from its file-name prefix.", ""]
+    for notebook in [*order, None]:
+        if notebook not in by_notebook:
+            continue
+        lines += [f"## {notebook or 'no notebook prefix'}", ""]
+        for name in by_notebook[notebook]:
+            made_by = f"made by `notebooks/{notebook}`" if notebook else "made by: unknown (no known file-name prefix)"
+            lines += [f"**{name}** — {made_by}", "", f"![]({name})", ""]
+    if not names:
+        lines += ["(no figures yet)", ""]
+    return "\n".join(lines)
+
+
+def write_figures_readme(folder: str | Path | None = None) -> Path:
+    """Write ``<folder>/README.md`` (default ``<project>/figures``) listing every PNG with its notebook."""
+    folder = Path(folder) if folder else project_root() / "figures"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "README.md"
+    path.write_text(figures_readme(folder))
+    return path

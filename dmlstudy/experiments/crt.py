@@ -1,0 +1,735 @@
+"""Notebook 10 (CRT, seed 001): the study config, the runs of every table, the tables, and the figures.
+
+The notebook ``notebooks/10_crt.ipynb`` calls only the functions here. Run names follow the protocol:
+``<dataset>-<variant>-seed<seed>``; the plain MS baseline is the variant ``ms`` and CRT with its defaults
+is ``crt`` (the comparison notebook reuses both). Every other variant is named from what differs from
+those defaults (:func:`crt_variant`), so two tables asking for the same configuration share one run
+(e.g. K1 = 64 of the K1 sweep and "w/o shared weights" are both ``crt-shared=False``).
+
+Decisions (reported in the notebook):
+
+* The K1 and K2 sweeps use separate prototype banks (``shared=False``; sharing needs K1 = K2), the other
+  branch at its default 64. The paper's K1 table must have done the same: its K1 = 64 row (75.96) is its
+  "w/o shared weights" result.
+* The batch sweep changes P (classes per batch) at the protocol's M (images per class): N = P · M.
+* Each sweep includes the paper's reference point (K = 64, λ2 = 0.9, the protocol batch, (d, D) = (128,
+  1024)), so a one-value sweep already compares two settings.
+* ResNet-type backbones are built with output stride 16 (a 4 × 4 grid at 64 px); ViTs get ``img_size``.
+* Complexity: parameters and FLOPs (``torch.utils.flop_counter``, 2 FLOPs per multiply-add) of one image at
+  the paper's 227 px; ViTs with 16-px patches cannot take 227 px and are counted at 224 px (said in the
+  table).
+* Paper numbers are on real data with ImageNet-pretrained backbones (MiT-B1 for the ablations, CUB); they
+  orient the reader, they are not targets. SynBirds is put beside CUB and Glyphs beside Cars.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from torch.utils.data import Subset
+from torch.utils.flop_counter import FlopCounterMode
+
+from dmlstudy import metrics as metric_functions
+from dmlstudy.data import build_dataset, build_transforms, evaluation_protocol
+from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
+from dmlstudy.methods import build_method
+from dmlstudy.methods.crt import CRT, BranchEmbedder, code_maps, prototype_correlation
+from dmlstudy.models import build_backbone
+from dmlstudy.paths import data_root
+from dmlstudy.plots import source_image
+from dmlstudy.train import RunResult, TrainConfig, embed
+
+# ----------------------------------------------------------------------------------------------
+# The paper's numbers (Kan et al., NeurIPS 2022; transcribed from seed 001). Recall@1 in %.
+# ----------------------------------------------------------------------------------------------
+PAPER_DATASET = {"synbirds": "CUB", "glyphs": "Cars"}  # which paper dataset each embedded set stands beside
+PAPER_BASELINE_VS_CRT = {"CUB": {"ms": 72.25, "crt": 75.95}, "Cars": {"ms": 87.36, "crt": 89.60}}  # MiT-B1
+PAPER_COMPONENTS = {"crt": 75.95, "−CRT": 73.97, "−CRT−Consistency": 72.25}  # CUB, MiT-B1
+PAPER_K1 = {1: 75.76, 4: 75.57, 16: 75.44, 64: 75.96}
+PAPER_K2 = {1: 74.26, 4: 74.54, 16: 74.63, 64: 75.95, 100: 75.15}
+PAPER_MULTI_PERSPECTIVE = {"w/o (K1 = K2 = 1)": 74.34, "w (K1 = K2 = 64)": 75.95}
+PAPER_SHARED = {"w (shared)": 75.95, "w/o (separate)": 75.96}
+PAPER_LAMBDA2 = {0.0: 73.09, 0.1: 73.87, 0.3: 74.93, 0.5: 74.22, 0.7: 75.14, 0.9: 75.95, 1.0: 75.07}
+PAPER_BATCH = {32: 73.38, 64: 75.19, 80: 75.95, 120: 75.79, 150: 75.78, 180: 75.32}
+PAPER_DIMS = {(64, 1024): (72.57, 75.74), (128, 1024): (75.95, 76.52), (256, 1024): (76.16, 76.82),
+              (512, 1024): (76.18, 75.66), (1024, 2048): (77.09, 76.40)}  # (d, D) → (branch 1, branch 2)
+PAPER_BACKBONES = {  # backbone → dataset → (MS, +CRT)
+    "GoogLeNet": {"CUB": (56.53, 59.23), "Cars": (76.49, 78.50)},
+    "BN-Inception": {"CUB": (61.95, 65.78), "Cars": (80.59, 81.38)},
+    "ResNet-50": {"CUB": (62.64, 64.20), "Cars": (79.92, 83.29)},
+    "DeiT-S": {"CUB": (72.32, 74.71), "Cars": (82.20, 84.26)},
+    "MiT-B1": {"CUB": (72.25, 75.95), "Cars": (87.36, 89.60)},
+}
+PAPER_COMPLEXITY = {  # backbone → (params M, FLOPs G) at 227 px
+    "GoogLeNet": (5.60, 1.52), "BN-Inception": (10.27, 2.06), "ResNet-50": (23.51, 4.65), "DeiT-S": (21.96, 4.24),
+    "MiT-B0": (3.31, 0.47), "MiT-B1": (13.14, 1.83), "MiT-B2": (24.17, 3.55),
+}
+PAPER_NAME_OF_BACKBONE = {"resnet50": "ResNet-50", "deit_small_patch16_224": "DeiT-S"}  # timm name → the paper's
+PAPER_ESD = {"CUB": (0.72, 0.90), "Cars": (0.79, 1.01), "SOP": (0.38, 0.40), "In-Shop": (0.28, 0.33)}  # (Baseline, +CRT), ↑
+PAPER_RHO = {"CUB": (0.27, 0.19), "Cars": (0.24, 0.15), "SOP": (0.31, 0.13), "In-Shop": (0.23, 0.10)}  # (Baseline, +CRT), ↓
+
+PROTOTYPE_DEFAULT = 64  # K1 = K2 of the paper and of ``crt``
+HIGH_DIM_DEFAULT = 1024  # D of the paper and of ``crt``
+
+
+@dataclass
+class CRTStudy(ProtocolConfig):
+    """Parameters of ``notebooks/10_crt.ipynb``: the protocol plus CRT's sweeps. Empty lists skip a table."""
+
+    ablation_datasets: list = field(default_factory=lambda: ["synbirds"])  # datasets of the ablation tables
+    ablation_seeds: list = field(default_factory=lambda: [0])  # seeds of the ablation tables
+    components: bool = True  # full / −CRT / −CRT−Consistency table
+    multi_perspective: bool = True  # K1 = K2 = 1 against the default 64
+    shared_ablation: bool = True  # shared prototype bank against two banks
+    k1_values: list = field(default_factory=lambda: [1])  # K1 sweep (separate banks, K2 = 64); 64 is always added
+    k2_values: list = field(default_factory=lambda: [1])  # K2 sweep (separate banks, K1 = 64); 64 is always added
+    lambda2_values: list = field(default_factory=lambda: [0.0])  # λ2 sweep; 0.9 (the default run) is always added
+    batch_sizes: list = field(default_factory=lambda: [32])  # total batch N = P·M at the protocol M; the protocol batch is always added
+    dim_pairs: list = field(default_factory=lambda: [[32, 64]])  # (d, D) pairs scored on both branches; (128, 1024) is added
+    backbones: list = field(default_factory=lambda: ["test_vit"])  # MS vs +CRT per backbone; the protocol backbone is added
+    complexity_backbones: list = field(default_factory=lambda: ["dml_convnet", "test_resnet", "test_vit"])  # params/FLOPs table
+    complexity_image_size: int = 227  # pixels of the params/FLOPs count (227 as in the paper)
+    geometry_splits: list = field(default_factory=lambda: ["test"])  # ESD/ρ on these splits (test, train)
+    geometry_drop_first: list = field(default_factory=lambda: [0, 1])  # ρ with these many leading singular values dropped
+    heatmap_prototypes: int = 8  # prototypes shown in the code heat maps
+    tsne_classes: int = 5  # test classes in the t-SNE plots
+
+    def ablation_protocol(self) -> "CRTStudy":
+        """This config with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
+        return dataclasses.replace(self, seeds=list(self.ablation_seeds))
+
+
+# ----------------------------------------------------------------------------------------------
+# Variants and their runs
+# ----------------------------------------------------------------------------------------------
+def crt_defaults() -> dict[str, Any]:
+    """CRT's keyword arguments and their defaults (from the class signature)."""
+    skip = {"backbone", "embedding_dim", "num_classes"}
+    return {name: spec.default for name, spec in inspect.signature(CRT.__init__).parameters.items()
+            if name not in skip and spec.default is not inspect.Parameter.empty}
+
+
+def crt_variant(*, overrides: Mapping[str, Any] | None = None, **method_kwargs: Any) -> tuple[str, dict[str, Any]]:
+    """``(name, spec)`` of a CRT variant for :meth:`ProtocolConfig.grid`, named from what differs from the defaults.
+
+    Keyword arguments equal to CRT's defaults are dropped, so equal configurations get equal names (and share
+    runs); ``overrides`` are TrainConfig fields (``classes_per_batch``, ``embedding_dim``, ``backbone``, …)
+    abbreviated in the name. ``crt_variant()`` is ``("crt", {"method": "crt"})``.
+    """
+    defaults = crt_defaults()
+    unknown = sorted(set(method_kwargs) - set(defaults))
+    if unknown:
+        raise KeyError(f"crt_variant: unknown CRT arguments {unknown}; valid: {sorted(defaults)}")
+    kwargs = {key: value for key, value in sorted(method_kwargs.items()) if defaults[key] != value}
+    overrides = dict(overrides or {})
+    tags = [f"{_SHORT.get(key, key)}={value}" for key, value in overrides.items() if key not in _SILENT]
+    tags += [f"{key}={value}" for key, value in kwargs.items()]
+    spec: dict[str, Any] = {"method": "crt", **overrides}
+    if kwargs:
+        spec["method_kwargs"] = kwargs
+    return "-".join(["crt", *tags]), spec
+
+
+def ms_variant(*, overrides: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """``(name, spec)`` of the MS baseline (``ms`` when there are no overrides)."""
+    overrides = dict(overrides or {})
+    tags = [f"{_SHORT.get(key, key)}={value}" for key, value in overrides.items() if key not in _SILENT]
+    return "-".join(["ms", *tags]), {"method": "ms", **overrides}
+
+
+_SHORT = {"classes_per_batch": "P", "embedding_dim": "d", "backbone": "backbone"}
+_SILENT = {"output_stride"}  # implied by the backbone name
+
+
+def backbone_overrides(name: str, protocol: ProtocolConfig) -> dict[str, Any]:
+    """TrainConfig overrides for a backbone: none for the protocol's own, output stride 16 for ResNets."""
+    if name == protocol.backbone:
+        return {}
+    overrides: dict[str, Any] = {"backbone": name}
+    if "resnet" in name:
+        overrides["output_stride"] = 16
+    return overrides
+
+
+def _with_reference(values: Iterable[Any], reference: Any) -> list[Any]:
+    out = [reference] if reference not in values else []
+    return sorted({*values, *out}, key=lambda v: (v if not isinstance(v, (list, tuple)) else tuple(v)))
+
+
+def main_variants() -> dict[str, dict]:
+    """The shared pair: plain MS (``ms``) and CRT with the paper's defaults (``crt``)."""
+    return dict([ms_variant(), crt_variant()])
+
+
+def component_variants() -> dict[str, dict]:
+    """Full CRT, "−CRT" (pooled heads, L_CON kept), "−CRT−Consistency" (= ``ms``)."""
+    return dict([crt_variant(), crt_variant(use_crt=False), ms_variant()])
+
+
+def k_sweep_variants(values: Sequence[int], *, branch: int) -> dict[int, tuple[str, dict]]:
+    """K1 (branch 1) or K2 (branch 2) sweep with separate banks, the other K at 64; 64 always included."""
+    key = f"K{branch}"
+    return {k: crt_variant(shared=False, **{key: int(k)}) for k in _with_reference(values, PROTOTYPE_DEFAULT)}
+
+
+def lambda2_variants(values: Sequence[float]) -> dict[float, tuple[str, dict]]:
+    """λ2 sweep; the default 0.9 (the ``crt`` run) always included."""
+    return {float(v): crt_variant(lambda_con=float(v)) for v in _with_reference([float(v) for v in values], 0.9)}
+
+
+def batch_variants(batch_sizes: Sequence[int], protocol: ProtocolConfig) -> dict[int, tuple[str, dict]]:
+    """Batch-size sweep at the protocol's M: N = P·M; the protocol batch (the ``crt`` run) always included."""
+    m = protocol.samples_per_class
+    reference = protocol.classes_per_batch * m
+    out = {}
+    for n in _with_reference([int(n) for n in batch_sizes], reference):
+        if n % m or n < 2 * m:
+            raise ValueError(f"batch_sizes: {n} is not a multiple P·M of samples_per_class M = {m} with P ≥ 2")
+        overrides = {} if n == reference else {"classes_per_batch": n // m}
+        out[n] = crt_variant(overrides=overrides)
+    return out
+
+
+def dim_variants(pairs: Sequence[Sequence[int]], protocol: ProtocolConfig) -> dict[tuple[int, int], tuple[str, dict]]:
+    """(d, D) pairs; (protocol d, 1024) — the ``crt`` run — always included."""
+    out = {}
+    for d, high in _with_reference([tuple(int(v) for v in p) for p in pairs], (protocol.embedding_dim, HIGH_DIM_DEFAULT)):
+        overrides = {} if d == protocol.embedding_dim else {"embedding_dim": d}
+        out[(d, high)] = crt_variant(overrides=overrides, high_dim=high)
+    return out
+
+
+def backbone_variants(backbones: Sequence[str], protocol: ProtocolConfig) -> dict[str, dict[str, tuple[str, dict]]]:
+    """Per backbone: MS and CRT on it (the protocol backbone's pair is ``ms`` / ``crt``)."""
+    names = [protocol.backbone, *[b for b in backbones if b != protocol.backbone]]
+    return {name: {"ms": ms_variant(overrides=backbone_overrides(name, protocol)),
+                   "crt": crt_variant(overrides=backbone_overrides(name, protocol))} for name in names}
+
+
+def as_grid(variants: Mapping[Any, tuple[str, dict]]) -> dict[str, dict]:
+    """``{value: (name, spec)}`` of a sweep → ``{name: spec}`` for :meth:`ProtocolConfig.grid`."""
+    return dict(variants.values())
+
+
+def run_variants(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, RunResult]]:
+    """Train (or load) every variant × dataset × seed of ``protocol``."""
+    return run_grid(protocol.grid(variants, datasets=datasets))
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables and their one-line readings
+# ----------------------------------------------------------------------------------------------
+def recall_columns(frame: pd.DataFrame, *, count: int = 4) -> list[str]:
+    """The first ``count`` Recall@K columns present, by K."""
+    ks = sorted(int(c[2:]) for c in frame.columns if c.startswith("R@") and c[2:].isdigit() and frame[c].notna().any())
+    return [f"R@{k}" for k in ks[:count]]
+
+
+def summary(results: list[tuple[str, RunResult]], *, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Mean ± std over seeds per (dataset, variant), metrics in % (see ``dmlstudy.study.summarize``)."""
+    frame = results_frame(results)
+    metrics = list(metrics or [*recall_columns(frame), "MAP@R"])
+    return mean_std_table(frame, metrics=metrics)
+
+
+def _lookup(table: pd.DataFrame, dataset: str, variant: str) -> tuple[float, float, int]:
+    row = table[(table["dataset"] == dataset) & (table["variant"] == variant)]
+    if row.empty:
+        raise KeyError(f"no runs of variant {variant!r} on {dataset!r}")
+    row = row.iloc[0]
+    return float(row["R@1_mean"]), float(row["R@1_std"]), int(row["runs"])
+
+
+def effect_sentence(what: str, *, ours: tuple[float, float], paper: float | None, seeds: int, unit: str = "R@1 points") -> str:
+    """One sentence comparing our difference (mean, standard error) with the paper's difference, computed.
+
+    Verdicts: "direction held" / "direction NOT reproduced" (signs of ours and the paper's), flagged "within
+    seed noise" when |Δ| < 2 s.e. with ≥ 2 seeds; where the paper's own difference is below ``NO_EFFECT``
+    points, the question is whether ours is consistent with no effect.
+    """
+    difference, error = ours
+    noise = f" ± {error:.2f} s.e." if seeds >= 2 else " (1 seed: no noise estimate)"
+    text = f"{what}: ours {difference:+.2f} {unit}{noise}"
+    if paper is None or (isinstance(paper, float) and math.isnan(paper)):
+        return text + "; the paper reports no number for this."
+    if abs(paper) < NO_EFFECT:
+        if seeds < 2:
+            return text + f"; the paper found no effect ({paper:+.2f}) → with one seed we cannot tell whether ours is noise."
+        verdict = "consistent (within seed noise)" if abs(difference) < 2 * error else "NOT consistent (|Δ| ≥ 2 s.e.)"
+        return text + f"; the paper found no effect ({paper:+.2f}) → {verdict}."
+    verdict = "direction held" if np.sign(difference) == np.sign(paper) and difference != 0 else "direction NOT reproduced"
+    if seeds >= 2 and abs(difference) < 2 * error:
+        verdict += " (but within seed noise, |Δ| < 2 s.e.)"
+    return text + f"; paper {paper:+.2f} → {verdict}."
+
+
+NO_EFFECT = 0.25  # |paper difference| below this many R@1 points is read as "no effect" (e.g. shared vs separate: −0.01)
+
+
+def _difference(table: pd.DataFrame, dataset: str, better: str, worse: str) -> tuple[tuple[float, float], int]:
+    """(mean of better − mean of worse, its standard error) and the smaller seed count."""
+    m1, s1, n1 = _lookup(table, dataset, better)
+    m2, s2, n2 = _lookup(table, dataset, worse)
+    return (m1 - m2, math.sqrt(s1 ** 2 / n1 + s2 ** 2 / n2)), min(n1, n2)
+
+
+def _display(table: pd.DataFrame, labels: Mapping[str, Any], paper: Mapping[Any, Any], *, label: str = "setting", paper_label: str = "paper R@1") -> pd.DataFrame:
+    """``table`` with a readable setting column and the paper's number per setting, in ``labels`` order."""
+    order = {variant: i for i, variant in enumerate(labels)}
+    shown = table[table["variant"].isin(order)].copy()
+    shown["_order"] = shown["variant"].map(order)
+    shown = shown.sort_values(["dataset", "_order"], kind="stable")
+    shown.insert(1, label, [labels[v] for v in shown["variant"]])
+    shown[paper_label] = [paper.get(labels[v], "–") for v in shown["variant"]]
+    columns = [c for c in shown.columns if not c.endswith(("_mean", "_std")) and c != "_order"]
+    return shown[columns].reset_index(drop=True)
+
+
+def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
+    """MS vs +CRT per dataset (mean ± std), the paper's MiT-B1 numbers beside, and one sentence per dataset."""
+    table = summary(results)
+    sentences, rows = [], []
+    for dataset in dict.fromkeys(table["dataset"]):
+        paper = PAPER_BASELINE_VS_CRT.get(PAPER_DATASET.get(dataset, ""), {})
+        shown = table[table["dataset"] == dataset].copy()
+        shown[f"paper R@1 ({PAPER_DATASET.get(dataset, '–')}, MiT-B1)"] = [paper.get(v, "–") for v in shown["variant"]]
+        rows.append(shown)
+        ours, seeds = _difference(table, dataset, "crt", "ms")
+        paper_gain = paper["crt"] - paper["ms"] if paper else None
+        sentences.append(effect_sentence(f"{dataset}: +CRT − MS", ours=ours, paper=paper_gain, seeds=seeds))
+    shown = pd.concat(rows, ignore_index=True)
+    return shown[[c for c in shown.columns if not c.endswith(("_mean", "_std"))]], sentences
+
+
+def components_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
+    """Full / −CRT / −CRT−Consistency (paper's component table)."""
+    table = summary(results)
+    names = dict([crt_variant(), crt_variant(use_crt=False), ms_variant()])
+    full, minus_crt, plain = list(names)
+    labels = {full: "crt", minus_crt: "−CRT", plain: "−CRT−Consistency"}
+    sentences = []
+    for dataset in dict.fromkeys(table["dataset"]):
+        ours, seeds = _difference(table, dataset, full, minus_crt)
+        sentences.append(effect_sentence(f"{dataset}: full − (−CRT) (the coded residual transform)", ours=ours, seeds=seeds,
+                                         paper=PAPER_COMPONENTS["crt"] - PAPER_COMPONENTS["−CRT"]))
+        ours, seeds = _difference(table, dataset, minus_crt, plain)
+        sentences.append(effect_sentence(f"{dataset}: (−CRT) − (−CRT−Consistency) (two branches + L_CON)", ours=ours, seeds=seeds,
+                                         paper=PAPER_COMPONENTS["−CRT"] - PAPER_COMPONENTS["−CRT−Consistency"]))
+    return _display(table, labels, PAPER_COMPONENTS), sentences
+
+
+def pair_table(results: list[tuple[str, RunResult]], *, labels: Mapping[str, str], paper: Mapping[str, float], what: str) -> tuple[pd.DataFrame, list[str]]:
+    """A two-setting table (``labels``: variant → label, the paper's preferred setting listed first)."""
+    table = summary(results)
+    (first, first_label), (second, second_label) = list(labels.items())
+    sentences = []
+    for dataset in dict.fromkeys(table["dataset"]):
+        ours, seeds = _difference(table, dataset, first, second)
+        sentences.append(effect_sentence(f"{dataset}: {what}", ours=ours, seeds=seeds, paper=paper[first_label] - paper[second_label]))
+    return _display(table, labels, paper), sentences
+
+
+def sweep_table(results: list[tuple[str, RunResult]], *, variants: Mapping[Any, tuple[str, dict]], paper: Mapping[Any, float], name: str) -> tuple[pd.DataFrame, list[str]]:
+    """A one-parameter sweep: ours per value beside the paper's; the sentence contrasts the two swept values
+    the paper ranks best and worst (among those we ran)."""
+    table = summary(results)
+    labels = {variant: value for value, (variant, _) in variants.items()}
+    shown = _display(table, labels, paper, label=name)
+    sentences = []
+    common = [value for value in variants if value in paper]
+    for dataset in dict.fromkeys(table["dataset"]):
+        if len(common) < 2:
+            sentences.append(f"{dataset}: fewer than two swept {name} values have a paper number; no direction to check.")
+            continue
+        best, worst = max(common, key=paper.get), min(common, key=paper.get)
+        ours, seeds = _difference(table, dataset, variants[best][0], variants[worst][0])
+        sentences.append(effect_sentence(f"{dataset}: {name} = {best} − {name} = {worst} (the paper's best − worst of ours)",
+                                         ours=ours, seeds=seeds, paper=paper[best] - paper[worst]))
+    return shown, sentences
+
+
+def branch_scores(result: RunResult, *, branch: int) -> dict[str, float]:
+    """Retrieval metrics of one branch of a trained CRT run on its evaluation split (branch 1 = the run's own)."""
+    if branch == 1:
+        return dict(result.metrics)
+    query = evaluation_split(result.config, "test")
+    embeddings = embed(BranchEmbedder(result.method, branch), query, batch_size=result.config.eval_batch_size, device=_device_of(result.method))
+    ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
+    return metric_functions.retrieval_metrics(embeddings, np.asarray(query.labels), ks=ks)
+
+
+def dims_table(results: list[tuple[str, RunResult]], variants: Mapping[tuple[int, int], tuple[str, dict]]) -> tuple[pd.DataFrame, list[str]]:
+    """(d, D) pairs, each run scored on branch 1 (d) and branch 2 (D), mean ± std over seeds, the paper beside."""
+    pair_of = {variant: pair for pair, (variant, _) in variants.items()}
+    rows = []
+    for variant, result in results:
+        for branch in (1, 2):
+            scores = branch_scores(result, branch=branch)
+            rows.append({"dataset": result.config.dataset, "variant": variant, "branch": branch, "seed": result.config.seed, "R@1": scores["R@1"]})
+    frame = pd.DataFrame(rows)
+    grouped = frame.groupby(["dataset", "variant", "branch"], sort=False)["R@1"]
+    stats = grouped.agg(["mean", "std", "count"]).reset_index()
+    stats["std"] = stats["std"].fillna(0.0)
+    out, sentences = [], []
+    for dataset in dict.fromkeys(stats["dataset"]):
+        for pair, (variant, _) in variants.items():
+            cell = {b: stats[(stats["dataset"] == dataset) & (stats["variant"] == variant) & (stats["branch"] == b)].iloc[0] for b in (1, 2)}
+            paper = PAPER_DIMS.get(pair, ("–", "–"))
+            out.append({"dataset": dataset, "d": pair[0], "D": pair[1], "runs": int(cell[1]["count"]),
+                        "branch 1 R@1 (d)": f"{100 * cell[1]['mean']:.1f} ± {100 * cell[1]['std']:.1f}",
+                        "branch 2 R@1 (D)": f"{100 * cell[2]['mean']:.1f} ± {100 * cell[2]['std']:.1f}",
+                        "paper branch 1": paper[0], "paper branch 2": paper[1],
+                        "_b1": 100 * cell[1]["mean"], "_b2": 100 * cell[2]["mean"]})
+        rows_here = [row for row in out if row["dataset"] == dataset]
+        ours_wins = sum(row["_b2"] > row["_b1"] for row in rows_here)
+        paper_rows = [PAPER_DIMS[(row["d"], row["D"])] for row in rows_here if (row["d"], row["D"]) in PAPER_DIMS]
+        paper_wins = sum(b2 > b1 for b1, b2 in paper_rows)
+        sentences.append(f"{dataset}: branch 2 (D) beats branch 1 (d) in {ours_wins}/{len(rows_here)} of our (d, D) pairs; "
+                         f"the paper's branch 2 wins in {paper_wins}/{len(paper_rows)} of the same pairs → "
+                         f"{'direction held' if (ours_wins > len(rows_here) / 2) == (paper_wins > len(paper_rows) / 2) else 'direction NOT reproduced'}.")
+        ds = sorted({row["d"] for row in rows_here})
+        if len(ds) >= 2:
+            low = next(row for row in rows_here if row["d"] == ds[0])
+            high = next(row for row in rows_here if row["d"] == ds[-1])
+            paper_low, paper_high = PAPER_DIMS.get((low["d"], low["D"])), PAPER_DIMS.get((high["d"], high["D"]))
+            paper_diff = paper_high[0] - paper_low[0] if paper_low and paper_high else None
+            sentences.append(effect_sentence(f"{dataset}: branch 1 at d = {ds[-1]} − d = {ds[0]}", ours=(high["_b1"] - low["_b1"], 0.0),
+                                             paper=paper_diff, seeds=1))
+    table = pd.DataFrame(out)
+    return table[[c for c in table.columns if not c.startswith("_")]], sentences
+
+
+def backbone_table(results: list[tuple[str, RunResult]], variants: Mapping[str, Mapping[str, tuple[str, dict]]]) -> tuple[pd.DataFrame, list[str]]:
+    """MS vs +CRT per backbone (ours) and the paper's per-backbone gains (CUB, Cars)."""
+    table = summary(results)
+    rows, sentences = [], []
+    for dataset in dict.fromkeys(table["dataset"]):
+        wins = 0
+        for backbone, pair in variants.items():
+            ms_stats, crt_stats = _lookup(table, dataset, pair["ms"][0]), _lookup(table, dataset, pair["crt"][0])
+            (gain, error), _ = _difference(table, dataset, pair["crt"][0], pair["ms"][0])
+            wins += gain > 0
+            rows.append({"dataset": dataset, "backbone": backbone, "runs": ms_stats[2], "MS R@1": f"{ms_stats[0]:.1f} ± {ms_stats[1]:.1f}",
+                         "+CRT R@1": f"{crt_stats[0]:.1f} ± {crt_stats[1]:.1f}", "gain": f"{gain:+.2f}"})
+        paper_dataset = PAPER_DATASET.get(dataset, "CUB")
+        paper_wins = sum(values[paper_dataset][1] > values[paper_dataset][0] for values in PAPER_BACKBONES.values())
+        sentences.append(f"{dataset}: +CRT beat MS on {wins}/{len(variants)} of our backbones; the paper's +CRT beat MS on "
+                         f"{paper_wins}/{len(PAPER_BACKBONES)} backbones ({paper_dataset}) → "
+                         f"{'direction held' if wins == len(variants) else 'direction held on some backbones only' if wins else 'direction NOT reproduced'}.")
+    return pd.DataFrame(rows), sentences
+
+
+def paper_backbone_table() -> pd.DataFrame:
+    """The paper's R@1 of MS and +CRT per (ImageNet-pretrained) backbone on CUB and Cars, and the gains."""
+    rows = []
+    for name, values in PAPER_BACKBONES.items():
+        row = {"backbone": name}
+        for dataset in ("CUB", "Cars"):
+            ms, crt = values[dataset]
+            row.update({f"{dataset} MS": ms, f"{dataset} +CRT": crt, f"{dataset} gain": round(crt - ms, 2)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# Geometry: embedding-space density and spectral decay
+# ----------------------------------------------------------------------------------------------
+def evaluation_split(config: TrainConfig, split: str):
+    """The ``split`` ("train"/"test") of a run's dataset with the test transforms, restricted as in the run."""
+    root = Path(config.data_root or data_root()) / config.dataset
+    dataset = build_dataset(config.dataset, root, split, transform=build_transforms(config.image_size, train=False))
+    count = config.train_classes if split == "train" else config.test_classes
+    if 0 < count < dataset.num_classes:
+        indices = np.flatnonzero(dataset.labels < count)
+        subset = Subset(dataset, indices.tolist())
+        subset.labels, subset.num_classes = dataset.labels[indices], count
+        return subset
+    return dataset
+
+
+def _device_of(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def split_embeddings(result: RunResult, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Branch-1 embeddings and labels of a run on ``split`` (test: the stored ones; train: computed now)."""
+    if split == "test":
+        return result.embeddings["embeddings"], result.embeddings["labels"]
+    dataset = evaluation_split(result.config, split)
+    return embed(result.method, dataset, batch_size=result.config.eval_batch_size, device=_device_of(result.method)), np.asarray(dataset.labels)
+
+
+def geometry_table(results: list[tuple[str, RunResult]], *, splits: Sequence[str], drop_first: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
+    """ESD (π_intra/π_inter) and ρ (spectral decay, per ``drop_first``) of MS vs +CRT, per split, mean ± std."""
+    rows = []
+    for variant, result in results:
+        for split in splits:
+            embeddings, labels = split_embeddings(result, split)
+            row = {"dataset": result.config.dataset, "variant": variant, "split": split, "seed": result.config.seed,
+                   "ESD": metric_functions.embedding_space_density(embeddings, labels)}
+            for drop in drop_first:
+                row[f"rho (drop_first={drop})"] = metric_functions.spectral_decay(embeddings, drop_first=int(drop))
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    values = [c for c in frame.columns if c == "ESD" or c.startswith("rho")]
+    grouped = frame.groupby(["dataset", "split", "variant"], sort=False)[values]
+    means, stds, counts = grouped.mean(), grouped.std().fillna(0.0), grouped.size()
+    table = means.round(3).astype(str) + " ± " + stds.round(3).astype(str)
+    table.insert(0, "runs", counts)
+    table = table.reset_index()
+    table["paper ESD ↑"] = [_paper_geometry(PAPER_ESD, d, v) for d, v in zip(table["dataset"], table["variant"])]
+    table["paper ρ ↓"] = [_paper_geometry(PAPER_RHO, d, v) for d, v in zip(table["dataset"], table["variant"])]
+    sentences = []
+    for (dataset, split), group in means.groupby(level=["dataset", "split"], sort=False):
+        group = group.droplevel(["dataset", "split"])
+        if not {"ms", "crt"} <= set(group.index):
+            continue
+        paper = PAPER_ESD.get(PAPER_DATASET.get(dataset, ""))
+        paper_rho = PAPER_RHO.get(PAPER_DATASET.get(dataset, ""))
+        esd = group.loc["crt", "ESD"] - group.loc["ms", "ESD"]
+        text = [f"{dataset} ({split} split): ESD +CRT − MS = {esd:+.3f}" + (f" (paper {paper[1] - paper[0]:+.2f}: {'held' if np.sign(esd) == np.sign(paper[1] - paper[0]) else 'NOT reproduced'})" if paper else "")]
+        for column in values[1:]:
+            rho = group.loc["crt", column] - group.loc["ms", column]
+            text.append(f"ρ {column[4:]} +CRT − MS = {rho:+.3f}" + (f" (paper {paper_rho[1] - paper_rho[0]:+.2f}, drop_first unstated: {'held' if np.sign(rho) == np.sign(paper_rho[1] - paper_rho[0]) else 'NOT reproduced'})" if paper_rho else ""))
+        sentences.append("; ".join(text) + ".")
+    return table, sentences
+
+
+def _paper_geometry(values: Mapping[str, tuple[float, float]], dataset: str, variant: str) -> Any:
+    pair = values.get(PAPER_DATASET.get(dataset, ""))
+    if not pair or variant not in ("ms", "crt"):
+        return "–"
+    return pair[0] if variant == "ms" else pair[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Complexity: parameters and FLOPs
+# ----------------------------------------------------------------------------------------------
+def _flops(function, *args) -> int:
+    with FlopCounterMode(display=False) as counter:
+        function(*args)
+    return int(counter.get_total_flops())
+
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def complexity_row(backbone_name: str, *, image_size: int = 227, embedding_dim: int = 128, output_stride: int | None = None) -> dict[str, Any]:
+    """Parameters (M) and GFLOPs of one image: the backbone, MS (backbone + FC) and CRT (branch 1 at test
+    time; both branches in training). A ViT whose patch size does not divide ``image_size`` is counted at
+    the nearest smaller multiple (column ``px``)."""
+    torch.manual_seed(0)
+    size = image_size
+    kwargs = {"output_stride": output_stride} if output_stride else {}
+    backbone = build_backbone(backbone_name, image_size=size, **kwargs).eval()
+    patch = getattr(getattr(backbone.model, "patch_embed", None), "patch_size", None)
+    if patch is not None:
+        size = image_size - image_size % int(patch[0] if isinstance(patch, (tuple, list)) else patch)
+        backbone = build_backbone(backbone_name, image_size=size, **kwargs).eval()
+    image = torch.randn(1, 3, size, size)
+    ms = build_method("ms", backbone=backbone, embedding_dim=embedding_dim, num_classes=2).eval()
+    crt = build_method("crt", backbone=backbone, embedding_dim=embedding_dim, num_classes=2).eval()
+    with torch.no_grad():
+        grid = tuple(backbone(image).shape[2:])
+        row = {
+            "backbone": backbone_name, "px": size, "output stride": output_stride or "own", "grid": "×".join(map(str, grid)),
+            "backbone params (M)": _count(backbone) / 1e6,
+            "MS params (M)": _count(ms) / 1e6,
+            "+CRT params, test (M)": (_count(crt) - _count(crt.heads[1])) / 1e6,
+            "+CRT params, train (M)": _count(crt) / 1e6,
+            "backbone GFLOPs": _flops(backbone, image) / 1e9,
+            "MS GFLOPs": _flops(ms, image) / 1e9,
+            "+CRT GFLOPs, test": _flops(crt, image) / 1e9,
+            "+CRT GFLOPs, train fwd": _flops(crt.embed_branches, image) / 1e9,
+        }
+    return row
+
+
+COMPLEXITY_OUTPUT_STRIDE = {"test_resnet": 16}  # as trained in the study; full-size ResNets at their own stride 32, as in the paper
+
+
+def complexity_sentences(table: pd.DataFrame) -> list[str]:
+    """Per backbone: CRT's extra parameters and FLOPs over MS at test time and in training (the paper names the
+    training cost of the two branches as a limitation and reports only backbone sizes)."""
+    sentences = []
+    for row in table.to_dict("records"):
+        sentences.append(
+            f"{row['backbone']} at {row['px']} px: +CRT has {row['+CRT params, test (M)'] / row['MS params (M)']:.1f}× the parameters of MS at test time "
+            f"and {row['+CRT params, train (M)'] / row['MS params (M)']:.1f}× in training; FLOPs +{100 * (row['+CRT GFLOPs, test'] / row['MS GFLOPs'] - 1):.1f} % "
+            f"at test time, +{100 * (row['+CRT GFLOPs, train fwd'] / row['MS GFLOPs'] - 1):.1f} % in the training forward pass.")
+    return sentences
+
+
+def cost_sentence(results: list[tuple[str, RunResult]], *, cheaper: str, dearer: str) -> str:
+    """Measured training cost of two variants from their run records (mean seconds per epoch, parameters)."""
+    frame = results_frame(results)
+    seconds = frame.groupby("variant")["seconds_per_epoch"].mean()
+    parameters = frame.groupby("variant")["parameters"].first()
+    return (f"cost: {dearer} trains at {seconds[dearer] / seconds[cheaper]:.2f}× the seconds per epoch of {cheaper} "
+            f"(timings on a shared machine are noisy) with {parameters[dearer] - parameters[cheaper]:+,d} parameters.")
+
+
+def complexity_table(backbones: Sequence[str], *, image_size: int = 227, embedding_dim: int = 128) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Our params/FLOPs per backbone (:func:`complexity_row`) and the paper's table (backbones only)."""
+    rows = [complexity_row(name, image_size=image_size, embedding_dim=embedding_dim, output_stride=COMPLEXITY_OUTPUT_STRIDE.get(name)) for name in backbones]
+    ours = pd.DataFrame(rows).round(3)
+    ours["paper backbone (params M, GFLOPs)"] = [PAPER_COMPLEXITY.get(PAPER_NAME_OF_BACKBONE.get(name, ""), "–") for name in ours["backbone"]]
+    paper = pd.DataFrame([{"backbone": name, "params (M)": p, "FLOPs (G)": f} for name, (p, f) in PAPER_COMPLEXITY.items()])
+    return ours, paper
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures
+# ----------------------------------------------------------------------------------------------
+Box = tuple[float, float, float, float]  # centre x, centre y, width, height
+
+
+def _box(axis: plt.Axes, xy: tuple[float, float], text: str, *, width: float = 1.7, height: float = 0.8, colour: str = "#deebf7") -> Box:
+    x, y = xy
+    axis.add_patch(FancyBboxPatch((x - width / 2, y - height / 2), width, height, boxstyle="round,pad=0.05", facecolor=colour, edgecolor="#333333"))
+    axis.text(x, y, text, ha="center", va="center", fontsize=8)
+    return x, y, width, height
+
+
+def _arrow(axis: plt.Axes, start: Box, end: Box, text: str = "", *, shift: tuple[float, float] = (0.0, 0.18)) -> None:
+    """An arrow from the right edge of ``start`` to the left edge of ``end``, labelled at its middle + ``shift``."""
+    (x0, y0, w0, _), (x1, y1, w1, _) = start, end
+    tail, head = (x0 + w0 / 2 + 0.08, y0), (x1 - w1 / 2 - 0.08, y1)
+    axis.add_patch(FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, color="#333333"))
+    if text:
+        axis.text((tail[0] + head[0]) / 2 + shift[0], (tail[1] + head[1]) / 2 + shift[1], text, ha="center", va="bottom", fontsize=7, color="#555555")
+
+
+def transform_figure(method: CRT, *, image_size: int = 64) -> plt.Figure:
+    """An annotated diagram of the coded residual transform with the real sizes of ``method``."""
+    with torch.no_grad():
+        was_training = method.training
+        method.eval()
+        feature_map = method.backbone(torch.zeros(1, 3, image_size, image_size, device=_device_of(method)))
+        method.train(was_training)
+    channels, height, width = feature_map.shape[1:]
+    d, high = method.branch_dims
+    figure, axis = plt.subplots(figsize=(13, 4.4))
+    axis.set(xlim=(0, 14), ylim=(0, 5.2))
+    axis.axis("off")
+    image = _box(axis, (0.75, 2.5), f"image\n3×{image_size}×{image_size}", width=1.3)
+    features = _box(axis, (3.3, 2.5), f"backbone map X\n{channels}×{height}×{width}\n= {height * width} tokens x_j", width=1.9, height=1.1)
+    _arrow(axis, image, features, "backbone")
+    bank = "one shared bank" if method.shared else "a bank per branch"
+    codes = _box(axis, (6.3, 2.5), f"codes a_jk =\nsoftplus(x_jᵀc_k)\n{height * width}×{method.K1}\n(K = {method.K1} prototypes c_k,\n{bank})", width=2.1, height=1.5, colour="#fee6ce")
+    _arrow(axis, features, codes)
+    residual = _box(axis, (9.1, 2.5), f"r_k = Σ_j a_jk (x_j − c_k)\n{method.K1}×{channels}", width=2.3, colour="#fee6ce")
+    _arrow(axis, codes, residual)
+    first = _box(axis, (12.3, 4.0), f"f¹ = (1/K) Σ_k Γ¹_k r_k\nd = {d} (test time)", width=2.5, colour="#e5f5e0")
+    second = _box(axis, (12.3, 1.0), f"f² = (1/K) Σ_k Γ²_k r_k\nD = {high}", width=2.5, colour="#e5f5e0")
+    _arrow(axis, residual, first, "Γ¹_k: C → d", shift=(-0.75, 0.0))
+    _arrow(axis, residual, second, "Γ²_k: C → D", shift=(-0.75, -0.3))
+    axis.text(12.3, 2.5, "L_CON = mean |S¹ − S²|\n(batch cosine matrices)", ha="center", va="center", fontsize=8, color="#a50f15")
+    axis.text(12.3, 4.75, "L_MS(f¹)", ha="center", fontsize=8, color="#a50f15")
+    axis.text(12.3, 0.1, "L_MS(f²)", ha="center", fontsize=8, color="#a50f15")
+    axis.text(6.3, 1.45, "L_DIV = mean over k ≠ j of |cos(c_k, c_j)|", ha="center", va="top", fontsize=8, color="#a50f15")
+    axis.set_title("Coded residual transform: L = L_DIV + λ1 (L_MS(f¹) + L_MS(f²)) + λ2 L_CON", fontsize=10)
+    return figure
+
+
+def selective_prototypes(maps: torch.Tensor, count: int) -> list[int]:
+    """The ``count`` prototypes whose code maps vary most over the grid (coefficient of variation, averaged over images)."""
+    flat = maps.flatten(2)  # B × K × HW
+    variation = (flat.std(dim=2) / flat.mean(dim=2).clamp_min(1e-12)).mean(dim=0)
+    return variation.argsort(descending=True)[:count].tolist()
+
+
+def heatmap_figure(method: CRT, dataset, indices: Sequence[int], *, prototypes: int = 8, branch: int = 1) -> plt.Figure:
+    """Code maps a_jk of ``prototypes`` prototypes (the most spatially selective) upsampled and overlaid on images.
+
+    Each map is min–max scaled per image and prototype (the colour shows where a prototype fires, not how
+    strongly in absolute terms); the title gives the map's mean code.
+    """
+    images = torch.stack([dataset[i][0] for i in indices]).to(_device_of(method))
+    maps = code_maps(method, images, branch=branch)  # B × K × h × w
+    chosen = selective_prototypes(maps, min(prototypes, maps.shape[1]))
+    upsampled = F.interpolate(maps[:, chosen], size=images.shape[-2:], mode="bilinear", align_corners=False).cpu()
+    figure, axes = plt.subplots(len(indices), len(chosen) + 1, figsize=(1.5 * (len(chosen) + 1), 1.6 * len(indices)), squeeze=False)
+    for row, index in enumerate(indices):
+        picture = source_image(dataset, index)
+        axes[row, 0].imshow(picture)
+        axes[row, 0].set_title("image", fontsize=8)
+        for column, prototype in enumerate(chosen, start=1):
+            heat = upsampled[row, column - 1].numpy()
+            scaled = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
+            axes[row, column].imshow(picture)
+            axes[row, column].imshow(np.asarray(scaled), cmap="jet", alpha=0.5, extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5))
+            axes[row, column].set_title(f"c_{prototype} (ā={float(maps[row, prototype].mean()):.2f})", fontsize=7)
+    for axis in axes.flat:
+        axis.set_xticks([])
+        axis.set_yticks([])
+    figure.tight_layout()
+    return figure
+
+
+def correlation_figure(method: CRT, *, branch: int = 1) -> plt.Figure:
+    """The K × K |cos| matrix between the learned prototypes (L_DIV pushes its off-diagonal towards 0)."""
+    matrix = prototype_correlation(method, branch=branch).cpu().numpy()
+    count = len(matrix)
+    off = matrix[~np.eye(count, dtype=bool)]
+    figure, axis = plt.subplots(figsize=(4.2, 3.6))
+    image = axis.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
+    figure.colorbar(image, ax=axis)
+    title = f"|cos(c_k, c_j)|, K = {count}" + (f"; off-diagonal mean {off.mean():.3f}" if count > 1 else "")
+    axis.set(title=title, xlabel="prototype j", ylabel="prototype k")
+    figure.tight_layout()
+    return figure
+
+
+def tsne_figure(result: RunResult, *, classes: int = 10, seed: int = 0) -> plt.Figure:
+    """t-SNE of branch-2 (D) and branch-1 (d) test embeddings of the first ``classes`` test classes."""
+    from sklearn.manifold import TSNE
+
+    query = evaluation_split(result.config, "test")
+    labels = np.asarray(query.labels)
+    keep = np.flatnonzero(np.isin(labels, np.unique(labels)[:classes]))
+    subset = Subset(query, keep.tolist())
+    figure, axes = plt.subplots(1, 2, figsize=(9, 4))
+    for axis, branch in zip(axes, (2, 1)):
+        embeddings = embed(BranchEmbedder(result.method, branch), subset, batch_size=result.config.eval_batch_size, device=_device_of(result.method))
+        method = "exact" if len(keep) <= 1000 else "barnes_hut"  # Barnes-Hut is ~10× slower here for a few hundred points
+        points = TSNE(n_components=2, init="pca", method=method, perplexity=min(30.0, (len(keep) - 1) / 3), random_state=seed).fit_transform(embeddings)
+        axis.scatter(points[:, 0], points[:, 1], c=labels[keep], cmap="tab10" if classes <= 10 else "tab20", s=8)
+        axis.set(title=f"branch {branch}: {'D' if branch == 2 else 'd'} = {embeddings.shape[1]}", xticks=[], yticks=[])
+    figure.suptitle(f"t-SNE of {result.config.dataset} test embeddings ({len(np.unique(labels[keep]))} classes)")
+    figure.tight_layout()
+    return figure
+
+
+def find_result(results: list[tuple[str, RunResult]], *, variant: str, dataset: str | None = None) -> RunResult:
+    """The first run of ``variant`` (on ``dataset`` if given)."""
+    for name, result in results:
+        if name == variant and (dataset is None or result.config.dataset == dataset):
+            return result
+    raise KeyError(f"no run of variant {variant!r}{' on ' + dataset if dataset else ''}; have {sorted({n for n, _ in results})}")
+
+
+def kwargs_json(spec: Mapping[str, Any]) -> str:
+    """A variant's method kwargs and overrides as one JSON line (for the notebook's variant listing)."""
+    return json.dumps({k: v for k, v in spec.items() if k != "method"}, sort_keys=True)
+
+
+def report(protocol: ProtocolConfig, table: pd.DataFrame, sentences: Sequence[str], *, title: str) -> list[str]:
+    """Print a table under its title and protocol line, then its computed readings; return the readings."""
+    print(f"{title}\nprotocol: {protocol.protocol_text()}, datasets {list(dict.fromkeys(table['dataset']))}" if "dataset" in table else f"{title}\nprotocol: {protocol.protocol_text()}")
+    print(table.to_string(index=False))
+    for sentence in sentences:
+        print("→", sentence)
+    return [f"{title} — {sentence}" for sentence in sentences]

@@ -1,0 +1,674 @@
+"""Notebook 40 (DGCRL, seed 004): the study config, the runs of every table, the tables, readings and figures.
+
+``notebooks/40_dgcrl.ipynb`` calls only the functions here. Run names follow the protocol,
+``<dataset>-<variant>-seed<seed>``: the MS baseline is ``ms``, DGCRL with every default is ``dgcrl`` (the
+comparison notebook reuses both). Other variants are named by :data:`NAMED_VARIANTS` or, for sweeps, from
+what differs from the defaults (:func:`dgcrl_variant`), so one configuration asked for by two tables is one
+run (α = 128, λ = 0.1 and the ``paper`` decorrelation are all the ``dgcrl`` run).
+
+Decisions (stated in the notebook too):
+
+* The "softmax without N-S" baseline is ``dgcrl`` with ``normalize_scale=False, margin=0,
+  decorrelation="none"``: the plain softmax classifier on the same pooled, projected feature.
+* The loss comparison (paper Table 3: "the same setting of the rest components") keeps DGCRL's head
+  (avg ‖ max pooling → projection → N-S) and swaps the loss: ``triplet-ns``, ``lifted-ns`` (pair losses of
+  pytorch-metric-learning on that head; they normalise the embeddings, so α plays no role for them),
+  ``gcrl`` (Eq. 2) and ``dgcrl``. "Epochs to best" is the first epoch with the run's highest test R@1
+  (evaluated every epoch), capped by the protocol's epoch count.
+* Seconds per epoch come from two sources: each run's own records (noisy on a shared machine: runs happen
+  at different times) and :func:`step_seconds`, which times the training step of every loss side by side
+  in one process, interleaved, and multiplies by the steps of one full pass.
+* Recall@K up to K = 32 (the paper's tables) is recomputed from each run's stored test embeddings, so the
+  runs keep the dataset's standard K list and stay shareable with other notebooks.
+* Training accuracy (paper Fig. 3, right) is measured with the centres on ``accuracy_items`` training
+  images (evenly spaced, test-time transforms).
+* Paper numbers are ImageNet-pretrained ResNet-50 on CUB / Cars; they orient, they are not targets.
+  SynBirds stands beside CUB and Glyphs beside Cars.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Subset
+
+from dmlstudy import metrics as metric_functions
+from dmlstudy.data import build_dataset, build_transforms
+from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
+from dmlstudy.methods import build_method
+from dmlstudy.methods.dgcrl import (
+    DGCRL,
+    centre_accuracy,
+    centre_orthogonality_loss,
+    centre_softmax_loss,
+    gram_schmidt_gradient,
+    mean_abs_cosine,
+    normalize_scale,
+)
+from dmlstudy.models import build_backbone
+from dmlstudy.paths import data_root
+from dmlstudy.train import RunResult, load_datasets
+from dmlstudy.records import seed_everything
+
+# ----------------------------------------------------------------------------------------------
+# The paper's numbers (Zheng et al., AAAI 2019; transcribed from seed 004). Recall@K in %, K = 1 … 32.
+# ----------------------------------------------------------------------------------------------
+PAPER_KS = (1, 2, 4, 8, 16, 32)
+PAPER_DATASET = {"synbirds": "CUB", "glyphs": "Cars"}  # which paper dataset each embedded set stands beside
+PAPER_TABLE1 = {  # Table 1, ResNet-50 (ImageNet), R@1 … R@32
+    "CUB": {"triplet": (36.1, 48.6, 59.3, 70.0, 80.2, 88.4), "lifted": (47.2, 58.9, 70.2, 80.2, 89.3, 93.2),
+            "dgcrl": (67.9, 79.1, 86.2, 91.8, 94.8, 97.1)},
+    "Cars": {"triplet": (39.1, 50.4, 63.3, 74.5, 84.1, 89.8), "lifted": (49.0, 60.3, 72.1, 81.5, 89.2, 92.8),
+             "dgcrl": (75.9, 83.9, 89.7, 94.0, 96.6, 98.0)},
+}
+PAPER_LAMBDA = {  # Table 2 (CUB): λ → R@1 … R@32
+    0.0: (66.7, 76.7, 85.0, 90.4, 93.8, 96.4), 0.1: (67.9, 79.1, 86.2, 91.8, 94.8, 97.1),
+    0.2: (67.0, 77.1, 84.9, 90.5, 93.9, 96.4), 0.4: (65.9, 76.3, 84.5, 90.2, 93.8, 96.5),
+}
+PAPER_LOSSES = {  # Table 3 (CUB): loss → (training epochs, R@1 … R@32); "CRL" is the distance form, our ``gcrl``
+    "triplet-ns": (100, (64.4, 75.5, 84.2, 90.3, 94.5, 96.9)), "lifted-ns": (56, (60.2, 72.9, 82.4, 89.5, 94.4, 97.0)),
+    "gcrl": (96, (65.8, 76.8, 85.0, 90.6, 94.5, 97.2)), "dgcrl": (20, (67.9, 79.1, 86.2, 91.8, 94.8, 97.1)),
+}
+PAPER_SPEEDUP_OVER_TRIPLET = 5.0  # abstract: "5× speedup over triplet loss"
+PAPER_ALPHA = "Fig. 3 (no numbers printed): R@K poor for small α, stable for α ≥ 16, flat beyond 128"
+
+NAMED_VARIANTS: dict[str, dict[str, Any]] = {
+    "ms": {"method": "ms"},
+    "softmax": {"method": "dgcrl", "method_kwargs": {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}},
+    "dgcrl": {"method": "dgcrl"},
+    "gcrl": {"method": "gcrl"},
+    "triplet-ns": {"method": "dgcrl", "method_kwargs": {"loss": "triplet"}},
+    "lifted-ns": {"method": "dgcrl", "method_kwargs": {"loss": "lifted"}},
+}
+VARIANT_LABELS = {
+    "ms": "MS baseline", "softmax": "softmax without N-S", "dgcrl": "DGCRL", "gcrl": "GCRL (Eq. 2)",
+    "triplet-ns": "triplet (N-S head)", "lifted-ns": "lifted structure (N-S head)",
+}
+_SHORT = {"decorrelation_weight": "lambda", "decorrelation": "decor"}
+
+
+@dataclass
+class DGCRLStudy(ProtocolConfig):
+    """Parameters of ``notebooks/40_dgcrl.ipynb``: the protocol plus DGCRL's sweeps. Empty lists skip a table."""
+
+    main_variants: list = field(default_factory=lambda: ["ms", "softmax", "dgcrl"])  # main table on every dataset and seed
+    ablation_datasets: list = field(default_factory=lambda: ["synbirds"])  # datasets of the ablation tables
+    ablation_seeds: list = field(default_factory=lambda: [0])  # seeds of the ablation tables
+    alphas: list = field(default_factory=lambda: [1.0])  # α of the N-S sweep (Fig. 3: 1 … 256); 128 is always added
+    lambdas: list = field(default_factory=lambda: [])  # λ of the Gram–Schmidt push (Table 2: 0, .1, .2, .4); 0.1 is added
+    losses: list = field(default_factory=lambda: ["triplet-ns"])  # Table 3 losses (triplet-ns, lifted-ns, gcrl); dgcrl is added
+    decorrelations: list = field(default_factory=lambda: [])  # beside the default paper hook: code, none
+    table_ks: list = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # K of the Recall@K tables (the paper's)
+    accuracy_items: int = 128  # training images scored with the centres (Fig. 3, right)
+    timing_rounds: int = 1  # side-by-side timed training steps per loss (after one warm-up step)
+    timing_clock: str = "cpu"  # cpu (one thread's CPU time: steady on a shared machine) or wall
+    toy_steps: int = 40  # SGD steps of the decorrelation toy
+    tsne_variants: list = field(default_factory=lambda: ["dgcrl"])  # t-SNE panels (ablation dataset, first seed)
+    tsne_classes: int = 10  # test classes in the t-SNE plots
+    tsne_iterations: int = 300  # t-SNE optimisation steps (scikit-learn's minimum is 250)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks = {
+            "main_variants": (self.main_variants, set(NAMED_VARIANTS)),
+            "losses": (self.losses, {"triplet-ns", "lifted-ns", "gcrl", "dgcrl"}),
+            "decorrelations": (self.decorrelations, {"paper", "code", "none"}),
+            "tsne_variants": (self.tsne_variants, set(NAMED_VARIANTS)),
+            "timing_clock": ([self.timing_clock], {"cpu", "wall"}),
+        }
+        for name, (values, valid) in checks.items():
+            unknown = [value for value in values if value not in valid]
+            if unknown:
+                raise ValueError(f"parameter {name!r}: unknown values {unknown}; valid: {sorted(valid)}")
+
+    def ablation_protocol(self) -> "DGCRLStudy":
+        """This config with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
+        return dataclasses.replace(self, seeds=list(self.ablation_seeds))
+
+
+# ----------------------------------------------------------------------------------------------
+# Variants and their runs
+# ----------------------------------------------------------------------------------------------
+def dgcrl_defaults() -> dict[str, Any]:
+    """DGCRL's keyword arguments and their defaults (from the class signature)."""
+    skip = {"backbone", "embedding_dim", "num_classes"}
+    return {name: spec.default for name, spec in inspect.signature(DGCRL.__init__).parameters.items()
+            if name not in skip and spec.default is not inspect.Parameter.empty}
+
+
+def _format(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def dgcrl_variant(**method_kwargs: Any) -> tuple[str, dict[str, Any]]:
+    """``(name, spec)`` of a DGCRL variant, named from what differs from the defaults.
+
+    ``dgcrl_variant()`` is ``("dgcrl", {"method": "dgcrl"})``; ``dgcrl_variant(alpha=1.0)`` is
+    ``("dgcrl-alpha=1", …)``; ``decorrelation_weight`` is shown as ``lambda``, ``decorrelation`` as ``decor``.
+    """
+    defaults = dgcrl_defaults()
+    unknown = sorted(set(method_kwargs) - set(defaults))
+    if unknown:
+        raise KeyError(f"dgcrl_variant: unknown DGCRL arguments {unknown}; valid: {sorted(defaults)}")
+    kwargs = {key: value for key, value in sorted(method_kwargs.items()) if defaults[key] != value}
+    tags = [f"{_SHORT.get(key, key)}={_format(value)}" for key, value in kwargs.items()]
+    spec: dict[str, Any] = {"method": "dgcrl"}
+    if kwargs:
+        spec["method_kwargs"] = kwargs
+    return "-".join(["dgcrl", *tags]), spec
+
+
+def named_variants(names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The specs of :data:`NAMED_VARIANTS` by name; an unknown name lists the valid ones."""
+    unknown = [name for name in names if name not in NAMED_VARIANTS]
+    if unknown:
+        raise KeyError(f"unknown variants {unknown}; valid: {sorted(NAMED_VARIANTS)}")
+    return {name: NAMED_VARIANTS[name] for name in names}
+
+
+def _with_reference(values: Iterable[Any], reference: Any) -> list[Any]:
+    """The swept values with the default added, sorted, without duplicates."""
+    return sorted({*values, reference})
+
+
+def alpha_variants(alphas: Sequence[float]) -> dict[float, tuple[str, dict]]:
+    return {alpha: dgcrl_variant(alpha=float(alpha)) for alpha in _with_reference([float(a) for a in alphas], 128.0)}
+
+
+def lambda_variants(lambdas: Sequence[float]) -> dict[float, tuple[str, dict]]:
+    return {value: dgcrl_variant(decorrelation_weight=float(value)) for value in _with_reference([float(v) for v in lambdas], 0.1)}
+
+
+def decorrelation_variants(decorrelations: Sequence[str]) -> dict[str, tuple[str, dict]]:
+    order = ["paper", *[d for d in ("code", "none") if d in decorrelations]]
+    return {name: dgcrl_variant(decorrelation=name) for name in order}
+
+
+def loss_variants(losses: Sequence[str]) -> dict[str, dict]:
+    order = [name for name in ("triplet-ns", "lifted-ns", "gcrl") if name in losses]
+    unknown = sorted(set(losses) - {"triplet-ns", "lifted-ns", "gcrl", "dgcrl"})
+    if unknown:
+        raise KeyError(f"unknown losses {unknown}; valid: triplet-ns, lifted-ns, gcrl (dgcrl is always added)")
+    return named_variants([*order, "dgcrl"])
+
+
+def as_grid(variants: Mapping[Any, tuple[str, dict]]) -> dict[str, dict]:
+    return {name: spec for name, spec in variants.values()}
+
+
+def run_variants(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, RunResult]]:
+    """Train (or load) every variant × dataset × seed of ``protocol``."""
+    return run_grid(protocol.grid(variants, datasets=datasets))
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurements on finished runs
+# ----------------------------------------------------------------------------------------------
+def recall_at(result: RunResult, ks: Sequence[int]) -> dict[str, float]:
+    """Recall@K for ``ks`` (those below the number of test items) from the run's stored test embeddings."""
+    embeddings, labels = result.embeddings["embeddings"], result.embeddings["labels"]
+    usable = [int(k) for k in ks if int(k) < len(labels)]
+    return {f"R@{k}": value for k, value in metric_functions.recall_at_k(embeddings, labels, usable).items()}
+
+
+def best_epoch(history: pd.DataFrame, *, metric: str = "R@1") -> tuple[int, float]:
+    """``(epoch, value)`` of the first evaluation with the highest ``metric``."""
+    evaluated = history.dropna(subset=[metric]) if metric in history else history.iloc[0:0]
+    if evaluated.empty:
+        raise ValueError(f"best_epoch: the history has no {metric!r} evaluations")
+    row = evaluated.loc[evaluated[metric].idxmax()]
+    return int(row["epoch"]), float(row[metric])
+
+
+def training_subset(result: RunResult, *, items: int):
+    """``items`` evenly spaced training images of the run's classes, with test-time transforms."""
+    config = result.config
+    root = Path(config.data_root or data_root()) / config.dataset
+    train = build_dataset(config.dataset, root, "train", transform=build_transforms(config.image_size, train=False))
+    keep = np.flatnonzero(train.labels < config.train_classes) if config.train_classes else np.arange(len(train))
+    chosen = keep[np.unique(np.linspace(0, len(keep) - 1, min(items, len(keep))).round().astype(int))]
+    return Subset(train, chosen.tolist())
+
+
+def training_accuracy(result: RunResult, *, items: int = 512) -> float:
+    """Classification accuracy of the run's centres on ``items`` training images (paper Fig. 3, right)."""
+    if not isinstance(result.method, DGCRL) or result.method.centres is None:
+        raise TypeError(f"training_accuracy needs a DGCRL run with class centres, got {type(result.method).__name__}")
+    return centre_accuracy(result.method, training_subset(result, items=items), batch_size=result.config.eval_batch_size)
+
+
+def centre_correlation(result: RunResult) -> float:
+    """Mean |cos| between the run's final centres (as the loss uses them); NaN without centres."""
+    method = result.method
+    if not isinstance(method, DGCRL) or method.centres is None:
+        return float("nan")
+    with torch.no_grad():
+        return float(mean_abs_cosine(method.effective_centres()))
+
+
+def _rows(results: list[tuple[str, RunResult]], ks: Sequence[int], extra=None) -> pd.DataFrame:
+    rows = []
+    for variant, result in results:
+        row = {"variant": variant, "dataset": result.config.dataset, "seed": result.config.seed, **recall_at(result, ks)}
+        row.update(extra(variant, result) if extra else {})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+DECIMALS = {"best R@1 (%)": 1, "centre |cos|": 3, "train accuracy": 3, "s/epoch (run)": 2, "s/epoch (side by side)": 2, "s to best": 1}
+
+
+def _mean_table(frame: pd.DataFrame, metrics: Sequence[str], *, by: Sequence[str] = ("dataset", "variant")) -> pd.DataFrame:
+    """:func:`mean_std_table`, with the non-retrieval columns of :data:`DECIMALS` shown at their own precision."""
+    table = mean_std_table(frame, metrics=list(metrics), by=tuple(by))
+    for column, decimals in DECIMALS.items():
+        if column in metrics:
+            table[column] = [f"{m:.{decimals}f} ± {s:.{decimals}f}" for m, s in zip(table[f"{column}_mean"], table[f"{column}_std"])]
+    return table
+
+
+def _shown(table: pd.DataFrame) -> pd.DataFrame:
+    return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
+
+
+def _paper_recall(values: Sequence[float] | None, ks: Sequence[int]) -> str:
+    if values is None:
+        return "–"
+    lookup = dict(zip(PAPER_KS, values))
+    return " / ".join(f"{lookup[k]:.1f}" for k in ks if k in lookup) or "–"
+
+
+# ----------------------------------------------------------------------------------------------
+# Main table: MS vs softmax without N-S vs DGCRL
+# ----------------------------------------------------------------------------------------------
+MAIN_METRICS = ("R@1", "R@2", "R@4", "R@8", "MAP@R", "NMI")
+
+
+def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
+    """Mean ± std per dataset and variant, the paper's Table 1 R@1 beside (DGCRL, CUB / Cars), one sentence per dataset."""
+    frame = results_frame(results)
+    metrics = [m for m in MAIN_METRICS if m in frame.columns]
+    table = mean_std_table(frame, metrics=metrics)
+    table["paper R@1"] = [_paper_r1(dataset, variant) for dataset, variant in zip(table["dataset"], table["variant"])]
+    table.insert(2, "setting", [VARIANT_LABELS.get(v, v) for v in table["variant"]])
+    return _shown(table), [main_sentence(table, dataset) for dataset in table["dataset"].unique()]
+
+
+def _paper_r1(dataset: str, variant: str) -> str:
+    paper = PAPER_DATASET.get(dataset, "CUB")
+    values = PAPER_TABLE1[paper].get(variant)
+    return f"{values[0]:.1f} ({paper})" if values else "–"
+
+
+def _mean_std(table: pd.DataFrame, dataset: str, variant: str, metric: str = "R@1") -> tuple[float, float, int] | None:
+    row = table[(table["dataset"] == dataset) & (table["variant"] == variant)]
+    if row.empty:
+        return None
+    return float(row[f"{metric}_mean"].iloc[0]), float(row[f"{metric}_std"].iloc[0]), int(row["runs"].iloc[0])
+
+
+def _compare(name_a: str, a: tuple[float, float, int], name_b: str, b: tuple[float, float, int]) -> str:
+    """"A beats B by Δ points" / "within noise", the noise being the larger of the two stds (or 0.5 points for one seed)."""
+    difference = a[0] - b[0]
+    noise = max(a[1], b[1]) if min(a[2], b[2]) > 1 else 0.5
+    if abs(difference) <= noise:
+        return f"{name_a} and {name_b} are within noise ({difference:+.1f} points, noise {noise:.1f})"
+    verb = "beats" if difference > 0 else "trails"
+    return f"{name_a} {verb} {name_b} by {abs(difference):.1f} points"
+
+
+def main_sentence(table: pd.DataFrame, dataset: str) -> str:
+    """Did DGCRL beat the plain softmax (the N-S + margin + decorrelation effect) and MS on ``dataset``?"""
+    dgcrl, softmax, ms = (_mean_std(table, dataset, v) for v in ("dgcrl", "softmax", "ms"))
+    if dgcrl is None:
+        return f"{dataset}: no dgcrl run, nothing to compare."
+    parts = [_compare("DGCRL", dgcrl, other_label, other) for other_label, other in (("softmax without N-S", softmax), ("MS", ms)) if other]
+    held = softmax is not None and dgcrl[0] > softmax[0]
+    return (f"{dataset}: R@1 " + "; ".join(parts) + f". The paper's direction (N-S layer and centre loss above a plain softmax "
+            f"pipeline) {'held' if held else 'did not hold'} here.")
+
+
+# ----------------------------------------------------------------------------------------------
+# α sweep (Fig. 3)
+# ----------------------------------------------------------------------------------------------
+def alpha_frame(results: list[tuple[str, RunResult]], variants: Mapping[float, tuple[str, dict]], *, ks: Sequence[int], items: int) -> pd.DataFrame:
+    """One row per (dataset, α, seed): test Recall@K and the centres' accuracy on training images."""
+    alpha_of = {name: alpha for alpha, (name, _) in variants.items()}
+    frame = _rows(results, ks, lambda variant, result: {"alpha": alpha_of[variant], "train accuracy": training_accuracy(result, items=items)})
+    return frame.groupby(["dataset", "alpha"], sort=True).mean(numeric_only=True).drop(columns="seed").reset_index()
+
+
+def alpha_figure(frame: pd.DataFrame) -> plt.Figure:
+    """Paper Fig. 3 on our data: test Recall@K (left) and training accuracy (right) against α (log₂ axis)."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    recall_columns = [c for c in frame.columns if c.startswith("R@")]
+    for dataset, group in frame.groupby("dataset"):
+        style = "-" if dataset == frame["dataset"].iloc[0] else "--"
+        for index, column in enumerate(recall_columns):
+            left.plot(group["alpha"], 100 * group[column], style, marker="o", color=f"C{index}", label=f"{column} {dataset}")
+        right.plot(group["alpha"], 100 * group["train accuracy"], style, marker="o", color="k", label=dataset)
+    for axis, title, ylabel in ((left, "test Recall@K", "Recall@K (%)"), (right, "training accuracy (centres)", "accuracy (%)")):
+        axis.set_xscale("log", base=2)
+        axis.set(xlabel="α (N-S scale)", ylabel=ylabel, title=title)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+def alpha_sentence(frame: pd.DataFrame) -> list[str]:
+    """Paper: poor for small α, stable for α ≥ 16. Checked per dataset: R@1 at the smallest α vs the best, spread for α ≥ 16."""
+    sentences = []
+    for dataset, group in frame.groupby("dataset"):
+        r1 = dict(zip(group["alpha"], 100 * group["R@1"]))
+        if len(r1) < 2:
+            sentences.append(f"{dataset}: one α only, no direction to check.")
+            continue
+        smallest, best = min(r1), max(r1, key=r1.get)
+        large = [value for alpha, value in r1.items() if alpha >= 16]
+        spread = max(large) - min(large) if len(large) > 1 else float("nan")
+        poor = r1[smallest] < r1[best] - 2.0
+        text = (f"{dataset}: R@1 {r1[smallest]:.1f} at α = {smallest:g} vs {r1[best]:.1f} at the best α = {best:g} "
+                f"({'poor at small α, as the paper says' if poor else 'not poor at small α (within 2 points of the best), unlike the paper'})")
+        if len(large) > 1:
+            text += f"; for α ≥ 16 R@1 spans {spread:.1f} points ({'stable' if spread <= 3.0 else 'not stable'} by a 3-point criterion)"
+        sentences.append(text + ".")
+    return sentences
+
+
+# ----------------------------------------------------------------------------------------------
+# λ table (Table 2), loss comparison (Table 3), decorrelation variants
+# ----------------------------------------------------------------------------------------------
+def recall_table(results: list[tuple[str, RunResult]], *, ks: Sequence[int], key: Mapping[str, Any] | None = None, key_name: str = "setting", extra=None) -> pd.DataFrame:
+    """Mean ± std of Recall@K (and any ``extra`` per-run numbers) per dataset and variant, labelled by ``key``."""
+    frame = _rows(results, ks, extra)
+    metrics = [c for c in frame.columns if c not in ("variant", "dataset", "seed")]
+    table = _mean_table(frame, metrics)
+    table.insert(2, key_name, [(key or {}).get(v, VARIANT_LABELS.get(v, v)) for v in table["variant"]])
+    return table
+
+
+def lambda_table(results: list[tuple[str, RunResult]], variants: Mapping[float, tuple[str, dict]], *, ks: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
+    """Recall@K per λ, the paper's Table 2 beside, and the sentence: did λ = 0.1 beat λ = 0?"""
+    lambda_of = {name: value for value, (name, _) in variants.items()}
+    table = recall_table(results, ks=ks, key=lambda_of, key_name="λ", extra=lambda v, r: {"centre |cos|": centre_correlation(r)})
+    table["paper R@K (CUB)"] = [_paper_recall(PAPER_LAMBDA.get(lambda_of[v]), ks) for v in table["variant"]]
+    sentences = []
+    for dataset in table["dataset"].unique():
+        here = table[table["dataset"] == dataset]
+        r1 = dict(zip(here["λ"], here["R@1_mean"]))
+        best = max(r1, key=r1.get)
+        text = f"{dataset}: best λ here is {best:g} (R@1 {r1[best]:.1f}); the paper's best is 0.1"
+        if 0.0 in r1 and 0.1 in r1:
+            text += (f"; λ = 0.1 − λ = 0 = {r1[0.1] - r1[0.0]:+.1f} points (paper +1.2): the push "
+                     f"{'helped' if r1[0.1] > r1[0.0] else 'did not help'}")
+        sentences.append(text + ".")
+    return _shown(table), sentences
+
+
+def decorrelation_table(results: list[tuple[str, RunResult]], variants: Mapping[str, tuple[str, dict]], *, ks: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
+    """The three decorrelations side by side: Recall@K and the final centres' mean |cos|."""
+    label_of = {name: decorrelation for decorrelation, (name, _) in variants.items()}
+    table = recall_table(results, ks=ks, key=label_of, key_name="decorrelation", extra=lambda v, r: {"centre |cos|": centre_correlation(r)})
+    sentences = []
+    for dataset in table["dataset"].unique():
+        here = table[table["dataset"] == dataset].set_index("decorrelation")
+        parts = [f"{name}: R@1 {here.loc[name, 'R@1_mean']:.1f}, centre |cos| {here.loc[name, 'centre |cos|_mean']:.3f}" for name in here.index]
+        text = f"{dataset}: " + "; ".join(parts)
+        if {"paper", "none"} <= set(here.index):
+            gain = here.loc["paper", "R@1_mean"] - here.loc["none", "R@1_mean"]
+            decorrelated = here.loc["paper", "centre |cos|_mean"] < here.loc["none", "centre |cos|_mean"]
+            text += (f". The paper hook {'did' if decorrelated else 'did not'} leave the centres less correlated than no "
+                     f"decorrelation and changed R@1 by {gain:+.1f} points")
+        sentences.append(text + ".")
+    return _shown(table), sentences
+
+
+def loss_frame(results: list[tuple[str, RunResult]], *, ks: Sequence[int], step_seconds_by_variant: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Per run: Recall@K, the epoch of the best test R@1, the run's own seconds per epoch, and (if given) the
+    side-by-side step time × steps per epoch and the training time to the best epoch."""
+    def extra(variant: str, result: RunResult) -> dict[str, float]:
+        epoch, value = best_epoch(result.history)
+        steps = result.history.get("train_seconds")
+        row = {"best epoch": epoch, "best R@1 (%)": 100 * value, "epochs run": int(result.history["epoch"].max()),
+               "s/epoch (run)": float(steps.mean()) if steps is not None else float("nan")}
+        if step_seconds_by_variant and variant in step_seconds_by_variant:
+            row["s/epoch (side by side)"] = step_seconds_by_variant[variant] * steps_per_epoch(result)
+            row["s to best"] = row["s/epoch (side by side)"] * epoch
+        return row
+
+    return _rows(results, ks, extra)
+
+
+def steps_per_epoch(result: RunResult) -> int:
+    """Training steps of one epoch of the run (its ``steps_per_epoch`` or a full pass)."""
+    config = result.config
+    if config.steps_per_epoch:
+        return int(config.steps_per_epoch)
+    return len(load_datasets(config)["train"]) // (config.classes_per_batch * config.samples_per_class)
+
+
+def loss_table(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Mean ± std of :func:`loss_frame` per dataset and loss, the paper's Table 3 beside, and the speed sentences."""
+    metrics = [c for c in frame.columns if c not in ("variant", "dataset", "seed")]
+    table = _mean_table(frame, metrics)
+    table.insert(2, "loss", [VARIANT_LABELS.get(v, v) for v in table["variant"]])
+    table["paper epochs"] = [PAPER_LOSSES[v][0] if v in PAPER_LOSSES else "–" for v in table["variant"]]
+    table["paper R@1"] = [PAPER_LOSSES[v][1][0] if v in PAPER_LOSSES else "–" for v in table["variant"]]
+    sentences = [loss_sentence(table, dataset) for dataset in table["dataset"].unique()]
+    return _shown(table), sentences
+
+
+def loss_sentence(table: pd.DataFrame, dataset: str) -> str:
+    """The paper's "20 epochs vs 100" and "5× faster than triplet", measured on ``dataset``."""
+    here = table[table["dataset"] == dataset].set_index("variant")
+    if "dgcrl" not in here.index:
+        return f"{dataset}: no dgcrl run."
+    epochs_run = int(here["epochs run_mean"].max())
+    at_cap = [v for v in here.index if here.loc[v, "best epoch_mean"] >= epochs_run]
+    text = (f"{dataset}: best R@1 reached at epoch " + ", ".join(f"{v} {here.loc[v, 'best epoch_mean']:.1f}" for v in here.index)
+            + f" (of {epochs_run}; {len(at_cap)}/{len(here)} losses peak at the last epoch, so their epochs-to-best is capped by the budget)")
+    if "triplet-ns" in here.index:
+        epoch_ratio = here.loc["triplet-ns", "best epoch_mean"] / here.loc["dgcrl", "best epoch_mean"]
+        text += f". Triplet needs {epoch_ratio:.1f}× the epochs of DGCRL (paper 100/20 = 5.0×)"
+        if "s to best_mean" in here.columns and np.isfinite(here.loc["dgcrl", "s to best_mean"]):
+            time_ratio = here.loc["triplet-ns", "s to best_mean"] / here.loc["dgcrl", "s to best_mean"]
+            per_epoch = here.loc["triplet-ns", "s/epoch (side by side)_mean"] / here.loc["dgcrl", "s/epoch (side by side)_mean"]
+            text += (f"; with side-by-side step times (triplet/DGCRL per epoch {per_epoch:.2f}×) training time to the best "
+                     f"epoch is {time_ratio:.1f}× (the paper claims {PAPER_SPEEDUP_OVER_TRIPLET:.0f}×): the claim "
+                     f"{'held' if time_ratio >= 0.8 * PAPER_SPEEDUP_OVER_TRIPLET else 'did not hold'} here")
+    best = max(here.index, key=lambda v: here.loc[v, "R@1_mean"])
+    return text + f". Highest R@1: {VARIANT_LABELS.get(best, best)} (paper: DGCRL)."
+
+
+def loss_curves(results: list[tuple[str, RunResult]], *, metric: str = "R@1") -> plt.Figure:
+    """Test ``metric`` per epoch of each loss (first seed per dataset and loss)."""
+    datasets = sorted({result.config.dataset for _, result in results})
+    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.4), squeeze=False)
+    seen: set[tuple[str, str]] = set()
+    for variant, result in results:
+        key = (result.config.dataset, variant)
+        if key in seen:
+            continue
+        seen.add(key)
+        axis = axes[0, datasets.index(result.config.dataset)]
+        history = result.history.dropna(subset=[metric])
+        axis.plot(history["epoch"], 100 * history[metric], marker="o", label=VARIANT_LABELS.get(variant, variant))
+        axis.set(xlabel="epoch", ylabel=f"test {metric} (%)", title=result.config.dataset)
+    for axis in axes[0]:
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+# ----------------------------------------------------------------------------------------------
+# Side-by-side timing of the training step of each loss
+# ----------------------------------------------------------------------------------------------
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def step_seconds(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, num_classes: int, rounds: int = 3, seed: int = 0, clock: str = "wall") -> dict[str, float]:
+    """Median seconds of one training step (forward, loss, backward, AdamW step) per variant, measured
+    interleaved in this process on one random batch of the protocol's shape (after one warm-up step each).
+
+    ``clock="cpu"`` measures this process's CPU time with torch restricted to one thread for the measurement
+    (restored afterwards): much steadier than wall time on a machine shared with other jobs; the ratios
+    between losses are what it is for."""
+    if clock not in CLOCKS:
+        raise ValueError(f"step_seconds: clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    threads = torch.get_num_threads()
+    if clock == "cpu":
+        torch.set_num_threads(1)
+    try:
+        return _interleaved_steps(protocol, variants, num_classes=num_classes, rounds=rounds, seed=seed, now=CLOCKS[clock])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _interleaved_steps(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, num_classes: int, rounds: int, seed: int, now) -> dict[str, float]:
+    """The measurement of :func:`step_seconds` with the clock ``now``: round 0 warms up, later rounds alternate the order."""
+    seed_everything(seed)
+    batch = protocol.classes_per_batch * protocol.samples_per_class
+    images = torch.randn(batch, 3, protocol.image_size, protocol.image_size)
+    labels = torch.arange(protocol.classes_per_batch).repeat_interleave(protocol.samples_per_class) % num_classes
+    models, optimizers = {}, {}
+    for name, spec in variants.items():
+        backbone = build_backbone(protocol.backbone, image_size=protocol.image_size)
+        models[name] = build_method(spec["method"], backbone=backbone, embedding_dim=protocol.embedding_dim, num_classes=num_classes, **dict(spec.get("method_kwargs") or {}))
+        groups = models[name].parameter_groups(lr=protocol.lr, head_lr=1e-2, weight_decay=1e-4)
+        optimizers[name] = torch.optim.AdamW([{k: v for k, v in g.items() if k != "name"} for g in groups])
+    timings: dict[str, list[float]] = {name: [] for name in variants}
+    for round_index in range(rounds + 1):
+        order = list(variants) if round_index % 2 == 0 else list(reversed(list(variants)))
+        for name in order:
+            started = now()
+            loss, _ = models[name].loss(images, labels)
+            optimizers[name].zero_grad(set_to_none=True)
+            loss.backward()
+            optimizers[name].step()
+            if round_index:
+                timings[name].append(now() - started)
+    return {name: float(np.median(values)) for name, values in timings.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Teaching figures: Eq. 8 and the decorrelation toy
+# ----------------------------------------------------------------------------------------------
+def distance_softmax_gap(*, alpha: float = 128.0, classes: int = 5, dim: int = 8, equal_norms: bool = True, seed: int = 0) -> float:
+    """max |softmax(x̂ Wᵀ) − softmax(−½‖x̂ − w_j‖²)| over a random batch: 0 when every ‖w_j‖ is equal (Eq. 8)."""
+    generator = torch.Generator().manual_seed(seed)
+    scaled = normalize_scale(torch.randn(16, dim, generator=generator, dtype=torch.float64), alpha=alpha)
+    centres = torch.randn(classes, dim, generator=generator, dtype=torch.float64)
+    if equal_norms:
+        centres = F.normalize(centres, dim=1) * 3.0
+    distances = torch.cdist(scaled, centres)
+    return float(((scaled @ centres.T).softmax(1) - (-0.5 * distances**2).softmax(1)).abs().max())
+
+
+def toy_decorrelation(*, decorrelation: str, weight: float = 1.0, with_loss: bool = True, steps: int = 60, lr: float = 0.5, seed: int = 0) -> dict[str, Any]:
+    """Three centres in 3-D (so they can become orthogonal), started strongly correlated, trained by SGD under a decorrelation variant.
+
+    With ``with_loss`` the centres also get the margin-softmax gradient (α = 2, m = 0.5) of 40 fixed random
+    features (no class structure, so the loss alone barely separates the centres); without it only the
+    decorrelation acts (the ``paper`` push, or the ``code`` regulariser and clamp). Returns the centres at
+    every step (``steps + 1`` × 3 × 3) and their mean |cos| per step.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    classes, dim = 3, 3
+    features = normalize_scale(torch.randn(40, dim, generator=generator), alpha=2.0)
+    labels = torch.arange(40) % classes
+    centres = torch.nn.Parameter(torch.ones(classes, dim) + 0.3 * torch.randn(classes, dim, generator=generator))
+    optimizer = torch.optim.SGD([centres], lr=lr)
+    history = [centres.detach().clone()]
+    for _ in range(steps):
+        used = centres
+        if decorrelation == "paper":
+            used = centres.view_as(centres)
+            used.register_hook(lambda g, values=centres.detach(): gram_schmidt_gradient(g, values, weight=weight))
+        loss = centre_softmax_loss(features, used, labels, margin=0.5)[0] if with_loss else 0.0 * used.sum()
+        if decorrelation == "code":
+            loss = loss + 0.5 * centre_orthogonality_loss(used)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if decorrelation == "code":
+            with torch.no_grad():
+                centres.clamp_(min=0.0)
+        history.append(centres.detach().clone())
+    trajectory = torch.stack(history)
+    return {"centres": trajectory.numpy(), "abs_cos": np.array([float(mean_abs_cosine(c)) for c in trajectory])}
+
+
+def toy_figure(*, steps: int = 60, paper_weight: float = 1.0) -> plt.Figure:
+    """Unit centres before and after the decorrelation alone (3-D arrows), and mean |cos| per step, alone and
+    together with the softmax loss (λ = 0 vs λ = ``paper_weight``)."""
+    alone = {f"paper push alone (λ = {paper_weight:g})": toy_decorrelation(decorrelation="paper", weight=paper_weight, with_loss=False, steps=steps),
+             "code regulariser alone": toy_decorrelation(decorrelation="code", with_loss=False, steps=steps)}
+    with_loss = {"softmax + paper, λ = 0": toy_decorrelation(decorrelation="paper", weight=0.0, steps=steps),
+                 f"softmax + paper, λ = {paper_weight:g}": toy_decorrelation(decorrelation="paper", weight=paper_weight, steps=steps),
+                 "softmax + code": toy_decorrelation(decorrelation="code", steps=steps)}
+    figure = plt.figure(figsize=(13, 3.8))
+    panels = [("start", next(iter(alone.values()))["centres"][0]), *[(name, run["centres"][-1]) for name, run in alone.items()]]
+    for index, (title, centres) in enumerate(panels):
+        axis = figure.add_subplot(1, len(panels) + 1, index + 1, projection="3d")
+        unit = centres / np.linalg.norm(centres, axis=1, keepdims=True)
+        for k, vector in enumerate(unit):
+            axis.quiver(0, 0, 0, *vector, color=f"C{k}", linewidth=2, arrow_length_ratio=0.15)
+        axis.set(xlim=(-1, 1), ylim=(-1, 1), zlim=(-1, 1))
+        axis.set_title(f"{title}\nmean |cos| {float(mean_abs_cosine(torch.as_tensor(centres))):.2f}", fontsize=9)
+        axis.tick_params(labelsize=6)
+    axis = figure.add_subplot(1, len(panels) + 1, len(panels) + 1)
+    for name, run in {**alone, **with_loss}.items():
+        axis.plot(run["abs_cos"], label=name, linestyle="--" if name in alone else "-")
+    axis.set(xlabel="SGD step", ylabel="mean |cos(w_i, w_j)|", title="centre correlation")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=6)
+    figure.tight_layout()
+    return figure
+
+
+def tsne_figure(results: list[tuple[str, RunResult]], *, variants: Sequence[str], classes: int = 10, iterations: int = 300, seed: int = 0) -> plt.Figure:
+    """t-SNE of the test embeddings of the first ``classes`` test classes, one panel per variant (first run of each)."""
+    from sklearn.manifold import TSNE
+
+    chosen = {}
+    for variant, result in results:
+        if variant in variants and variant not in chosen:
+            chosen[variant] = result
+    figure, axes = plt.subplots(1, max(len(chosen), 1), figsize=(4 * max(len(chosen), 1), 4), squeeze=False)
+    for axis, (variant, result) in zip(axes[0], chosen.items()):
+        embeddings, labels = result.embeddings["embeddings"], result.embeddings["labels"]
+        keep_classes = np.unique(labels)[:classes]
+        keep = np.isin(labels, keep_classes)
+        points = TSNE(n_components=2, init="pca", perplexity=min(30.0, max(2.0, keep.sum() / 4)), max_iter=iterations, random_state=seed).fit_transform(embeddings[keep])
+        codes = np.searchsorted(keep_classes, labels[keep])
+        axis.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab10" if classes <= 10 else "tab20", s=8)
+        axis.set(title=f"{VARIANT_LABELS.get(variant, variant)} ({result.config.dataset})", xticks=[], yticks=[])
+    figure.tight_layout()
+    return figure
+
+
+def report(protocol: ProtocolConfig, table: pd.DataFrame, sentences: Sequence[str], *, title: str) -> list[str]:
+    """Print the protocol line, the table under its title, then its computed readings; return the readings."""
+    datasets = list(dict.fromkeys(table["dataset"])) if "dataset" in table else []
+    print(f"{title}\nprotocol: {protocol.protocol_text()}" + (f", datasets {datasets}" if datasets else ""))
+    print(table.to_string(index=False))
+    for sentence in sentences:
+        print("→", sentence)
+    return [f"{title} — {sentence}" for sentence in sentences]
+
+
+def train_classes_of(protocol: ProtocolConfig, dataset: str) -> int:
+    """Number of training classes a run of ``protocol`` on ``dataset`` sees (for the timing models' centres)."""
+    config = protocol.train_config(dataset=dataset, method="ms", seed=0, name="probe")
+    return int(load_datasets(config)["train"].num_classes)

@@ -1,0 +1,472 @@
+"""The DIML notebook (``notebooks/20_diml.ipynb``): structural similarity by optimal transport, as test-time
+re-ranking of plain baselines and as a training similarity, swept over the truncation K and the grid size G.
+
+Runs come from :meth:`ProtocolConfig.grid`, so the plain Multi-Similarity baseline is the run ``ms`` and
+DIML-trained Multi-Similarity is the run ``diml`` (shared with the comparison notebook). Every trained model
+is evaluated once per setting: its test set is embedded at each grid size (one backbone pass), the
+structural similarities of each query's top-``max K`` cosine candidates are computed once and every K
+re-ranks from them (:func:`dmlstudy.methods.diml.reranked_retrieval_metrics`). Results are cached in the
+run folder (``diml_rerank-<key>.json``), so re-executing the notebook only computes what is new.
+
+The paper's numbers (supplement Tables 1 and 2, seed 002) are kept as constants for orientation: other data
+(CUB-200, Cars196, SOP), an ImageNet-pretrained ResNet-50, 7 × 7 maps and a metric convention that counts
+the query in R (our R excludes it, as pytorch-metric-learning).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+
+from dmlstudy import plots
+from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
+from dmlstudy.methods.diml import (
+    DEFAULT_EPSILON,
+    DEFAULT_GRID_SIZE,
+    GridEmbeddings,
+    TransportOptions,
+    candidate_structural_similarity,
+    embed_grid_dataset,
+    pairwise_structural_similarity,
+    reranked_retrieval_metrics,
+    structural_similarity,
+)
+from dmlstudy.records import write_json
+from dmlstudy.study import summarize
+from dmlstudy.train import RunResult, load_datasets, resolve_device
+
+METRICS = ["P@1", "RP", "MAP@R"]
+PAPER_DATASETS = ("CUB-200", "Cars196", "SOP")
+BASE_LOSS_NAMES = {"ms": "Multi-Similarity", "margin": "Margin", "proxynca": "ProxyNCA"}
+
+# Supplement Table 1 (truncation K, G = 4) and Table 2 (grid size G, K = 100): DIML as test-time re-ranking
+# of trained baselines, ResNet-50. Per (base loss, K or G): {dataset: (P@1, RP, MAP@R)} in percent.
+PAPER_TRUNCATION: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = {
+    ("margin", 0): {"CUB-200": (62.47, 34.12, 23.14), "Cars196": (72.18, 32.00, 20.82), "SOP": (78.39, 45.64, 42.34)},
+    ("margin", 10): {"CUB-200": (65.16, 34.56, 23.87), "Cars196": (76.65, 32.52, 21.72), "SOP": (79.26, 46.44, 43.20)},
+    ("margin", 50): {"CUB-200": (65.16, 35.43, 24.54), "Cars196": (76.65, 33.64, 22.83), "SOP": (79.26, 46.44, 43.19)},
+    ("margin", 100): {"CUB-200": (65.16, 35.48, 24.54), "Cars196": (76.65, 33.93, 22.95), "SOP": (79.26, 46.44, 43.19)},
+    ("margin", 500): {"CUB-200": (65.16, 35.48, 24.54), "Cars196": (76.65, 33.93, 22.95), "SOP": (79.26, 46.44, 43.19)},
+    ("ms", 0): {"CUB-200": (62.56, 32.74, 21.99), "Cars196": (74.81, 32.72, 21.60), "SOP": (77.90, 44.97, 41.54)},
+    ("ms", 10): {"CUB-200": (64.89, 33.21, 22.73), "Cars196": (78.50, 33.26, 22.50), "SOP": (78.53, 45.60, 42.24)},
+    ("ms", 50): {"CUB-200": (64.89, 34.04, 23.37), "Cars196": (78.50, 34.46, 23.72), "SOP": (78.53, 45.60, 42.23)},
+    ("ms", 100): {"CUB-200": (64.89, 34.12, 23.38), "Cars196": (78.50, 34.70, 23.81), "SOP": (78.53, 45.60, 42.23)},
+    ("ms", 500): {"CUB-200": (64.89, 34.12, 23.38), "Cars196": (78.50, 34.70, 23.81), "SOP": (78.53, 45.60, 42.23)},
+}
+PAPER_GRID: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = {
+    ("margin", 1): {"CUB-200": (62.47, 34.12, 23.14), "Cars196": (72.18, 32.00, 20.82), "SOP": (78.39, 45.64, 42.34)},
+    ("margin", 2): {"CUB-200": (64.15, 34.79, 23.83), "Cars196": (75.04, 32.59, 21.85), "SOP": (79.06, 46.29, 43.03)},
+    ("margin", 4): {"CUB-200": (65.16, 35.48, 24.54), "Cars196": (76.65, 33.93, 22.95), "SOP": (79.26, 46.44, 43.19)},
+    ("margin", 7): {"CUB-200": (65.58, 35.58, 24.79), "Cars196": (76.96, 32.93, 22.66), "SOP": (79.59, 46.83, 43.62)},
+    ("ms", 1): {"CUB-200": (62.56, 32.74, 21.99), "Cars196": (74.81, 32.72, 21.60), "SOP": (77.90, 44.97, 41.54)},
+    ("ms", 2): {"CUB-200": (63.77, 33.33, 22.60), "Cars196": (77.45, 33.25, 22.60), "SOP": (78.39, 45.56, 42.15)},
+    ("ms", 4): {"CUB-200": (64.89, 34.12, 23.38), "Cars196": (78.50, 34.70, 23.81), "SOP": (78.53, 45.60, 42.23)},
+    ("ms", 7): {"CUB-200": (65.45, 34.15, 23.55), "Cars196": (78.93, 33.64, 23.50), "SOP": (78.76, 45.90, 42.57)},
+}
+
+
+@dataclass
+class DIMLStudy(ProtocolConfig):
+    """Parameters of the DIML notebook (defaults: CI-sized)."""
+
+    base_losses: list = field(default_factory=lambda: ["ms"])  # base losses: a plain run and a DIML-trained run each (ms, margin, proxynca)
+    train_diml: bool = True  # also train the DIML variants (False: only re-rank the plain baselines)
+    top_ks: list = field(default_factory=lambda: [0, 10, 50])  # truncation K of the re-ranking sweep (at grid_size)
+    grid_sizes: list = field(default_factory=lambda: [1, 2, 4])  # grid sizes G of the grid sweep (at top_k); > 4 upsamples the 4 × 4 map
+    grid_size: int = 4  # G for DIML training and for the K sweep
+    top_k: int = 50  # K for the grid sweep (the paper: 100)
+    epsilon: float = 0.05  # entropic regularisation ε of the transport (training and re-ranking)
+    uniform_marginals: bool = False  # uniform 1/G² marginals instead of cross-correlation ones
+    paper_dataset: str = "CUB-200"  # which of the paper's datasets is printed beside ours (CUB-200, Cars196, SOP)
+    cost_top_ks: list = field(default_factory=lambda: [10, 50])  # K values of the re-ranking cost table
+    cost_grid_sizes: list = field(default_factory=lambda: [2, 4])  # G values of the re-ranking cost table
+    cost_queries: int = 32  # queries timed per (K, G) cell of the cost table
+    example_queries: int = 2  # queries in the transport-plan figure
+    example_retrievals: int = 3  # retrievals per query in the transport-plan figure
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.top_ks or min(self.top_ks) < 0:
+            raise ValueError(f"parameter 'top_ks' must be a non-empty list of K ≥ 0, got {self.top_ks!r}")
+        if not self.grid_sizes or min(self.grid_sizes) < 1 or self.grid_size < 1:
+            raise ValueError(f"parameters 'grid_sizes'/'grid_size' must be positive, got {self.grid_sizes!r} / {self.grid_size!r}")
+
+    def transport_options(self) -> TransportOptions:
+        return TransportOptions(epsilon=self.epsilon, uniform_marginals=self.uniform_marginals)
+
+    def reference_k(self) -> int:
+        """The re-ranked K the readings compare with K = 0: ``top_k`` if swept, else the largest K."""
+        return self.top_k if self.top_k in self.top_ks else max(self.top_ks)
+
+    def reference_grid(self) -> int:
+        """The G the readings compare with the smallest G: ``grid_size`` if swept, else the largest G."""
+        return self.grid_size if self.grid_size in self.grid_sizes else max(self.grid_sizes)
+
+
+# --------------------------------------------------------------------------------------------------
+# variants and runs
+
+
+def diml_variant_name(base_loss: str, config: DIMLStudy) -> str:
+    """``diml`` for DIML + MS at the defaults (the comparison notebook's run), ``diml_<base>`` otherwise, with
+    suffixes for non-default training settings so runs with other settings never share a folder."""
+    name = "diml" if base_loss == "ms" else f"diml_{base_loss}"
+    if config.grid_size != DEFAULT_GRID_SIZE:
+        name += f"_g{config.grid_size}"
+    if config.epsilon != DEFAULT_EPSILON:
+        name += f"_eps{config.epsilon:g}"
+    if config.uniform_marginals:
+        name += "_uniform"
+    return name
+
+
+def variants(config: DIMLStudy) -> dict[str, dict[str, Any]]:
+    """Variant name → run spec: the plain baseline of each base loss (named as the loss: ``ms``, ``margin``)
+    and, with ``train_diml``, its DIML-trained counterpart."""
+    unknown = [b for b in config.base_losses if b not in BASE_LOSS_NAMES]
+    if unknown:
+        raise ValueError(f"base_losses: unknown {unknown}; valid: {sorted(BASE_LOSS_NAMES)}")
+    specs: dict[str, dict[str, Any]] = {}
+    for base in config.base_losses:
+        specs[base] = {"method": base}
+        if config.train_diml:
+            kwargs: dict[str, Any] = {} if base == "ms" else {"base_loss": base}
+            if config.grid_size != DEFAULT_GRID_SIZE:
+                kwargs["grid_size"] = config.grid_size
+            if config.epsilon != DEFAULT_EPSILON:
+                kwargs["epsilon"] = config.epsilon
+            if config.uniform_marginals:
+                kwargs["uniform_marginals"] = True
+            specs[diml_variant_name(base, config)] = {"method": "diml", "method_kwargs": kwargs}
+    return specs
+
+
+def run_models(config: DIMLStudy) -> list[tuple[str, RunResult]]:
+    """Train (or load) every variant × dataset × seed of the protocol."""
+    return run_grid(config.grid(variants(config)))
+
+
+def example_run(results: list[tuple[str, RunResult]], config: DIMLStudy) -> RunResult:
+    """The model shown in the figures: DIML + MS (else the ``ms`` baseline, else the first run) on the first
+    dataset and seed."""
+    first = [(v, r) for v, r in results if r.config.dataset == config.datasets[0] and r.config.seed == config.seeds[0]] or results
+    by_variant = dict(first)
+    return by_variant.get(diml_variant_name("ms", config)) or by_variant.get("ms") or first[0][1]
+
+
+def example_query_indices(sets: Mapping[str, GridEmbeddings | None], *, count: int, seed: int = 0) -> list[int]:
+    """``count`` query indices drawn without replacement (seeded)."""
+    n = len(sets["query"].global_)
+    return sorted(np.random.default_rng(seed).choice(n, size=min(count, n), replace=False).tolist())
+
+
+def _base_and_training(result: RunResult) -> tuple[str, str]:
+    if result.config.method == "diml":
+        return result.config.method_kwargs.get("base_loss", "ms"), "DIML"
+    return result.config.method, "baseline"
+
+
+# --------------------------------------------------------------------------------------------------
+# re-ranking sweeps
+
+
+def _cache_key(settings: Mapping[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str, GridEmbeddings | None]:
+    """Grid embeddings of the run's query set (and gallery set, if the dataset has one) at every G."""
+    datasets = load_datasets(result.config)
+    device = resolve_device(result.config.device)
+    embed = lambda dataset: embed_grid_dataset(result.method, dataset, grid_sizes=tuple(grid_sizes), batch_size=result.config.eval_batch_size, device=device)  # noqa: E731
+    return {"query": embed(datasets["query"]), "gallery": embed(datasets["gallery"]) if datasets.get("gallery") is not None else None}
+
+
+def _sweep(sets: Mapping[str, GridEmbeddings | None], *, grid: int, top_ks: Sequence[int], options: TransportOptions) -> dict[int, dict[str, float]]:
+    query, gallery = sets["query"], sets["gallery"]
+    gallery_kwargs = {} if gallery is None else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
+    return reranked_retrieval_metrics(query.global_, query.local[grid], query.labels, top_ks=top_ks, options=options, **gallery_kwargs)
+
+
+def rerank_sweeps(result: RunResult, config: DIMLStudy, *, variant: str = "") -> list[dict[str, Any]]:
+    """Rows of the K sweep (G = ``grid_size``) and the G sweep (K = ``top_k``) for one trained run (cached)."""
+    options = config.transport_options()
+    settings = {"top_ks": sorted(config.top_ks), "grid_sizes": sorted(config.grid_sizes), "grid_size": config.grid_size, "top_k": config.top_k,
+                "epsilon": options.epsilon, "uniform": options.uniform_marginals, "tolerance": options.tolerance, "max_iterations": options.max_iterations}
+    cache = result.run_dir / f"diml_rerank-{_cache_key(settings)}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())["rows"]
+    sets = evaluation_sets(result, grid_sizes=sorted(set(config.grid_sizes) | {config.grid_size}))
+    base, training = _base_and_training(result)
+    common = {"dataset": result.config.dataset, "seed": result.config.seed, "base_loss": base, "training": training, "variant": variant or result.config.method}
+    rows = []
+    started = time.perf_counter()
+    by_k = _sweep(sets, grid=config.grid_size, top_ks=config.top_ks, options=options)
+    seconds = time.perf_counter() - started
+    rows += [{**common, "sweep": "K", "K": k, "G": config.grid_size, **values, "seconds": seconds} for k, values in by_k.items()]
+    for grid in sorted(config.grid_sizes):
+        started = time.perf_counter()
+        values = by_k[config.top_k] if grid == config.grid_size and config.top_k in by_k else _sweep(sets, grid=grid, top_ks=[config.top_k], options=options)[config.top_k]
+        rows.append({**common, "sweep": "G", "K": config.top_k, "G": grid, **values, "seconds": time.perf_counter() - started})
+    write_json(cache, {"settings": settings, "rows": rows})
+    return rows
+
+
+def sweep_frame(results: list[tuple[str, RunResult]], config: DIMLStudy) -> pd.DataFrame:
+    """All sweep rows of all runs (one row per run × sweep × K or G)."""
+    return pd.DataFrame([row for variant, result in results for row in rerank_sweeps(result, config, variant=variant)])
+
+
+# --------------------------------------------------------------------------------------------------
+# tables and readings
+
+
+def _paper_values(base: str, training: str, key: tuple[str, int], table: Mapping, dataset: str) -> list[Any]:
+    values = table.get(key, {}).get(dataset) if training == "baseline" else None
+    return list(values) if values else ["–"] * len(METRICS)
+
+
+def sweep_table(frame: pd.DataFrame, *, sweep: str, paper_dataset: str = "CUB-200") -> pd.DataFrame:
+    """Mean ± std over seeds of P@1 / RP / MAP@R (percent) per dataset, base loss, training and K (or G), with
+    the paper's numbers for the re-ranked baselines beside them (``paper …`` columns; DIML-trained rows have
+    none: the supplement reports re-ranking only)."""
+    if paper_dataset not in PAPER_DATASETS:
+        raise ValueError(f"paper_dataset: expected one of {PAPER_DATASETS}, got {paper_dataset!r}")
+    column = "K" if sweep == "K" else "G"
+    rows = frame[frame["sweep"] == sweep]
+    table = summarize(rows, by=["dataset", "base_loss", "training", column], metrics=METRICS)
+    paper = PAPER_TRUNCATION if sweep == "K" else PAPER_GRID
+    papers = [_paper_values(b, t, (b, int(v)), paper, paper_dataset) for b, t, v in zip(table["base_loss"], table["training"], table[column])]
+    for index, metric in enumerate(METRICS):
+        table[f"paper {metric}"] = [p[index] for p in papers]
+    return table
+
+
+def display_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """The table without the numeric ``_mean``/``_std`` helper columns."""
+    return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
+
+
+def _paper_gain(table: Mapping, base: str, low: int, high: int, dataset: str, metric: str) -> float | None:
+    if (base, low) not in table or (base, high) not in table:
+        return None
+    index = METRICS.index(metric)
+    return table[(base, high)][dataset][index] - table[(base, low)][dataset][index]
+
+
+def sweep_readings(table: pd.DataFrame, *, sweep: str, low: int, high: int, paper_dataset: str = "CUB-200", metric: str = "P@1") -> list[str]:
+    """One sentence per (dataset, base loss, training): the change of ``metric`` from ``low`` to ``high`` (K or
+    G), the paper's change for the same base loss, and whether the direction held — computed from the numbers."""
+    column = "K" if sweep == "K" else "G"
+    paper = PAPER_TRUNCATION if sweep == "K" else PAPER_GRID
+    sentences = []
+    for (dataset, base, training), group in table.groupby(["dataset", "base_loss", "training"], sort=False):
+        values = dict(zip(group[column].astype(int), group[f"{metric}_mean"]))
+        if low not in values or high not in values:
+            continue
+        ours = values[high] - values[low]
+        gain = _paper_gain(paper, base, low, high, paper_dataset, metric) if training == "baseline" else None
+        label = f"{dataset}, {BASE_LOSS_NAMES.get(base, base)} {'baseline re-ranked' if training == 'baseline' else 'DIML-trained'}"
+        if gain is None:
+            sentences.append(f"{label}: {metric} {values[low]:.1f} → {values[high]:.1f} ({ours:+.1f} points) from {column} = {low} to {column} = {high}; "
+                             f"the paper has no number for this row.")
+            continue
+        held = "held" if np.sign(round(ours, 1)) == np.sign(gain) and round(ours, 1) != 0 else "did not hold"
+        sentences.append(f"{label}: {metric} {values[low]:.1f} → {values[high]:.1f} ({ours:+.1f} points) from {column} = {low} to {column} = {high}; "
+                         f"the paper's {paper_dataset} row changes by {gain:+.1f}: the direction {held}.")
+    return sentences
+
+
+def training_table(frame: pd.DataFrame, *, top_k: int) -> pd.DataFrame:
+    """Baseline vs DIML-trained, each ranked by cosine (K = 0) and re-ranked (K = ``top_k``), from the K sweep."""
+    rows = frame[(frame["sweep"] == "K") & frame["K"].isin([0, top_k])]
+    return summarize(rows, by=["dataset", "base_loss", "K", "training"], metrics=METRICS)
+
+
+def training_readings(table: pd.DataFrame, *, metric: str = "P@1") -> list[str]:
+    """Per dataset, base loss and ranking: the change of ``metric`` from the baseline to DIML training."""
+    sentences = []
+    for (dataset, base, k), group in table.groupby(["dataset", "base_loss", "K"], sort=False):
+        values = dict(zip(group["training"], group[f"{metric}_mean"]))
+        if {"baseline", "DIML"} <= set(values):
+            change = values["DIML"] - values["baseline"]
+            verdict = "helped" if round(change, 1) > 0 else ("hurt" if round(change, 1) < 0 else "made no difference")
+            ranking = "cosine ranking" if int(k) == 0 else f"re-ranked top {int(k)}"
+            sentences.append(f"{dataset}, {BASE_LOSS_NAMES.get(base, base)}, {ranking}: {metric} {values['baseline']:.1f} (baseline) → "
+                             f"{values['DIML']:.1f} (DIML training), {change:+.1f} points: DIML training {verdict} (the supplement gives no number for this comparison).")
+    return sentences
+
+
+# --------------------------------------------------------------------------------------------------
+# teaching figures
+
+
+def toy_grids(*, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A worked example: a 3 × 3 'image' whose cells are unit vectors (d = 8), and the same content with its
+    cells permuted (the object moved) plus noise; globals are the normalised cell means."""
+    generator = torch.Generator().manual_seed(seed)
+    local_s = torch.nn.functional.normalize(torch.randn(9, 8, generator=generator), dim=-1)
+    permutation = torch.tensor([3, 4, 5, 6, 7, 8, 0, 1, 2])  # the content moved one row down (wrapping)
+    local_t = torch.nn.functional.normalize(local_s[permutation] + 0.25 * torch.randn(9, 8, generator=generator), dim=-1)
+    global_s = torch.nn.functional.normalize(local_s.mean(0), dim=0)
+    global_t = torch.nn.functional.normalize(local_t.mean(0), dim=0)
+    return {"local_s": local_s, "local_t": local_t, "global_s": global_s, "global_t": global_t, "permutation": permutation}
+
+
+WORKED_SETTINGS: tuple[tuple[float, bool], ...] = ((0.5, True), (0.05, True), (0.05, False))
+
+
+def worked_example(*, settings: Sequence[tuple[float, bool]] = WORKED_SETTINGS, seed: int = 0) -> tuple[plt.Figure, pd.DataFrame]:
+    """The toy pair (:func:`toy_grids`): cell similarities S, the cross-correlation marginals, and the transport
+    plan for each ``(ε, uniform marginals)`` setting (figure); and a table of s_struct beside the cosine of the
+    two global vectors, the same-position average and the true-correspondence average."""
+    toy = toy_grids(seed=seed)
+    similarity = toy["local_s"] @ toy["local_t"].T  # 9 × 9
+    mu = torch.relu(toy["local_s"] @ toy["global_t"])
+    nu = torch.relu(toy["local_t"] @ toy["global_s"])
+    truth = similarity[toy["permutation"], torch.arange(9)]  # t's cell j shows s's cell π(j)
+    figure, axes = plt.subplots(1, 2 + len(settings), figsize=(2.9 * (2 + len(settings)), 3.0))
+    image = axes[0].imshow(similarity.numpy(), cmap="RdBu_r", vmin=-1, vmax=1)
+    axes[0].set(title="cell similarities S", xlabel="cell j of t", ylabel="cell i of s", xticks=range(9), yticks=range(9))
+    figure.colorbar(image, ax=axes[0], fraction=0.046)
+    axes[1].bar(np.arange(9) - 0.2, (mu / mu.sum()).numpy(), width=0.4, label="μ_s")
+    axes[1].bar(np.arange(9) + 0.2, (nu / nu.sum()).numpy(), width=0.4, label="μ_t")
+    axes[1].set(title="cross-correlation marginals", xlabel="cell", xticks=range(9))
+    axes[1].legend(fontsize=8)
+    rows = [{"quantity": "cos(z̄_s, z̄_t): the global embeddings", "value": float(toy["global_s"] @ toy["global_t"])},
+            {"quantity": "mean S_ii: cells at the same position", "value": float(similarity.diagonal().mean())},
+            {"quantity": "mean S_π(j),j: the true correspondence", "value": float(truth.mean())}]
+    for axis, (epsilon, uniform) in zip(axes[2:], settings):
+        options = TransportOptions(epsilon=epsilon, uniform_marginals=uniform, max_iterations=2000, tolerance=1e-6)
+        value, transport = structural_similarity(similarity[None], mu[None], nu[None], options=options)
+        marginals = "uniform" if uniform else "cross-corr."
+        axis.imshow(transport.plan[0].numpy(), cmap="viridis")
+        axis.set(title=f"T: ε = {epsilon:g}, {marginals}\ns_struct = {value.item():.3f}", xlabel="cell j of t", ylabel="cell i of s", xticks=range(9), yticks=range(9))
+        rows.append({"quantity": f"s_struct, ε = {epsilon:g}, {marginals} marginals ({transport.iterations} iterations)", "value": float(value)})
+    figure.tight_layout()
+    return figure, pd.DataFrame(rows)
+
+
+def _cell_centres(grid: int, size: int) -> np.ndarray:
+    """Pixel centres (x, y) of the G × G cells of a ``size``-pixel image, row-major."""
+    centres = (np.arange(grid) + 0.5) * size / grid
+    ys, xs = np.meshgrid(centres, centres, indexing="ij")
+    return np.stack([xs.ravel(), ys.ravel()], axis=1)
+
+
+def transport_figure(result: RunResult, sets: Mapping[str, GridEmbeddings | None], *, grid: int, queries: Sequence[int], retrievals: int = 3, options: TransportOptions | None = None, top_lines: int | None = None) -> plt.Figure:
+    """For each query and its top cosine retrievals: the two images side by side with the transport plan drawn
+    as lines between grid-cell centres (width and opacity ∝ T_ij; the ``top_lines`` largest entries, default G²), and
+    the marginals μ_s (on the query's cells) and μ_t (on the retrieval's) as G × G heat maps.
+
+    Cells are regions of the backbone map; at 64 px with stride 16 each of the 4 × 4 cells covers 16 × 16
+    pixels of the input (its receptive field is larger). All-vs-all sets only.
+    """
+    from dmlstudy import metrics as metric_functions
+
+    query_set = sets["query"]
+    if sets.get("gallery") is not None:
+        raise ValueError("transport_figure: expected an all-vs-all evaluation set (no separate gallery)")
+    dataset = load_datasets(result.config)["query"]
+    global_, local, labels = torch.as_tensor(query_set.global_), torch.as_tensor(query_set.local[grid]), query_set.labels
+    neighbours, _ = metric_functions.nearest_neighbors(query_set.global_[list(queries)], query_set.global_, k=retrievals + 1)
+    lines = top_lines or grid * grid
+    figure, axes = plt.subplots(len(queries) * retrievals, 3, figsize=(7.5, 2.3 * len(queries) * retrievals), gridspec_kw={"width_ratios": [2.2, 1, 1]}, squeeze=False)
+    row = 0
+    for query, hits in zip(queries, neighbours):
+        hits = [h for h in hits if h != query][:retrievals]
+        for rank, hit in enumerate(hits, start=1):
+            value, _, transport = pairwise_structural_similarity(local[[query]], global_[[query]], local[[hit]], global_[[hit]], options=options)
+            plan = transport.plan[0, 0].numpy()  # G² × G²
+            left, right = plots.source_image(dataset, query), plots.source_image(dataset, hit)
+            size = left.shape[0]
+            axis = axes[row, 0]
+            axis.imshow(np.concatenate([left, np.full((size, size // 8, 3), 255, np.uint8), right], axis=1))
+            offset = size + size // 8
+            centres = _cell_centres(grid, size)
+            for edge in np.arange(1, grid) * size / grid:  # the grid cells
+                for x0 in (0, offset):
+                    axis.plot([x0 + edge, x0 + edge], [0, size - 1], color="white", linewidth=0.5, alpha=0.6)
+                    axis.plot([x0, x0 + size - 1], [edge, edge], color="white", linewidth=0.5, alpha=0.6)
+            for flat in np.argsort(plan.ravel())[::-1][:lines]:
+                i, j = divmod(int(flat), grid * grid)
+                strength = plan[i, j] / plan.max()
+                axis.plot([centres[i, 0], centres[j, 0] + offset], [centres[i, 1], centres[j, 1]], color="yellow",
+                          linewidth=0.3 + 3.0 * strength, alpha=0.25 + 0.7 * strength)
+            same = labels[hit] == labels[query]
+            axis.set_title(f"query {query} → #{rank} ({'same class' if same else 'other class'}): cos {float(global_[query] @ global_[hit]):.2f}, "
+                           f"s_struct {value.item():.2f}", fontsize=7, color=plots.CORRECT if same else plots.WRONG)
+            axis.axis("off")
+            for axis, marginal, title in ((axes[row, 1], plan.sum(axis=1), "μ_s (query cells)"), (axes[row, 2], plan.sum(axis=0), "μ_t (retrieval cells)")):
+                axis.imshow(marginal.reshape(grid, grid), cmap="magma")
+                axis.set_title(title, fontsize=7)
+                axis.set_xticks([])
+                axis.set_yticks([])
+            row += 1
+    figure.tight_layout()
+    return figure
+
+
+# --------------------------------------------------------------------------------------------------
+# cost
+
+
+def rerank_cost(sets: Mapping[str, GridEmbeddings | None], *, top_ks: Sequence[int], grid_sizes: Sequence[int], queries: int = 64, options: TransportOptions | None = None) -> pd.DataFrame:
+    """Measured milliseconds per query of the structural similarities of its top-K candidates (the re-ranking's
+    cost beyond the cosine search), per (K, G), on the first ``queries`` queries of a trained model's test set."""
+    from dmlstudy import metrics as metric_functions
+
+    query_set = sets["query"]
+    n = min(queries, len(query_set.global_))
+    rows = []
+    for top_k in top_ks:
+        candidates, _ = metric_functions.nearest_neighbors(query_set.global_[:n], query_set.global_, k=min(top_k + 1, len(query_set.global_) - 1))
+        candidates = np.stack([row[row != q][:top_k] for q, row in enumerate(candidates)])
+        for grid in grid_sizes:
+            if grid not in query_set.local:
+                continue
+            local = query_set.local[grid]
+            started = time.perf_counter()
+            candidate_structural_similarity(query_set.global_[:n], local[:n], query_set.global_, local, candidates, options=options)
+            seconds = time.perf_counter() - started
+            rows.append({"K": top_k, "G": grid, "pairs": candidates.size, "ms per query": 1000 * seconds / n})
+    return pd.DataFrame(rows)
+
+
+def cost_figure(cost: pd.DataFrame) -> plt.Figure:
+    """Milliseconds per query against K, one line per G."""
+    figure, axis = plt.subplots(figsize=(4.2, 3.0))
+    for grid, group in cost.groupby("G"):
+        axis.plot(group["K"], group["ms per query"], marker="o", label=f"G = {grid} ({grid * grid} cells)")
+    axis.set(xlabel="truncation K", ylabel="ms per query", title="re-ranking cost (measured)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def sweep_figure(frame: pd.DataFrame, *, sweep: str, metric: str = "P@1") -> plt.Figure:
+    """``metric`` (mean ± std over seeds) against K or G, one panel per dataset, one line per base × training."""
+    column = "K" if sweep == "K" else "G"
+    rows = frame[frame["sweep"] == sweep]
+    datasets = list(dict.fromkeys(rows["dataset"]))
+    figure, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.0), squeeze=False)
+    for axis, dataset in zip(axes[0], datasets):
+        for (base, training), group in rows[rows["dataset"] == dataset].groupby(["base_loss", "training"], sort=False):
+            stats = group.groupby(column)[metric].agg(["mean", "std"]).fillna(0.0) * 100
+            axis.errorbar(stats.index, stats["mean"], yerr=stats["std"], marker="o", capsize=3, label=f"{BASE_LOSS_NAMES.get(base, base)}, {training}")
+        axis.set(xlabel=column, ylabel=f"{metric} (%)", title=dataset)
+        if sweep == "K":
+            axis.set_xscale("symlog", linthresh=10)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+

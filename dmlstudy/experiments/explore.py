@@ -1,0 +1,423 @@
+"""Notebook 95 (exploring by hand): a retrieval explorer over the finished runs of a study.
+
+Choose a dataset, a method, one of its runs (found under ``<runs_root>/<study>/``) and a query image; see the
+query's top-K retrievals framed green (same class) or red (another class) and, where the method has one,
+its explanation drawn by the method's own analysis functions:
+
+* ``diml``: the transport plan between the query's and each retrieval's grid cells
+  (:func:`dmlstudy.experiments.diml.transport_figure`, the run's own G, ε and marginals);
+* ``cross_attention``: the last block's attention over the query's locations when it is conditioned on each
+  retrieval, and over the retrieval's when conditioned on the query (recorded with
+  :class:`dmlstudy.methods.cross_attention.AttentionRecorder` during one pass of the hierarchy);
+* ``crt``: the codes of the most spatially selective prototypes on the query and its retrievals
+  (:func:`dmlstudy.experiments.crt.heatmap_figure`);
+* every other method: "no explanation for this method".
+
+Decisions: a run is listed when its folder holds ``metrics.json``, ``config.yaml``, ``embeddings.npz`` and
+``checkpoint.pt`` (a complete run); it is loaded from those records with the public training functions
+(never retrained). Retrievals rank the stored test embeddings all against all (the query excluded), as the
+run's evaluation did; datasets evaluated query → gallery (In-Shop) are not shown. When the study has no
+runs yet (a fresh clone), :func:`ensure_runs` trains one CI-sized run of ``fallback_method`` first, so the
+notebook always has something to show.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+
+from dmlstudy import metrics as metric_functions
+from dmlstudy import plots
+from dmlstudy.data import denormalize
+from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
+from dmlstudy.paths import runs_root as default_runs_root
+from dmlstudy.train import RunResult, TrainConfig, build_model, load_datasets, resolve_device
+
+RUN_RECORDS = ("metrics.json", "config.yaml", "embeddings.npz", "checkpoint.pt")
+NO_EXPLANATION = "no explanation for this method"
+MAX_EXPLAINED = 3  # retrievals explained (the figures grow with each)
+
+
+@dataclass
+class ExploreConfig(ProtocolConfig):
+    """Parameters of ``notebooks/95_explore.ipynb``: where the runs are, what is shown first, and the protocol
+    of the fallback run trained when the study has none."""
+
+    dataset: str = ""  # dataset shown first ("": the first of datasets with runs, else any)
+    method: str = ""  # method shown first ("": ms when it has runs, else the first found)
+    run: str = ""  # run folder shown first ("": the lowest seed of that dataset and method)
+    query: int = 0  # query image shown first (index into the run's test set)
+    top_k: int = 5  # retrievals shown
+    explain: bool = True  # draw the method's explanation where it has one (diml, cross_attention, crt)
+    fallback_method: str = "ms"  # trained (CI-sized, first dataset and seed) when the study has no runs
+    save_figures: bool = False  # also save the first view as figures/explore_*.png
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.top_k < 1:
+            raise ValueError(f"parameter 'top_k' must be ≥ 1, got {self.top_k}")
+        if self.query < 0:
+            raise ValueError(f"parameter 'query' must be ≥ 0, got {self.query}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding and loading runs
+# ----------------------------------------------------------------------------------------------
+RUN_COLUMNS = ["dataset", "method", "run", "seed", "R@1", "method_kwargs", "path"]
+
+
+def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
+    """Every complete run folder ``<runs_root>/<study>/<run>/`` (all of :data:`RUN_RECORDS` present): one row
+    with its dataset, method, folder name, seed, test R@1, method kwargs (JSON) and path, sorted by dataset,
+    method and run. Folders without the records (plan entries, unfinished runs) are skipped."""
+    folder = Path(runs_root or default_runs_root()) / study
+    rows = []
+    for metrics_file in sorted(folder.glob("*/metrics.json")):
+        run_dir = metrics_file.parent
+        if not all((run_dir / name).is_file() for name in RUN_RECORDS):
+            continue
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        metrics = json.loads(metrics_file.read_text())
+        rows.append({"dataset": config.get("dataset", ""), "method": config.get("method", ""), "run": run_dir.name,
+                     "seed": int(config.get("seed", 0)), "R@1": float(metrics.get("R@1", float("nan"))),
+                     "method_kwargs": json.dumps(config.get("method_kwargs") or {}, sort_keys=True), "path": str(run_dir)})
+    return pd.DataFrame(rows, columns=RUN_COLUMNS).sort_values(["dataset", "method", "seed", "run"], kind="stable").reset_index(drop=True)
+
+
+def ensure_runs(config: ExploreConfig) -> pd.DataFrame:
+    """:func:`find_runs` of the config's study; when it finds none, first train one run of ``fallback_method``
+    on the first dataset with the first seed (the config's protocol; resumable like every run)."""
+    runs = find_runs(config.study, runs_root=config.runs_root)
+    if runs.empty:
+        protocol = dataclasses.replace(config, seeds=list(config.seeds[:1]))
+        run_grid(protocol.grid({config.fallback_method: {"method": config.fallback_method}}, datasets=list(config.datasets[:1])))
+        runs = find_runs(config.study, runs_root=config.runs_root)
+    return runs
+
+
+@dataclass
+class LoadedRun:
+    """A run restored from its records: the trained method, its test set (test transforms) and the stored
+    test embeddings and labels."""
+
+    result: RunResult
+    dataset: Any
+    embeddings: np.ndarray
+    labels: np.ndarray
+
+    @property
+    def method_name(self) -> str:
+        return self.result.config.method
+
+
+def load_run(run_dir: str | Path, *, data_root: str = "") -> LoadedRun:
+    """Restore a complete run from its folder (config, checkpoint, embeddings) without training.
+
+    The stored config is read with ``runs_root``/``study``/``run_name`` pointing at the folder where it was
+    found; ``data_root`` (when given) replaces the stored one.
+    """
+    run_dir = Path(run_dir)
+    missing = [name for name in RUN_RECORDS if not (run_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"load_run: {run_dir} is not a complete run folder; missing {missing}")
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    stored.update(runs_root=str(run_dir.parent.parent), study=run_dir.parent.name, run_name=run_dir.name, resume=True, progress=False)
+    if data_root:
+        stored["data_root"] = data_root
+    config = TrainConfig(**{name: stored[name] for name in TrainConfig.field_names() if name in stored})
+    datasets = load_datasets(config)
+    if datasets.get("gallery") is not None:
+        raise ValueError(f"load_run: {config.dataset} is evaluated query → gallery; the explorer shows all-vs-all test sets only")
+    device = resolve_device(config.device)
+    method = build_model(config, datasets["train"].num_classes).to(device)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
+    method.load_state_dict(checkpoint["method"])
+    method.eval()
+    with np.load(run_dir / "embeddings.npz") as stored_arrays:
+        arrays = dict(stored_arrays)
+    history = pd.read_csv(run_dir / "history.csv") if (run_dir / "history.csv").is_file() else pd.DataFrame()
+    result = RunResult(config, run_dir, json.loads((run_dir / "metrics.json").read_text()), history, method, arrays)
+    if len(arrays["embeddings"]) != len(datasets["query"]):
+        raise ValueError(f"load_run: {run_dir} stores {len(arrays['embeddings'])} test embeddings but its test set has {len(datasets['query'])} images "
+                         "(was the dataset regenerated?)")
+    return LoadedRun(result, datasets["query"], arrays["embeddings"], np.asarray(arrays["labels"]))
+
+
+def top_k_retrievals(embeddings: np.ndarray, query: int, *, top_k: int) -> np.ndarray:
+    """Indices of the ``top_k`` nearest test images of ``query`` by cosine similarity (itself excluded)."""
+    if not 0 <= query < len(embeddings):
+        raise ValueError(f"query: expected an index in [0, {len(embeddings) - 1}], got {query}")
+    k = min(top_k, len(embeddings) - 1)
+    neighbours, _ = metric_functions.nearest_neighbors(np.asarray(embeddings)[[query]], np.asarray(embeddings), k=k + 1)
+    return neighbours[0][neighbours[0] != query][:k]
+
+
+# ----------------------------------------------------------------------------------------------
+# What is drawn
+# ----------------------------------------------------------------------------------------------
+def retrieval_figure(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure:
+    """The query and its top-``top_k`` retrievals, green = same class, red = another (plots.retrieval_grid)."""
+    ranking = top_k_retrievals(loaded.embeddings, query, top_k=top_k)
+    figure = plots.retrieval_grid(loaded.dataset, loaded.embeddings, loaded.labels, queries=[query], top_k=len(ranking), ranking=ranking[None])
+    hits = int(np.sum(loaded.labels[ranking] == loaded.labels[query]))
+    figure.suptitle(f"{loaded.result.run_dir.name}: query {query} (class {loaded.labels[query]}), {hits}/{len(ranking)} retrievals of its class",
+                    fontsize=9, y=1.02)
+    return figure
+
+
+def _picture(dataset, index: int) -> np.ndarray:
+    """The test-transformed image the network saw, H × W × 3 in [0, 1]."""
+    return denormalize(dataset[index][0]).permute(1, 2, 0).numpy()
+
+
+def attention_explanation(method, dataset, query: int, retrievals: Sequence[int], *, level: int | None = None) -> plt.Figure | str:
+    """Cross-attention at block ``level`` (default the last): for each retrieval r, the attention over the
+    query's locations when the query is conditioned on r, and over r's locations when r is conditioned on
+    the query; one pass of the hierarchy over the batch [query, retrievals…], recorded with forward hooks."""
+    from dmlstudy.methods.cross_attention import AttentionRecorder
+
+    if not method.num_blocks:
+        return "cross-attention with N = 0 blocks: no attention to show"
+    level = level or method.num_blocks
+    device = next(method.parameters()).device
+    indices = [query, *retrievals]
+    images = torch.stack([dataset[i][0] for i in indices]).to(device)
+    was_training = method.training
+    method.eval()
+    with torch.no_grad(), AttentionRecorder(method) as recorder:
+        maps = method.backbone(images)
+        method.conditional_embeddings(maps, num_levels=level)
+    method.train(was_training)
+    weights = recorder.maps[level - 1]  # X × X × T: [i, j] = image i's locations, conditioned on image j
+    height, width = maps.shape[-2:]
+    labels = np.asarray(dataset.labels)
+    figure, axes = plt.subplots(len(retrievals), 2, figsize=(4.2, 2.1 * len(retrievals)), squeeze=False)
+    for row, retrieval in enumerate(retrievals, start=1):
+        colour = plots.CORRECT if labels[retrieval] == labels[query] else plots.WRONG
+        for axis, (image, other, title) in zip(axes[row - 1], ((0, row, f"query | #{row}"), (row, 0, f"#{row} | query"))):
+            picture = _picture(dataset, indices[image])
+            heat = weights[image, other].reshape(height, width).numpy()
+            axis.imshow(picture)
+            axis.imshow(heat, cmap="jet", alpha=0.5, interpolation="bilinear", vmin=0, vmax=float(heat.max()) or 1.0,
+                        extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5))
+            axis.set_title(title, fontsize=8, color=colour)
+            axis.set_xticks([])
+            axis.set_yticks([])
+    figure.suptitle(f"attention of block {level}: where an image looks when conditioned on the other", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def _diml_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
+    from dmlstudy.experiments import diml as diml_study
+
+    method = loaded.result.method
+    key = ("diml_sets", str(loaded.result.run_dir))
+    if key not in cache:
+        cache[key] = diml_study.evaluation_sets(loaded.result, grid_sizes=[method.grid_size])
+    return diml_study.transport_figure(loaded.result, cache[key], grid=method.grid_size, queries=[query], retrievals=len(retrievals), options=method.options)
+
+
+def _cross_attention_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
+    return attention_explanation(loaded.result.method, loaded.dataset, query, retrievals)
+
+
+def _crt_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
+    from dmlstudy.experiments import crt as crt_study
+
+    method = loaded.result.method
+    if not method.use_crt:
+        return "CRT without the transform (use_crt=False): no prototypes to show"
+    return crt_study.heatmap_figure(method, loaded.dataset, [query, *retrievals], prototypes=min(6, method.K1))
+
+
+EXPLAINERS: dict[str, Callable[[LoadedRun, int, Sequence[int], dict], plt.Figure | str]] = {
+    "diml": _diml_explanation,
+    "cross_attention": _cross_attention_explanation,
+    "crt": _crt_explanation,
+}
+
+
+def explanation(loaded: LoadedRun, query: int, *, top_k: int, cache: dict | None = None) -> plt.Figure | str:
+    """The method's explanation of the query's first ``min(top_k, 3)`` retrievals (see the module docstring),
+    or a sentence saying there is none. ``cache`` keeps per-run intermediate results between calls."""
+    explainer = EXPLAINERS.get(loaded.method_name)
+    if explainer is None:
+        return f"{loaded.method_name}: {NO_EXPLANATION}"
+    retrievals = top_k_retrievals(loaded.embeddings, query, top_k=min(top_k, MAX_EXPLAINED)).tolist()
+    return explainer(loaded, query, retrievals, {} if cache is None else cache)
+
+
+class Explorer:
+    """The runs of a study and what the explorer draws for them; loaded runs are cached by folder."""
+
+    def __init__(self, runs: pd.DataFrame, *, data_root: str = "") -> None:
+        if runs.empty:
+            raise ValueError("Explorer: no complete runs to explore (train one first, e.g. with ensure_runs)")
+        self.runs, self.data_root = runs.reset_index(drop=True), data_root
+        self._loaded: dict[str, LoadedRun] = {}
+        self.cache: dict = {}
+
+    def load(self, run_dir: str | Path) -> LoadedRun:
+        key = str(run_dir)
+        if key not in self._loaded:
+            self._loaded[key] = load_run(key, data_root=self.data_root)
+        return self._loaded[key]
+
+    def datasets(self) -> list[str]:
+        return list(dict.fromkeys(self.runs["dataset"]))
+
+    def methods(self, dataset: str) -> list[str]:
+        return list(dict.fromkeys(self.runs.loc[self.runs["dataset"] == dataset, "method"]))
+
+    def run_options(self, dataset: str, method: str) -> list[tuple[str, str]]:
+        """``(label, path)`` of the runs of ``method`` on ``dataset``: the label gives the folder and its R@1."""
+        rows = self.runs[(self.runs["dataset"] == dataset) & (self.runs["method"] == method)]
+        return [(f"{run} (R@1 {100 * recall:.1f} %)", path) for run, recall, path in zip(rows["run"], rows["R@1"], rows["path"])]
+
+    def selection(self, config: ExploreConfig) -> dict[str, Any]:
+        """The first view: the config's dataset / method / run where given (an unknown one raises, listing what
+        exists), else the defaults described on :class:`ExploreConfig`; the query clipped to the test set."""
+        runs = self.runs
+        if config.run:
+            chosen = runs[runs["run"] == config.run]
+            if chosen.empty:
+                raise ValueError(f"parameter 'run': no complete run {config.run!r} in study {config.study!r}; found {runs['run'].tolist()}")
+            row = chosen.iloc[0]
+        else:
+            datasets = self.datasets()
+            if config.dataset and config.dataset not in datasets:
+                raise ValueError(f"parameter 'dataset': no runs on {config.dataset!r} in study {config.study!r}; found {datasets}")
+            dataset = config.dataset or next((d for d in config.datasets if d in datasets), datasets[0])
+            methods = self.methods(dataset)
+            if config.method and config.method not in methods:
+                raise ValueError(f"parameter 'method': no runs of {config.method!r} on {dataset!r}; found {methods}")
+            method = config.method or ("ms" if "ms" in methods else methods[0])
+            row = runs[(runs["dataset"] == dataset) & (runs["method"] == method)].iloc[0]
+        loaded = self.load(row["path"])
+        return {"dataset": row["dataset"], "method": row["method"], "run_dir": row["path"],
+                "query": int(min(config.query, len(loaded.embeddings) - 1)), "top_k": config.top_k, "explain": config.explain}
+
+    def render(self, run_dir: str | Path, *, query: int, top_k: int, explain: bool = True) -> list[plt.Figure | str]:
+        """What the explorer shows for one choice: a header line, the retrieval figure, and the explanation
+        (a figure, or a sentence when the method has none)."""
+        loaded = self.load(run_dir)
+        metrics = loaded.result.metrics
+        header = (f"**{loaded.result.run_dir.name}** — method `{loaded.method_name}` on {loaded.result.config.dataset}, "
+                  f"seed {loaded.result.config.seed}: R@1 {100 * metrics.get('R@1', float('nan')):.1f} %, "
+                  f"MAP@R {100 * metrics.get('MAP@R', float('nan')):.1f} % over {len(loaded.embeddings)} test images")
+        items: list[plt.Figure | str] = [header, retrieval_figure(loaded, query, top_k=top_k)]
+        if explain:
+            items.append(explanation(loaded, query, top_k=top_k, cache=self.cache))
+        return items
+
+
+def show_items(items: Sequence[plt.Figure | str]) -> None:
+    """Display what :meth:`Explorer.render` returned (sentences as Markdown) and close the figures, so the
+    inline backend does not draw them a second time."""
+    from IPython.display import Markdown, display
+
+    for item in items:
+        if isinstance(item, str):
+            display(Markdown(item))
+        else:
+            display(item)
+            plt.close(item)
+
+
+def save_items(items: Sequence[plt.Figure | str], *, prefix: str = "explore") -> list[Path]:
+    """Save the figures among ``items`` as ``figures/<prefix>_retrievals.png`` and ``<prefix>_explanation.png``."""
+    figures = [item for item in items if not isinstance(item, str)]
+    return [plots.save_figure(figure, f"{prefix}_{name}") for figure, name in zip(figures, ("retrievals", "explanation"))]
+
+
+# ----------------------------------------------------------------------------------------------
+# The widgets
+# ----------------------------------------------------------------------------------------------
+class ExplorerUI:
+    """Dropdowns (dataset → method → run), a query slider, a top-K slider and an explanation switch over an
+    output area; :meth:`update` redraws the output for the current choice (called on every change, and once
+    by the notebook so the first view exists without a live kernel)."""
+
+    def __init__(self, explorer: Explorer, selection: Mapping[str, Any]) -> None:
+        import ipywidgets as widgets
+
+        self.explorer = explorer
+        self._syncing = True
+        dataset, method = selection["dataset"], selection["method"]
+        style = {"description_width": "70px"}
+        self.dataset = widgets.Dropdown(options=explorer.datasets(), value=dataset, description="dataset", style=style)
+        self.method = widgets.Dropdown(options=explorer.methods(dataset), value=method, description="method", style=style)
+        self.run = widgets.Dropdown(options=explorer.run_options(dataset, method), value=selection["run_dir"], description="run",
+                                    style=style, layout=widgets.Layout(width="480px"))
+        size = len(explorer.load(selection["run_dir"]).embeddings)
+        self.query = widgets.IntSlider(value=selection["query"], min=0, max=size - 1, description="query", continuous_update=False, style=style)
+        self.top_k = widgets.IntSlider(value=selection["top_k"], min=1, max=16, description="top K", continuous_update=False, style=style)
+        self.explain = widgets.Checkbox(value=selection["explain"], description="explanation")
+        self.output = widgets.Output()
+        self.box = widgets.VBox([widgets.HBox([self.dataset, self.method]), self.run, widgets.HBox([self.query, self.top_k, self.explain]), self.output])
+        self.dataset.observe(self._on_dataset, names="value")
+        self.method.observe(self._on_method, names="value")
+        self.run.observe(self._on_run, names="value")
+        for control in (self.query, self.top_k, self.explain):
+            control.observe(lambda change: self.update(), names="value")
+        self._syncing = False
+
+    def _set_runs(self) -> None:
+        self.run.options = self.explorer.run_options(self.dataset.value, self.method.value)
+        self.run.value = self.run.options[0][1]
+        self.query.max = len(self.explorer.load(self.run.value).embeddings) - 1
+
+    def _on_dataset(self, change) -> None:
+        if self._syncing:
+            return
+        self._syncing = True
+        try:
+            methods = self.explorer.methods(self.dataset.value)
+            self.method.options = methods
+            self.method.value = "ms" if "ms" in methods else methods[0]
+            self._set_runs()
+        finally:
+            self._syncing = False
+        self.update()
+
+    def _on_method(self, change) -> None:
+        if self._syncing:
+            return
+        self._syncing = True
+        try:
+            self._set_runs()
+        finally:
+            self._syncing = False
+        self.update()
+
+    def _on_run(self, change) -> None:
+        if self._syncing:
+            return
+        self._syncing = True
+        try:
+            self.query.max = len(self.explorer.load(self.run.value).embeddings) - 1
+        finally:
+            self._syncing = False
+        self.update()
+
+    def update(self) -> None:
+        """Redraw the output area for the current choice."""
+        if self._syncing:
+            return
+        from IPython.display import clear_output
+
+        with self.output:
+            clear_output(wait=True)
+            try:
+                show_items(self.explorer.render(self.run.value, query=self.query.value, top_k=self.top_k.value, explain=self.explain.value))
+            except Exception as error:  # shown in the widget; a live session must survive one bad choice
+                print(f"{type(error).__name__}: {error}")
