@@ -324,8 +324,8 @@ def _collect(chunks: Iterator[tuple[int, np.ndarray, np.ndarray]], n: int, k: in
 
 
 def _build_index(base: np.ndarray, *, kind: str, params: Mapping[str, int | None], use_gpu: bool | None, k: int | None) -> NeighborIndex:
-    """Index the normalised float32 rows ``base``. IVF trains its coarse quantizer (faiss k-means, fixed
-    seed) on all of ``base``; faiss subsamples to 256 points per list when there are more."""
+    """Index the normalised float32 rows ``base``. IVF trains its coarse quantizer on ``base`` with faiss's
+    IVF defaults (spherical k-means, 10 iterations, fixed seed, at most 256 training points per list)."""
     import faiss  # lazily: keeps torch/faiss OpenMP runtimes from loading together unless needed
 
     n, d = base.shape
@@ -774,8 +774,9 @@ def kmeans_assignments(
       ``n_init`` restarts keeping the lowest objective; ``seed``), trained on all N points (no
       subsampling, no minimum points per centroid), then each point goes to its nearest centroid. Cost
       O(n_iter · N · k · d) in BLAS calls, which is what makes k = 11,316 (SOP) practical. Random
-      initialisation is the default: on overlapping classes (real embeddings) both gave NMI within 0.03
-      of scikit-learn's, and faiss's k-means++ took 3× as long as 20 iterations (15k points, k = 2,000).
+      initialisation is the default: on overlapping classes (as in real embeddings) both gave NMI within
+      0.05 of scikit-learn's per seed (0.025 on average), and faiss's k-means++ took 3× as long as 20
+      iterations (15k points, k = 2,000; ``benchmarks/results_ann.md``).
       On perfectly separated clusters random initialisation can merge two of them (NMI ≈ 0.90–0.97 where
       scikit-learn's greedy k-means++ and faiss's ``"kmeans++"`` reach 1).
     """
