@@ -35,7 +35,7 @@ build_notebook([
     seed_everything(0)
     runs = explore.ensure_runs(config)
     print(f"{len(runs)} complete runs in study {config.study!r}:")
-    runs[["dataset", "method", "run", "seed", "R@1"]]
+    print(runs[["dataset", "method", "run", "seed", "R@1"]].to_string(index=False))
     """),
     ("md", """
     ## The explorer

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -76,8 +77,10 @@ RUN_COLUMNS = ["dataset", "method", "run", "seed", "R@1", "method_kwargs", "path
 
 def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
     """Every complete run folder ``<runs_root>/<study>/<run>/`` (all of :data:`RUN_RECORDS` present): one row
-    with its dataset, method, folder name, seed, test R@1, method kwargs (JSON) and path, sorted by dataset,
-    method and run. Folders without the records (plan entries, unfinished runs) are skipped."""
+    with its dataset, method, folder name, seed, test R@1, method kwargs (JSON) and path, sorted by dataset and
+    method, the protocol's runs of the method with its defaults (``<dataset>-<method>-seed<s>``) first, then by
+    seed and name. Folders without the records
+    (plan entries, unfinished runs) are skipped."""
     folder = Path(runs_root or default_runs_root()) / study
     rows = []
     for metrics_file in sorted(folder.glob("*/metrics.json")):
@@ -89,7 +92,10 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
         rows.append({"dataset": config.get("dataset", ""), "method": config.get("method", ""), "run": run_dir.name,
                      "seed": int(config.get("seed", 0)), "R@1": float(metrics.get("R@1", float("nan"))),
                      "method_kwargs": json.dumps(config.get("method_kwargs") or {}, sort_keys=True), "path": str(run_dir)})
-    return pd.DataFrame(rows, columns=RUN_COLUMNS).sort_values(["dataset", "method", "seed", "run"], kind="stable").reset_index(drop=True)
+    frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    plain = [bool(re.fullmatch(f"{re.escape(d)}-{re.escape(m)}-seed\\d+", r)) for d, m, r in zip(frame["dataset"], frame["method"], frame["run"])]
+    frame["_variant"] = ~np.asarray(plain, dtype=bool)  # the protocol's runs of the method with its defaults first
+    return frame.sort_values(["dataset", "method", "_variant", "seed", "run"], kind="stable").drop(columns="_variant").reset_index(drop=True)
 
 
 def ensure_runs(config: ExploreConfig) -> pd.DataFrame:
@@ -169,7 +175,7 @@ def retrieval_figure(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure
     figure = plots.retrieval_grid(loaded.dataset, loaded.embeddings, loaded.labels, queries=[query], top_k=len(ranking), ranking=ranking[None])
     hits = int(np.sum(loaded.labels[ranking] == loaded.labels[query]))
     figure.suptitle(f"{loaded.result.run_dir.name}: query {query} (class {loaded.labels[query]}), {hits}/{len(ranking)} retrievals of its class",
-                    fontsize=9, y=1.02)
+                    fontsize=9, y=1.0 + 0.3 / figure.get_figheight())  # above the column titles
     return figure
 
 
@@ -211,8 +217,9 @@ def attention_explanation(method, dataset, query: int, retrievals: Sequence[int]
             axis.set_title(title, fontsize=8, color=colour)
             axis.set_xticks([])
             axis.set_yticks([])
-    figure.suptitle(f"attention of block {level}: where an image looks when conditioned on the other", fontsize=9)
     figure.tight_layout()
+    figure.suptitle(f"attention of block {level}: where an image looks when conditioned on the other\n"
+                    "(title green: the retrieval is of the query's class; red: another class)", fontsize=8, y=1.0 + 0.35 / figure.get_figheight())
     return figure
 
 
@@ -236,7 +243,10 @@ def _crt_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], c
     method = loaded.result.method
     if not method.use_crt:
         return "CRT without the transform (use_crt=False): no prototypes to show"
-    return crt_study.heatmap_figure(method, loaded.dataset, [query, *retrievals], prototypes=min(6, method.K1))
+    figure = crt_study.heatmap_figure(method, loaded.dataset, [query, *retrievals], prototypes=min(6, method.K1))
+    figure.suptitle(f"prototype codes on the query (top row) and its retrievals #1–#{len(retrievals)}", fontsize=8,
+                    y=1.0 + 0.25 / figure.get_figheight())
+    return figure
 
 
 EXPLAINERS: dict[str, Callable[[LoadedRun, int, Sequence[int], dict], plt.Figure | str]] = {
@@ -410,14 +420,23 @@ class ExplorerUI:
         self.update()
 
     def update(self) -> None:
-        """Redraw the output area for the current choice."""
+        """Redraw the output area for the current choice.
+
+        The output widget's ``outputs`` are replaced directly (``append_display_data``), not captured with
+        ``with output:``: under nbclient (papermill, nbval) with ipykernel 7 the capturing context now and
+        then leaves the cell waiting for its execute reply until the cell timeout.
+        """
         if self._syncing:
             return
-        from IPython.display import clear_output
+        from IPython.display import Markdown
 
-        with self.output:
-            clear_output(wait=True)
-            try:
-                show_items(self.explorer.render(self.run.value, query=self.query.value, top_k=self.top_k.value, explain=self.explain.value))
-            except Exception as error:  # shown in the widget; a live session must survive one bad choice
-                print(f"{type(error).__name__}: {error}")
+        self.output.outputs = ()
+        try:
+            items = self.explorer.render(self.run.value, query=self.query.value, top_k=self.top_k.value, explain=self.explain.value)
+        except Exception as error:  # shown in the widget: a live session must survive one bad choice
+            self.output.append_stdout(f"{type(error).__name__}: {error}\n")
+            return
+        for item in items:
+            self.output.append_display_data(Markdown(item) if isinstance(item, str) else item)
+            if not isinstance(item, str):
+                plt.close(item)

@@ -29,8 +29,14 @@ Decisions where the paper is silent (each is a keyword argument):
 * ``coding="softplus"`` (default) codes with the raw inner product x_jᵀc_k; ``"cosine"`` codes with
   softplus(x̂_jᵀĉ_k) on L2-normalised tokens and prototypes (codes then lie in [0.31, 1.31]). The residual
   x_j − c_k itself is always on the raw vectors.
-* Prototypes start as N(0, 1/C) (so x_jᵀc_k is O(1) for unit-variance features); Γ_k starts like an
-  ``nn.Linear`` without bias (uniform ±1/√C).
+* Prototypes start as N(0, 1/C) (so x_jᵀc_k is O(1) for unit-variance features). Γ_k starts uniform in
+  ±g/√C with g = ``projection_gain``; the default (0) means g = √K. Reason: f = (1/K) Σ_k Γ_k r_k is one
+  linear map of fan-in K·C, and under Adam (which moves every weight by ≈ lr) a map with √K times the
+  fan-in changes its output √K times faster relative to its size than a fan-in-C layer at standard
+  init; g = √K restores the relative update size of an ``nn.Linear(C, d)``. Measured (synbirds, 100
+  classes, 2 × 30 steps, lr 4e-3, seed 0): R@1 6.2 % with g = 1 (``nn.Linear``'s own init per Γ_k),
+  14.1 % with g = 8 = √64, MS 11.6 %; g = 1 at lr 1e-3: 6.3 %. ``projection_gain=1.0`` restores the
+  per-Γ_k ``nn.Linear`` init.
 * L_DIV of a bank with K = 1 is 0 (there are no pairs).
 * Shared weights (``shared=True``, the paper's choice): one bank, one residual computation, two Γ heads;
   it requires K1 = K2. ``shared=False``: two banks, each with its own L_DIV.
@@ -178,9 +184,9 @@ class PrototypeBank(nn.Module):
 class ResidualProjection(nn.Module):
     """The K projections Γ_k: C → d as one ``K × C × d`` weight (no bias); ``forward`` = :func:`project_residuals`."""
 
-    def __init__(self, num_prototypes: int, channels: int, out_dim: int) -> None:
+    def __init__(self, num_prototypes: int, channels: int, out_dim: int, *, gain: float = 1.0) -> None:
         super().__init__()
-        bound = 1.0 / math.sqrt(channels)
+        bound = gain / math.sqrt(channels)
         self.weight = nn.Parameter(torch.empty(num_prototypes, channels, out_dim).uniform_(-bound, bound))
 
     def forward(self, residuals: torch.Tensor) -> torch.Tensor:
@@ -205,6 +211,7 @@ class CRT(Method):
         residual_norm: ``"hw"`` (default), ``"codes"`` or ``"none"``; see the module docstring.
         pooling: pooling of the "−CRT" heads (``avg``, as the ``ms`` baseline).
         ms_kwargs: keyword arguments of :class:`dmlstudy.losses.MultiSimilarityLoss` (project defaults).
+        projection_gain: Γ_k initialisation bound × √C; 0 (default) = √K per branch, 1.0 = ``nn.Linear``'s.
     """
 
     def __init__(
@@ -224,6 +231,7 @@ class CRT(Method):
         residual_norm: str = "hw",
         pooling: str = "avg",
         ms_kwargs: dict | None = None,
+        projection_gain: float = 0.0,
     ) -> None:
         super().__init__(backbone, embedding_dim=embedding_dim)
         if min(K1, K2) < 1 or min(embedding_dim, high_dim) < 1:
@@ -238,7 +246,9 @@ class CRT(Method):
         if use_crt:
             bank_sizes = (K1,) if shared else (K1, K2)
             self.banks = nn.ModuleList(PrototypeBank(size, channels, coding=coding, residual_norm=residual_norm) for size in bank_sizes)
-            self.heads = nn.ModuleList([ResidualProjection(K1, channels, embedding_dim), ResidualProjection(K2, channels, high_dim)])
+            gains = [projection_gain or math.sqrt(K) for K in (K1, K2)]  # 0: √K (see the module docstring)
+            self.heads = nn.ModuleList([ResidualProjection(K1, channels, embedding_dim, gain=gains[0]),
+                                        ResidualProjection(K2, channels, high_dim, gain=gains[1])])
         else:
             self.banks = nn.ModuleList()
             self.heads = nn.ModuleList([nn.Linear(channels, embedding_dim), nn.Linear(channels, high_dim)])
