@@ -131,14 +131,16 @@ def test_explorer_finds_the_complete_run_folders(tmp_path):
     fake_run(study / "glyphs-crt-seed1", dataset="glyphs", method="crt", seed=1)
     fake_run(study / "synbirds-ms-seed0", dataset="synbirds", method="ms", seed=0)
     fake_run(study / "custom-name", dataset="synbirds", method="diml", seed=2)
+    fake_run(study / "synbirds-ms-P=8-seed0", dataset="synbirds", method="ms", seed=0)  # a variant: after the plain run
     fake_run(study / "synbirds-ms-seed1", dataset="synbirds", method="ms", seed=1, records=("metrics.json", "config.yaml", "embeddings.npz"))  # no checkpoint
     (study / "compare-plan-entry").mkdir()
     (study / "compare-plan-entry" / "study_entry.json").write_text("{}")
     fake_run(tmp_path / "runs" / "other" / "synbirds-ms-seed0", dataset="synbirds", method="ms", seed=0)
     runs = explore.find_runs("s", runs_root=tmp_path / "runs")
     assert runs[["dataset", "method", "run", "seed"]].values.tolist() == [
-        ["glyphs", "crt", "glyphs-crt-seed1", 1], ["synbirds", "diml", "custom-name", 2], ["synbirds", "ms", "synbirds-ms-seed0", 0]]
-    assert runs["R@1"].tolist() == [0.25] * 3
+        ["glyphs", "crt", "glyphs-crt-seed1", 1], ["synbirds", "diml", "custom-name", 2], ["synbirds", "ms", "synbirds-ms-seed0", 0],
+        ["synbirds", "ms", "synbirds-ms-P=8-seed0", 0]]
+    assert runs["R@1"].tolist() == [0.25] * 4
     assert runs["path"].tolist()[0] == str(study / "glyphs-crt-seed1")
     assert explore.find_runs("missing", runs_root=tmp_path / "runs").empty
 

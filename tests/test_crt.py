@@ -165,6 +165,13 @@ def test_sharing_computes_residuals_once_and_has_fewer_parameters():
     assert sizes[False][1] - sizes[True][1] == 4 * 128  # one K × C bank more
 
 
+def test_projection_init_bound_is_sqrt_k_over_sqrt_c_by_default():
+    for kwargs, gain in (({"K1": 16, "K2": 16}, 4.0), ({"K1": 16, "K2": 16, "projection_gain": 1.0}, 1.0)):
+        weight = make_crt(high_dim=16, **kwargs).heads[0].weight
+        bound = gain / math.sqrt(128)
+        assert weight.abs().max().item() <= bound and weight.abs().max().item() > 0.95 * bound
+
+
 def test_invalid_options_raise():
     with pytest.raises(ValueError, match="K1 == K2"):
         make_crt(K1=4, K2=8)
@@ -190,6 +197,7 @@ ABLATIONS = {
     "dims": {"high_dim": 64},
     "cosine_codes": {"coding": "cosine", "residual_norm": "codes"},
     "unnormalised": {"residual_norm": "none", "K1": 8, "K2": 8},
+    "linear_init": {"projection_gain": 1.0},
 }
 
 
