@@ -214,3 +214,19 @@ def test_diml_rerank_rows_keep_recall_at_k_and_the_ms_geometry(tiny_config):
     assert frame["variant"].tolist() == ["ms", "diml_rerank"]
     table = compare.comparison_table(frame)
     assert compare.table_metrics_of(table) == ["R@1", "R@2", "R@4", "R@8", "RP", "MAP@R", "NMI"]
+
+
+def test_geometry_tables_and_readings_from_the_numbers():
+    rows = [{"dataset": "synbirds", "variant": v, "seed": s, "ESD": e + 0.1 * s, "rho": r, "R@1": a}
+            for v, e, r, a in (("ms", 1.0, 2.0, 0.1), ("crt", 2.0, 1.0, 0.3), ("triplet", 1.5, 1.5, 0.2)) for s in (0, 1)]
+    rows += [{"dataset": "synbirds", "variant": "diml_rerank", "seed": 0, "ESD": 99.0, "rho": 99.0, "R@1": 0.9}]  # left out: ms's embeddings
+    frame = pd.DataFrame(rows)
+    esd = compare.geometry_table(frame, metric="ESD").set_index("variant")
+    assert list(esd.index) == ["ms", "crt", "triplet"]
+    assert esd.loc["ms", "synbirds"] == "1.050 ± 0.071"
+    assert esd.loc["ms", "paper (CUB)"] == 0.72 and esd.loc["crt", "paper (CUB)"] == 0.90 and esd.loc["triplet", "paper (CUB)"] == "–"
+    first, second = compare.geometry_readings(frame)
+    assert "ESD +1.000, ρ -1.000" in first and first.endswith("both held.")
+    assert "+1.00 for ESD and -1.00 for ρ" in second and "ESD agrees, ρ agrees" in second
+    flat = frame.assign(rho=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert "ρ shows no clear relation" in compare.geometry_readings(flat)[1]

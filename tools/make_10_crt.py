@@ -32,7 +32,10 @@ build_notebook([
 
     **Our choices** (see `dmlstudy/methods/crt.py`): residuals are divided by $H\cdot W$ — with bias-free
     $\Gamma_k$ and L2 normalisation the embedding is exactly the paper's, only gradient scale changes;
-    $L_{CON}$ is a mean, not a sum; MS is the project's (α = 2, β = 50, λ = 0.5, ε = 0.1), the same as the `ms`
+    $L_{CON}$ is a mean, not a sum; the projections $\Gamma_k$ start at $\sqrt{K}$ times `nn.Linear`'s
+    scale (the $K$ projections together are one map of fan-in $K\cdot C$; under Adam this keeps their
+    relative update size that of an ordinary linear head — with `nn.Linear`'s own init CRT learned at half
+    the baseline's pace here); MS is the project's (α = 2, β = 50, λ = 0.5, ε = 0.1), the same as the `ms`
     baseline. Every table below trains all its settings under one protocol (printed above it) and reports
     mean ± std over seeds. The paper's numbers (ImageNet-pretrained MiT-B1 on CUB unless said) are printed
     beside ours for orientation; each table ends with a sentence, computed from the numbers, saying whether

@@ -62,8 +62,10 @@ from dmlstudy.train import RunResult
 
 RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
 SHARED_VARIANTS = {"softmax": dgcrl_study.NAMED_VARIANTS["softmax"]}  # other notebooks' named runs a table may include
-MAIN_METHODS = ("ms", "crt", RERANK, "diml", "cross_attention", "dgcrl", "softmax")
-CLASSIC_METHODS = ("contrastive", "triplet", "margin", "lifted", "npairs", "proxynca", "proxyanchor", "normsoftmax")
+MAIN_METHODS = (  # every main row the study has (plans/full.yaml)
+    "ms", "crt", RERANK, "diml", "cross_attention", "dgcrl", "softmax")
+CLASSIC_METHODS = (  # every classic baseline of the papers' tables
+    "contrastive", "triplet", "margin", "lifted", "npairs", "proxynca", "proxyanchor", "normsoftmax")
 METHOD_LABELS = {
     "ms": "MS baseline", "crt": "CRT", RERANK: "MS + DIML re-ranking", "diml": "DIML-trained MS",
     "cross_attention": "cross-attention", "dgcrl": "DGCRL", "softmax": "softmax (DGCRL head, no N-S)", "contrastive": "contrastive", "triplet": "triplet",
@@ -490,6 +492,16 @@ def _rank_correlation(x: pd.Series, y: pd.Series) -> float:
     return float(x[keep].rank().corr(y[keep].rank()))
 
 
+WEAK_CORRELATION = 0.3  # |rank correlation| below this: no clear relation (few methods, noisy means)
+
+
+def _agreement(correlation: float, *, expected: int) -> str:
+    """"agrees" / "disagrees" with the expected sign, or "shows no clear relation" when |r| < :data:`WEAK_CORRELATION`."""
+    if math.isnan(correlation) or abs(correlation) < WEAK_CORRELATION:
+        return "shows no clear relation"
+    return "agrees" if np.sign(correlation) == expected else "disagrees"
+
+
 def geometry_readings(frame: pd.DataFrame) -> list[str]:
     """Per dataset: did CRT raise ESD and lower ρ against MS (the CRT paper's claim), and how do ESD and ρ rank
     with R@1 across all methods (Roth et al.: denser, flatter-spectrum embeddings generalise better)?"""
@@ -508,14 +520,17 @@ def geometry_readings(frame: pd.DataFrame) -> list[str]:
             esd_r1, rho_r1 = _rank_correlation(group["ESD"], group["R@1"]), _rank_correlation(group["rho"], group["R@1"])
             sentences.append(f"{dataset}, across {len(group)} methods: rank correlation with R@1 is {esd_r1:+.2f} for ESD and {rho_r1:+.2f} for ρ "
                              f"(generalisation by density and spectral decay predicts > 0 for ESD and < 0 for ρ → "
-                             f"{'ESD agrees' if esd_r1 > 0 else 'ESD disagrees'}, {'ρ agrees' if rho_r1 < 0 else 'ρ disagrees'}).")
+                             f"ESD {_agreement(esd_r1, expected=1)}, ρ {_agreement(rho_r1, expected=-1)}).")
     return sentences
 
 
-def first_seed_embeddings(results: Sequence[tuple[str, RunResult]], *, dataset: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Method → (test embeddings, labels) of its first run on ``dataset`` (the lowest seed)."""
+def first_seed_embeddings(results: Sequence[tuple[str, RunResult]], *, dataset: str, variants: Sequence[str] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Method → (test embeddings, labels) of its first run on ``dataset`` (the lowest seed), for ``variants``
+    only when given (e.g. the table's rows: an ``ms`` run trained only for re-ranking is then left out)."""
     chosen: dict[str, RunResult] = {}
     for variant, result in results:
+        if variants is not None and variant not in variants:
+            continue
         if result.config.dataset == dataset and (variant not in chosen or result.config.seed < chosen[variant].config.seed):
             chosen[variant] = result
     return {variant: (result.embeddings["embeddings"], result.embeddings["labels"]) for variant, result in chosen.items()}
