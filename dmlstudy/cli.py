@@ -70,6 +70,7 @@ def _study_run(args: argparse.Namespace) -> int:
 
 
 def _study_table(args: argparse.Namespace) -> int:
+    from dmlstudy.paths import study_outputs
     from dmlstudy.study import gather_runs, summarize, write_table
 
     frame = gather_runs(args.study, root=args.runs_root)
@@ -77,7 +78,7 @@ def _study_table(args: argparse.Namespace) -> int:
         print(f"no finished runs under study {args.study!r}", file=sys.stderr)
         return 1
     table = summarize(frame, by=args.by, metrics=args.metrics)
-    out = Path(args.out) if args.out else Path("results") / args.study / "runs"
+    out = Path(args.out) if args.out else study_outputs(args.study, "results", runs_root_override=args.runs_root or "") / "runs"
     csv_path, md_path = write_table(table, out)
     print(table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]].to_markdown(index=False))
     print(f"\nwritten: {csv_path}, {md_path}")

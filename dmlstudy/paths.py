@@ -1,4 +1,5 @@
-"""Where data and runs live: ``<project>/data`` and ``<project>/runs``.
+"""Where data, runs and a study's outputs live: ``<project>/data``, ``<project>/runs``, and the published
+study's ``<project>/figures`` and ``<project>/results``.
 
 The project root is ``$DMLSTUDY_HOME`` if set, else the nearest folder at or above the working directory
 that holds this project's ``pyproject.toml`` (so notebooks executed from ``notebooks/`` share the data
@@ -27,3 +28,20 @@ def data_root() -> Path:
 
 def runs_root() -> Path:
     return project_root() / "runs"
+
+
+PUBLISHED_STUDY = "default"  # the study whose figures and tables the repository holds (``make study``)
+
+
+def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "") -> Path:
+    """Folder for a study's ``kind`` of output (``"figures"`` or ``"results"``).
+
+    The published study writes to ``<project>/figures`` and ``<project>/results``; any other study (the
+    CI-sized notebook defaults, the smoke and full plans) to ``<runs>/<study>/<kind>``, so test runs never
+    overwrite the committed figures.
+    """
+    if kind not in ("figures", "results"):
+        raise ValueError(f"study_outputs: kind must be 'figures' or 'results', got {kind!r}")
+    if study == PUBLISHED_STUDY:
+        return project_root() / kind
+    return Path(runs_root_override or runs_root()) / study / kind

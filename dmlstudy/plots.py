@@ -13,14 +13,15 @@ import pandas as pd
 from matplotlib.patches import Rectangle
 
 from dmlstudy import metrics as metric_functions
-from dmlstudy.paths import project_root
+from dmlstudy.paths import study_outputs
 
 CORRECT, WRONG = "#1a9850", "#d73027"
 
 
-def save_figure(figure: plt.Figure, name: str, *, folder: str | Path | None = None, dpi: int = 120) -> Path:
-    """Save ``figure`` as ``<folder>/<name>.png`` (default ``<project>/figures``) and return the path."""
-    folder = Path(folder) if folder else project_root() / "figures"
+def save_figure(figure: plt.Figure, name: str, *, study: str, folder: str | Path | None = None, dpi: int = 120) -> Path:
+    """Save ``figure`` as ``<folder>/<name>.png`` and return the path; ``folder`` defaults to the study's
+    figures folder (:func:`~dmlstudy.paths.study_outputs`: ``<project>/figures`` for the published study)."""
+    folder = Path(folder) if folder else study_outputs(study, "figures")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
     figure.savefig(path, dpi=dpi, bbox_inches="tight")

@@ -113,6 +113,9 @@ def test_figures_readme_lists_every_png_with_its_notebook(tmp_path):
         assert (f"notebooks/{notebook}.ipynb" in line) if notebook else ("unknown" in line)
     assert "notes.txt" not in text
     assert text.index("crt_heatmaps.png") < text.index("cross_attention_maps.png") < text.index("compare_umap.png")
+    published = compare.figures_readme(tmp_path, study="default")  # the repository's plans/default.yaml
+    assert "Plan entry `crt` of `plans/default.yaml`; executed notebook `runs/default/crt/10_crt.ipynb`" in published
+    assert "Plan entry" not in compare.figures_readme(tmp_path, study="no-such-plan")
 
 
 def fake_run(folder, *, dataset, method, seed, records=explore.RUN_RECORDS):

@@ -88,3 +88,23 @@ def test_tables_are_mean_and_std_over_seeds(tmp_path):
     csv_path, md_path = write_table(table, tmp_path / "out" / "table")
     assert pd.read_csv(csv_path)["R@1_mean"].tolist() == pytest.approx([60.0, 30.0])
     assert "60.0 ± 10.0" in md_path.read_text()
+
+
+def test_only_the_published_study_writes_the_repository_figures_and_results(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from dmlstudy import plots
+    from dmlstudy.paths import study_outputs
+
+    monkeypatch.setenv("DMLSTUDY_HOME", str(tmp_path))
+    assert study_outputs("default", "figures") == tmp_path / "figures"
+    assert study_outputs("default", "results") == tmp_path / "results"
+    assert study_outputs("smoke", "figures") == tmp_path / "runs" / "smoke" / "figures"
+    assert study_outputs("smoke", "results", runs_root_override=tmp_path / "elsewhere") == tmp_path / "elsewhere" / "smoke" / "results"
+    with pytest.raises(ValueError, match="kind must be"):
+        study_outputs("default", "tables")
+    figure = plt.figure()
+    assert plots.save_figure(figure, "x", study="notebook-10_crt").is_file()
+    assert not (tmp_path / "figures").exists()
+    assert plots.save_figure(figure, "x", study="default") == tmp_path / "figures" / "x.png"
+    plt.close(figure)

@@ -111,3 +111,22 @@ def test_resuming_a_run_of_another_configuration_is_refused(tiny_config):
     with pytest.raises(ValueError, match=r"another configuration \(epochs: stored 1 ≠ requested 2"):
         run(tiny_config(run_name="fixed", epochs=2, resume=True))
     run(tiny_config(run_name="fixed", epochs=1, resume=True, progress=True))  # presentation fields may differ
+
+
+def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):
+    import torch
+
+    from dmlstudy.train import load_datasets
+
+    config = tiny_config()
+    memoized, fresh = load_datasets(config)["query"], load_datasets(config)["query"]
+    first = [memoized[i] for i in range(len(memoized))]
+    for (image, label), (again, again_label) in zip(first, (fresh[i] for i in range(len(fresh)))):
+        assert torch.equal(image, again) and label == again_label
+    paths = getattr(memoized, "dataset", memoized).paths  # the split, or the ImageListDataset under a Subset
+    moved = [path.rename(path.with_suffix(".moved")) for path in paths]
+    try:  # a memoized item is never read from disk again
+        assert all(memoized[i][0] is first[i][0] for i in range(len(memoized)))
+    finally:
+        for path, target in zip(moved, paths):
+            path.rename(target)

@@ -73,7 +73,7 @@ build_notebook([
     seed_everything(0)
     untrained = build_method("crt", backbone=build_backbone(config.backbone, image_size=config.image_size), embedding_dim=config.embedding_dim, num_classes=2)
     figure = crt_study.transform_figure(untrained, image_size=config.image_size)
-    plots.save_figure(figure, "crt_transform");
+    plots.save_figure(figure, "crt_transform", study=config.study);
     """),
     ("md", """
     ## MS baseline vs +CRT
@@ -244,7 +244,7 @@ build_notebook([
     for dataset in config.datasets:
         embeddings = {variant: result.embeddings["embeddings"] for variant, result in main_results if result.config.dataset == dataset and result.config.seed == config.seeds[0]}
         figure = plots.spectrum(embeddings, drop_first=config.geometry_drop_first[-1] if config.geometry_drop_first else 0, title=f"{dataset} test spectrum, seed {config.seeds[0]}")
-        plots.save_figure(figure, f"crt_spectrum_{dataset}")
+        plots.save_figure(figure, f"crt_spectrum_{dataset}", study=config.study)
     """),
     ("md", """
     ## What the prototypes look at
@@ -259,7 +259,7 @@ build_notebook([
     reference = crt_study.find_result(main_results, variant="crt", dataset=config.datasets[0])
     query = crt_study.evaluation_split(reference.config, "test")
     figure = crt_study.heatmap_figure(reference.method, query, [0, len(query) // 2], prototypes=config.heatmap_prototypes)
-    plots.save_figure(figure, "crt_heatmaps");
+    plots.save_figure(figure, "crt_heatmaps", study=config.study);
     """),
     ("md", """
     **Prototype correlations.** $|\\cos(c_k, c_j)|$ between the learned prototypes; $L_{DIV}$ pushes the
@@ -267,7 +267,7 @@ build_notebook([
     """),
     ("code", """
     figure = crt_study.correlation_figure(reference.method)
-    plots.save_figure(figure, "crt_prototype_correlation");
+    plots.save_figure(figure, "crt_prototype_correlation", study=config.study);
     """),
     ("md", """
     **t-SNE of the two branches.** Test embeddings of the first classes from branch 2 ($D$) and branch 1
@@ -276,7 +276,7 @@ build_notebook([
     """),
     ("code", """
     figure = crt_study.tsne_figure(reference, classes=config.tsne_classes)
-    plots.save_figure(figure, "crt_tsne");
+    plots.save_figure(figure, "crt_tsne", study=config.study);
     """),
     ("md", """
     ## Readings

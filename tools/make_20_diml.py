@@ -74,7 +74,7 @@ build_notebook([
     """),
     ("code", """
     figure, example = diml_study.worked_example()
-    plots.save_figure(figure, "diml_worked_example")
+    plots.save_figure(figure, "diml_worked_example", study=config.study)
     example.round(3)
     """),
     ("md", r"""
@@ -138,7 +138,7 @@ build_notebook([
     for sentence in diml_study.sweep_readings(truncation, sweep="K", low=min(config.top_ks), high=config.reference_k(), paper_dataset=config.paper_dataset):
         print("•", sentence)
     figure = diml_study.sweep_figure(frame, sweep="K")
-    plots.save_figure(figure, "diml_truncation")
+    plots.save_figure(figure, "diml_truncation", study=config.study)
     """),
     ("md", """
     ## Grid size G (supplement Table 2)
@@ -154,7 +154,7 @@ build_notebook([
     for sentence in diml_study.sweep_readings(grid_table, sweep="G", low=min(config.grid_sizes), high=config.reference_grid(), paper_dataset=config.paper_dataset):
         print("•", sentence)
     figure = diml_study.sweep_figure(frame, sweep="G")
-    plots.save_figure(figure, "diml_grid_size")
+    plots.save_figure(figure, "diml_grid_size", study=config.study)
     """),
     ("md", """
     ## DIML in training
@@ -189,7 +189,7 @@ build_notebook([
     figure = diml_study.transport_figure(example_run, example_sets, grid=config.grid_size, queries=queries, retrievals=config.example_retrievals,
                                          options=config.transport_options())
     print("model:", example_run.run_dir.name)
-    plots.save_figure(figure, "diml_transport_plans")
+    plots.save_figure(figure, "diml_transport_plans", study=config.study)
     """),
     ("md", """
     ## Cost of re-ranking
@@ -203,6 +203,6 @@ build_notebook([
     cost_sets = diml_study.evaluation_sets(example_run, grid_sizes=config.cost_grid_sizes)
     cost = diml_study.rerank_cost(cost_sets, top_ks=config.cost_top_ks, grid_sizes=config.cost_grid_sizes, queries=config.cost_queries, options=config.transport_options())
     display(cost.round(2))
-    plots.save_figure(diml_study.cost_figure(cost), "diml_cost");
+    plots.save_figure(diml_study.cost_figure(cost), "diml_cost", study=config.study);
     """),
 ], "notebooks/20_diml.ipynb")

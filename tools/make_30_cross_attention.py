@@ -68,7 +68,7 @@ build_notebook([
     """),
     ("code", """
     figure = ca_study.hierarchy_diagram(levels=3, embedding_dim=config.embedding_dim)
-    plots.save_figure(figure, "cross_attention_hierarchy");
+    plots.save_figure(figure, "cross_attention_hierarchy", study=config.study);
     """),
     ("md", """
     ## MS baseline vs cross-attention (evaluated with $s^0$)
@@ -124,7 +124,7 @@ build_notebook([
         print(ablation.protocol_text(), f"on {dataset}; sⁿ scored on {config.rescoring_subset or 'all'} test images")
         display(grids[dataset].round(1))
         figure = ca_study.grid_heatmap(grids[dataset], title=f"R@1 (%) of sⁿ on a {dataset} test subset")
-        plots.save_figure(figure, f"cross_attention_grid_{dataset}")
+        plots.save_figure(figure, f"cross_attention_grid_{dataset}", study=config.study)
         plt.show()
         sentences = [f"{dataset}: {text}" for text in ca_study.grid_readings(grids[dataset])]
         readings += sentences
@@ -146,7 +146,7 @@ build_notebook([
     test_set = load_datasets(model_run.config)["query"]
     triples = ca_study.attention_triples(test_set.labels, config.attention_examples, seed=0)
     figure = ca_study.attention_figure(model_run.method, test_set, triples, blocks=config.attention_blocks)
-    plots.save_figure(figure, "cross_attention_maps")
+    plots.save_figure(figure, "cross_attention_maps", study=config.study)
     plt.show()
     statistics = ca_study.attention_statistics(model_run.method, test_set, triples)
     display(statistics)
@@ -165,7 +165,7 @@ build_notebook([
     """),
     ("code", """
     figure, parts = ca_study.part_discovery(model_run.method, test_set, queries=config.part_queries, neighbours=config.part_neighbours, seed=0)
-    plots.save_figure(figure, "cross_attention_parts")
+    plots.save_figure(figure, "cross_attention_parts", study=config.study)
     plt.show()
     display(parts)
     readings.append(ca_study.parts_reading(parts))

@@ -88,7 +88,7 @@ build_notebook([
     """),
     ("code", """
     figure = dgcrl_study.toy_figure(steps=config.toy_steps)
-    plots.save_figure(figure, "dgcrl_toy_decorrelation");
+    plots.save_figure(figure, "dgcrl_toy_decorrelation", study=config.study);
     """),
     ("md", """
     ## MS baseline vs softmax without N-S vs DGCRL
@@ -124,7 +124,7 @@ build_notebook([
     shown = alpha_frame.assign(**{c: (100 * alpha_frame[c]).round(1) for c in alpha_frame.columns if c.startswith("R@") or c == "train accuracy"})
     readings += dgcrl_study.report(ablation, shown, dgcrl_study.alpha_sentence(alpha_frame), title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")")
     figure = dgcrl_study.alpha_figure(alpha_frame)
-    plots.save_figure(figure, "dgcrl_alpha_sweep");
+    plots.save_figure(figure, "dgcrl_alpha_sweep", study=config.study);
     """),
     ("md", """
     ### The weight λ of the Gram–Schmidt push (paper Table 2)
@@ -177,7 +177,7 @@ from needing fewer epochs.
     table, sentences = dgcrl_study.loss_table(frame)
     readings += dgcrl_study.report(ablation, table, sentences, title="Losses at equal settings (R@K in %)")
     figure = dgcrl_study.loss_curves(results)
-    plots.save_figure(figure, "dgcrl_loss_curves");
+    plots.save_figure(figure, "dgcrl_loss_curves", study=config.study);
     """),
     ("md", """
     ## t-SNE of the test embeddings
@@ -189,7 +189,7 @@ from needing fewer epochs.
     ("code", """
     pool = dgcrl_study.run_variants(ablation, dgcrl_study.named_variants(config.tsne_variants), datasets=config.ablation_datasets[:1])
     figure = dgcrl_study.tsne_figure(pool, variants=config.tsne_variants, classes=config.tsne_classes, iterations=config.tsne_iterations)
-    plots.save_figure(figure, "dgcrl_tsne");
+    plots.save_figure(figure, "dgcrl_tsne", study=config.study);
     """),
     ("md", """
     ## Readings

@@ -136,7 +136,7 @@ build_notebook([
     for dataset in config.datasets:
         embeddings = compare.first_seed_embeddings(all_results, dataset=dataset, variants=shown)
         figure = compare.spectrum_figure(embeddings, dataset=dataset)
-        plots.save_figure(figure, f"compare_spectrum_{dataset}")
+        plots.save_figure(figure, f"compare_spectrum_{dataset}", study=config.study)
         plt.show()
     """),
     ("md", """
@@ -151,7 +151,7 @@ build_notebook([
     for kind, enabled in (("umap", config.umap), ("tsne", config.tsne)):
         if enabled:
             figure = compare.projection_figure(projected, kind=kind, classes=config.projection_classes, dataset=config.datasets[0])
-            plots.save_figure(figure, f"compare_{kind}")
+            plots.save_figure(figure, f"compare_{kind}", study=config.study)
             plt.show()
     """),
     ("md", """
@@ -166,7 +166,7 @@ build_notebook([
     display(cost)
     write_table(cost, results_folder / "compare_cost")
     figure = compare.time_figure(frame)
-    plots.save_figure(figure, "compare_recall_vs_time")
+    plots.save_figure(figure, "compare_recall_vs_time", study=config.study)
     plt.show()
     """),
     ("md", """
@@ -193,7 +193,7 @@ build_notebook([
     notebook that made it (from the file-name prefix).
     """),
     ("code", """
-    readme = compare.write_figures_readme()
+    readme = compare.write_figures_readme(config.figures_folder(), study=config.study)
     print(readme, "lists", readme.read_text().count("![]("), "figures")
     """),
 ], "notebooks/90_compare.ipynb")

@@ -65,7 +65,7 @@ build_notebook([
     ("code", """
     items = explorer.render(selection["run_dir"], query=selection["query"], top_k=selection["top_k"], explain=selection["explain"])
     if config.save_figures:
-        print("saved:", *explore.save_items(items))
+        print("saved:", *explore.save_items(study=config.study, items=items))
     explore.show_items(items)
     """),
 ], "notebooks/95_explore.ipynb")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -57,6 +57,7 @@ class ImageListDataset(torch.utils.data.Dataset):
         self.name = name
         self.flip_invariant = flip_invariant
         self._cache: dict[int, Image.Image] | None = {} if cache else None
+        self._items: dict[int, tuple[Any, int]] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -81,11 +82,22 @@ class ImageListDataset(torch.utils.data.Dataset):
             self._cache[index] = image
         return image
 
+    def memoize_items(self) -> None:
+        """Keep every transformed item after its first load. Only for a deterministic ``transform`` (the test
+        transforms) on a split that fits in memory: evaluating after every epoch then decodes and transforms
+        each image once per run (on SynBirds that was ≈ 70 % of an evaluation's time)."""
+        self._items = {}
+
     def __getitem__(self, index: int):
+        if self._items is not None and index in self._items:
+            return self._items[index]
         image = self.load_image(index)
         if self.transform is not None:
             image = self.transform(image)
-        return image, int(self.labels[index])
+        item = image, int(self.labels[index])
+        if self._items is not None:
+            self._items[index] = item
+        return item
 
 
 DatasetBuilder = Callable[..., ImageListDataset]

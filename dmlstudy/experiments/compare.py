@@ -46,6 +46,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import yaml
 
 from dmlstudy.data import evaluation_protocol
 from dmlstudy.experiments import cross_attention as cross_attention_study
@@ -55,7 +56,7 @@ from dmlstudy.experiments import diml as diml_study
 from dmlstudy.experiments.protocol import ProtocolConfig, results_frame, run_grid
 from dmlstudy.methods import list_methods
 from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
-from dmlstudy.paths import project_root
+from dmlstudy.paths import project_root, study_outputs
 from dmlstudy.records import write_json
 from dmlstudy.study import summarize, write_table
 from dmlstudy.train import RunResult
@@ -118,8 +119,12 @@ class CompareStudy(ProtocolConfig):
         return dataclasses.replace(self, seeds=list(self.classic_seeds))
 
     def results_folder(self) -> Path:
-        """``<project>/results/<study>/``, where the notebook writes its tables."""
-        return project_root() / "results" / self.study
+        """Where the notebook writes its tables (``<project>/results`` for the published study)."""
+        return study_outputs(self.study, "results", runs_root_override=self.runs_root)
+
+    def figures_folder(self) -> Path:
+        """Where the study's figures are (``<project>/figures`` for the published study)."""
+        return study_outputs(self.study, "figures", runs_root_override=self.runs_root)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -140,14 +145,14 @@ def method_grid(methods: Iterable[str]) -> dict[str, dict[str, Any]]:
 
 def run_main(config: CompareStudy) -> list[tuple[str, RunResult]]:
     """Train (or load) the main methods on every dataset and seed."""
-    return run_grid(config.grid(method_grid(trained_methods(config.methods))))
+    return run_grid(config.grid(method_grid(trained_methods(config.methods))), workers=config.workers)
 
 
 def run_classic(config: CompareStudy) -> list[tuple[str, RunResult]]:
     """Train (or load) the classic baselines on every dataset with ``classic_seeds``."""
     if not config.classic_methods:
         return []
-    return run_grid(config.classic_protocol().grid(method_grid(config.classic_methods)))
+    return run_grid(config.classic_protocol().grid(method_grid(config.classic_methods)), workers=config.workers)
 
 
 def _cache_key(settings: Mapping[str, Any]) -> str:
@@ -649,10 +654,22 @@ def figure_notebook(name: str) -> str | None:
     return FIGURE_PREFIXES[max(matches, key=len)] if matches else None
 
 
-def figures_readme(folder: str | Path) -> str:
+def plan_entries(study: str) -> dict[str, str]:
+    """Notebook file name → the entry of ``plans/<study>.yaml`` that runs it (empty when no such plan)."""
+    plan = project_root() / "plans" / f"{study}.yaml"
+    if not plan.is_file():
+        return {}
+    entries = (yaml.safe_load(plan.read_text()) or {}).get("entries") or []
+    return {Path(entry["notebook"]).name: entry["name"] for entry in entries if "notebook" in entry and "name" in entry}
+
+
+def figures_readme(folder: str | Path, *, study: str = "") -> str:
     """The text of ``figures/README.md``: every PNG of ``folder``, grouped by the notebook that made it (in
-    notebook order; unknown prefixes last), each with a line naming the notebook and the image embedded."""
+    notebook order; unknown prefixes last), each with a line naming the notebook and the image embedded.
+    With ``study``, each notebook's section also names its entry of ``plans/<study>.yaml`` and the executed
+    notebook ``runs/<study>/<entry>/<notebook>``, whose cells list the runs each figure was drawn from."""
     folder = Path(folder)
+    entries = plan_entries(study) if study else {}
     names = sorted(path.name for path in folder.glob("*.png"))
     order = list(dict.fromkeys(FIGURE_PREFIXES.values()))
     by_notebook: dict[str | None, list[str]] = {}
@@ -665,6 +682,9 @@ def figures_readme(folder: str | Path) -> str:
         if notebook not in by_notebook:
             continue
         lines += [f"## {notebook or 'no notebook prefix'}", ""]
+        if notebook in entries:
+            lines += [f"Plan entry `{entries[notebook]}` of `plans/{study}.yaml`; executed notebook "
+                      f"`runs/{study}/{entries[notebook]}/{notebook}`; runs under `runs/{study}/`.", ""]
         for name in by_notebook[notebook]:
             made_by = f"made by `notebooks/{notebook}`" if notebook else "made by: unknown (no known file-name prefix)"
             lines += [f"**{name}** — {made_by}", "", f"![]({name})", ""]
@@ -673,10 +693,10 @@ def figures_readme(folder: str | Path) -> str:
     return "\n".join(lines)
 
 
-def write_figures_readme(folder: str | Path | None = None) -> Path:
-    """Write ``<folder>/README.md`` (default ``<project>/figures``) listing every PNG with its notebook."""
-    folder = Path(folder) if folder else project_root() / "figures"
+def write_figures_readme(folder: str | Path, *, study: str = "") -> Path:
+    """Write ``<folder>/README.md`` listing every PNG with its notebook (and plan entry, given ``study``)."""
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "README.md"
-    path.write_text(figures_readme(folder))
+    path.write_text(figures_readme(folder, study=study))
     return path

@@ -161,7 +161,7 @@ def parameter_variants(larger_backbone: str) -> dict[str, dict]:
 
 def run_variants(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, RunResult]]:
     """Train (or load) every variant × dataset × seed of ``protocol``."""
-    return run_grid(protocol.grid(variants, datasets=datasets))
+    return run_grid(protocol.grid(variants, datasets=datasets), workers=protocol.workers)
 
 
 def run_block_grid(protocol: ProtocolConfig, block_counts: Sequence[int], *, dataset: str) -> dict[int, list[RunResult]]:

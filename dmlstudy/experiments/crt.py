@@ -224,7 +224,7 @@ def as_grid(variants: Mapping[Any, tuple[str, dict]]) -> dict[str, dict]:
 
 def run_variants(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, RunResult]]:
     """Train (or load) every variant × dataset × seed of ``protocol``."""
-    return run_grid(protocol.grid(variants, datasets=datasets))
+    return run_grid(protocol.grid(variants, datasets=datasets), workers=protocol.workers)
 
 
 # ----------------------------------------------------------------------------------------------

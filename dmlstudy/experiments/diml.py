@@ -150,7 +150,7 @@ def variants(config: DIMLStudy) -> dict[str, dict[str, Any]]:
 
 def run_models(config: DIMLStudy) -> list[tuple[str, RunResult]]:
     """Train (or load) every variant × dataset × seed of the protocol."""
-    return run_grid(config.grid(variants(config)))
+    return run_grid(config.grid(variants(config)), workers=config.workers)
 
 
 def example_run(results: list[tuple[str, RunResult]], config: DIMLStudy) -> RunResult:

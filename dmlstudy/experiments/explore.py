@@ -343,10 +343,11 @@ def show_items(items: Sequence[plt.Figure | str]) -> None:
             plt.close(item)
 
 
-def save_items(items: Sequence[plt.Figure | str], *, prefix: str = "explore") -> list[Path]:
-    """Save the figures among ``items`` as ``figures/<prefix>_retrievals.png`` and ``<prefix>_explanation.png``."""
+def save_items(items: Sequence[plt.Figure | str], *, study: str, prefix: str = "explore") -> list[Path]:
+    """Save the figures among ``items`` as ``<prefix>_retrievals.png`` and ``<prefix>_explanation.png`` in the
+    study's figures folder."""
     figures = [item for item in items if not isinstance(item, str)]
-    return [plots.save_figure(figure, f"{prefix}_{name}") for figure, name in zip(figures, ("retrievals", "explanation"))]
+    return [plots.save_figure(figure, f"{prefix}_{name}", study=study) for figure, name in zip(figures, ("retrievals", "explanation"))]
 
 
 # ----------------------------------------------------------------------------------------------

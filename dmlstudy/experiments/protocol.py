@@ -8,14 +8,24 @@ reusing complete runs (``resume=True``), so re-executing a notebook costs nothin
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
+import yaml
+from tqdm.auto import tqdm
 
+from dmlstudy import distributed
 from dmlstudy.config import TypedConfig
+from dmlstudy.paths import data_root
 from dmlstudy.study import summarize
-from dmlstudy.train import RunResult, TrainConfig, run
+from dmlstudy.train import RunResult, TrainConfig, load_datasets, run
 
 
 @dataclass
@@ -37,7 +47,9 @@ class ProtocolConfig(TypedConfig):
     train_classes: int = 16  # 0: all training classes
     test_classes: int = 16  # 0: all test classes
     lr: float = 4e-3  # backbone/embedding learning rate
+    eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
     progress: bool = False  # tqdm bars inside the notebook
+    workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
 
     def protocol_text(self) -> str:
         """One line describing the protocol, printed above every table."""
@@ -54,7 +66,7 @@ class ProtocolConfig(TypedConfig):
             method_kwargs=dict(method_kwargs or {}), backbone=self.backbone, image_size=self.image_size,
             embedding_dim=self.embedding_dim, classes_per_batch=self.classes_per_batch,
             samples_per_class=self.samples_per_class, epochs=self.epochs, steps_per_epoch=self.steps_per_epoch,
-            train_classes=self.train_classes, test_classes=self.test_classes, lr=self.lr, seed=seed,
+            train_classes=self.train_classes, test_classes=self.test_classes, lr=self.lr, eval_every=self.eval_every, seed=seed,
             run_name=f"{dataset}-{name}-seed{seed}", resume=True, progress=self.progress,
         )
         values.update(overrides)
@@ -71,8 +83,62 @@ class ProtocolConfig(TypedConfig):
         return configs
 
 
-def run_grid(configs: list[tuple[str, TrainConfig]]) -> list[tuple[str, RunResult]]:
-    """Train every config (complete runs are loaded, not retrained)."""
+def is_complete(config: TrainConfig) -> bool:
+    """Whether ``config``'s run folder holds a finished run (final metrics and checkpoint)."""
+    return (config.run_dir / "metrics.json").is_file() and (config.run_dir / "checkpoint.pt").is_file()
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class GridRunError(RuntimeError):
+    """One or more runs of a parallel grid failed; the others finished and were kept."""
+
+
+def _train_in_process(config: TrainConfig, *, threads: int, folder: Path) -> None:
+    """``dmlstudy train --config`` on ``config`` in a fresh process limited to ``threads`` threads."""
+    config_file = folder / f"{config.study}-{config.resolved_run_name}.yaml"
+    roots = {"runs_root": str(config.run_dir.parent.parent), "data_root": config.data_root or str(data_root())}
+    config_file.write_text(yaml.safe_dump({**config.to_dict(), **roots, "progress": False}, sort_keys=False))
+    environment = {**os.environ, **{name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
+    finished = subprocess.run([sys.executable, "-m", "dmlstudy", "train", "--config", str(config_file)],
+                              env=environment, capture_output=True, text=True)
+    if finished.returncode != 0:
+        raise GridRunError(f"run {config.run_dir} failed (exit {finished.returncode}):\n{finished.stderr[-3000:]}")
+
+
+def train_in_parallel(configs: list[TrainConfig], *, workers: int) -> None:
+    """Train the unfinished ``configs``, ``workers`` at a time, each process with ``cores // workers`` threads.
+
+    On 2 cores, two 1-thread runs side by side finished 1.37× faster than the same runs one after the
+    other with 2 threads (MS, SynBirds, 8 epochs). Float sums may round differently with fewer threads, so a
+    run's metrics can differ in the last digits from a ``workers=1`` run of the same seed. A failed run
+    does not stop the others; all failures are reported together once every run has ended.
+    """
+    pending = list({config.run_dir: config for config in configs if not is_complete(config)}.values())
+    if not pending:
+        return
+    for dataset in sorted({config.dataset for config in pending}):  # generate embedded data once, not per process
+        load_datasets(next(config for config in pending if config.dataset == dataset))
+    threads = max(1, available_cores() // workers)
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="dmlstudy-grid-") as folder, ThreadPoolExecutor(workers) as pool:
+        futures = {pool.submit(_train_in_process, config, threads=threads, folder=Path(folder)): config for config in pending}
+        for future in tqdm(as_completed(futures), total=len(futures), desc=f"runs ({workers} at a time)", leave=False):
+            if future.exception() is not None:
+                failures.append(str(future.exception()))
+    if failures:
+        raise GridRunError(f"{len(failures)} of {len(pending)} runs failed (finished runs are kept):\n" + "\n\n".join(failures))
+
+
+def run_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> list[tuple[str, RunResult]]:
+    """Train every config (complete runs are loaded, not retrained); ``workers > 1`` trains the unfinished
+    ones in that many processes at once (:func:`train_in_parallel`) before loading them all."""
+    if workers < 1:
+        raise ValueError(f"run_grid: workers must be ≥ 1, got {workers}")
+    if workers > 1 and not distributed.launched_by_torchrun():
+        train_in_parallel([config for _, config in configs], workers=workers)
     return [(variant, run(config)) for variant, config in configs]
 
 
