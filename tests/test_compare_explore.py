@@ -233,3 +233,16 @@ def test_geometry_tables_and_readings_from_the_numbers():
     assert "+1.00 for ESD and -1.00 for ρ" in second and "ESD agrees, ρ agrees" in second
     flat = frame.assign(rho=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     assert "ρ shows no clear relation" in compare.geometry_readings(flat)[1]
+
+
+def test_diml_rerank_rows_from_parallel_processes_equal_the_serial_ones(tiny_config):
+    from dmlstudy.train import run
+
+    serial_runs = [run(tiny_config(method="ms", seed=seed, run_name=f"serial-{seed}", resume=True)) for seed in (0, 1)]
+    parallel_runs = [run(tiny_config(method="ms", seed=seed, run_name=f"parallel-{seed}", resume=True)) for seed in (0, 1)]
+    serial = compare.rerank_results([("ms", r) for r in serial_runs], compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2))
+    parallel_config = compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2, workers=2)
+    parallel = compare.rerank_results([("ms", r) for r in parallel_runs], parallel_config)
+    for one, other in zip(serial, parallel):
+        for metric in ("R@1", "R@2", "R@4", "R@8", "RP", "MAP@R"):
+            assert one[metric] == pytest.approx(other[metric], abs=1e-6)

@@ -365,3 +365,18 @@ def test_every_variant_trains_a_step(tiny_config, method_kwargs):
     result = run(tiny_config(method="diml", method_kwargs=method_kwargs, epochs=1, steps_per_epoch=1))
     assert np.isfinite(result.history["loss"]).all()
     assert 0.0 <= result.metrics["P@1"] <= 1.0 and "sinkhorn_iterations" in result.history
+
+
+def test_sweep_frame_in_parallel_processes_equals_the_serial_sweeps(tiny_config):
+    from dmlstudy.experiments import diml as diml_study
+    from dmlstudy.train import run
+
+    settings = dict(top_ks=[0, 4], grid_sizes=[1, 2], grid_size=2, top_k=4)
+    frames = []
+    for workers, prefix in ((1, "serial"), (2, "parallel")):
+        results = [("ms", run(tiny_config(method="ms", seed=seed, run_name=f"{prefix}-{seed}", resume=True))) for seed in (0, 1)]
+        frames.append(diml_study.sweep_frame(results, diml_study.DIMLStudy(workers=workers, **settings)))
+    serial, parallel = frames
+    assert len(serial) == len(parallel) == 2 * (2 + 2)
+    for metric in ("P@1", "RP", "MAP@R"):
+        assert serial[metric].to_numpy() == pytest.approx(parallel[metric].to_numpy(), abs=1e-6)

@@ -53,13 +53,13 @@ from dmlstudy.experiments import cross_attention as cross_attention_study
 from dmlstudy.experiments import crt as crt_study
 from dmlstudy.experiments import dgcrl as dgcrl_study
 from dmlstudy.experiments import diml as diml_study
-from dmlstudy.experiments.protocol import ProtocolConfig, results_frame, run_grid
+from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, results_frame, run_grid
 from dmlstudy.methods import list_methods
 from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
 from dmlstudy.paths import project_root, study_outputs
 from dmlstudy.records import write_json
 from dmlstudy.study import summarize, write_table
-from dmlstudy.train import RunResult
+from dmlstudy.train import RunResult, TrainConfig, run
 
 RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
 SHARED_VARIANTS = {"softmax": dgcrl_study.NAMED_VARIANTS["softmax"]}  # other notebooks' named runs a table may include
@@ -159,6 +159,20 @@ def _cache_key(settings: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: TransportOptions) -> dict[str, Any]:
+    ks = tuple(config.recall_ks) or evaluation_protocol(config.dataset).recall_ks
+    return {"top_k": top_k, "grid": grid, "ks": list(ks), "epsilon": options.epsilon, "uniform": options.uniform_marginals,
+            "tolerance": options.tolerance, "max_iterations": options.max_iterations}
+
+
+def _rerank_cache(config: TrainConfig, *, top_k: int, grid: int, options: TransportOptions) -> Path:
+    return config.run_dir / f"compare_rerank-{_cache_key(_rerank_settings(config, top_k=top_k, grid=grid, options=options))}.json"
+
+
+def _rerank_metrics_in_process(train_config: dict[str, Any], top_k: int, grid: int) -> None:
+    rerank_metrics(run(TrainConfig(**train_config)), top_k=top_k, grid=grid)
+
+
 def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: TransportOptions | None = None) -> dict[str, float]:
     """Retrieval metrics of one trained run after DIML re-ranking of each query's cosine top-``top_k`` (all
     Recall@K of the dataset's list, RP, MAP@R) and the seconds it took; cached in the run folder.
@@ -168,9 +182,7 @@ def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: Transpo
     """
     options = options or TransportOptions()
     ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
-    settings = {"top_k": top_k, "grid": grid, "ks": list(ks), "epsilon": options.epsilon, "uniform": options.uniform_marginals,
-                "tolerance": options.tolerance, "max_iterations": options.max_iterations}
-    cache = result.run_dir / f"compare_rerank-{_cache_key(settings)}.json"
+    cache = _rerank_cache(result.config, top_k=top_k, grid=grid, options=options)
     if cache.is_file():
         return json.loads(cache.read_text())["metrics"]
     started = time.perf_counter()
@@ -181,7 +193,7 @@ def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: Transpo
     k = min(top_k, retrievable)
     values = reranked_retrieval_metrics(query.global_, query.local[grid], query.labels, top_ks=[k], ks=ks, options=options, **gallery_kwargs)[k]
     metrics = {**{name: float(value) for name, value in values.items()}, "rerank_top_k": k, "rerank_seconds": time.perf_counter() - started}
-    write_json(cache, {"settings": settings, "metrics": metrics})
+    write_json(cache, {"settings": _rerank_settings(result.config, top_k=top_k, grid=grid, options=options), "metrics": metrics})
     return metrics
 
 
@@ -190,6 +202,10 @@ def rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStud
     ESD, ρ, training time and parameters (re-ranking does not change the embeddings)."""
     if RERANK not in config.methods:
         return []
+    missing = [result.config for variant, result in results
+               if variant == "ms" and not _rerank_cache(result.config, top_k=config.rerank_top_k, grid=config.rerank_grid, options=TransportOptions()).is_file()]
+    if config.workers > 1 and len(missing) > 1:  # each process writes its run's cache; read below
+        call_in_processes(_rerank_metrics_in_process, [(c.to_dict(), config.rerank_top_k, config.rerank_grid) for c in missing], workers=config.workers)
     rows = []
     for variant, result in results:
         if variant != "ms":

@@ -18,6 +18,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -26,7 +27,7 @@ import pandas as pd
 import torch
 
 from dmlstudy import plots
-from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
+from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, run_grid
 from dmlstudy.methods.diml import (
     DEFAULT_EPSILON,
     DEFAULT_GRID_SIZE,
@@ -40,7 +41,7 @@ from dmlstudy.methods.diml import (
 )
 from dmlstudy.records import write_json
 from dmlstudy.study import summarize
-from dmlstudy.train import RunResult, load_datasets, resolve_device
+from dmlstudy.train import RunResult, TrainConfig, load_datasets, resolve_device, run
 
 METRICS = ["P@1", "RP", "MAP@R"]
 PAPER_DATASETS = ("CUB-200", "Cars196", "SOP")
@@ -195,12 +196,21 @@ def _sweep(sets: Mapping[str, GridEmbeddings | None], *, grid: int, top_ks: Sequ
     return reranked_retrieval_metrics(query.global_, query.local[grid], query.labels, top_ks=top_ks, options=options, **gallery_kwargs)
 
 
+def _sweep_settings(config: DIMLStudy) -> dict[str, Any]:
+    options = config.transport_options()
+    return {"top_ks": sorted(config.top_ks), "grid_sizes": sorted(config.grid_sizes), "grid_size": config.grid_size, "top_k": config.top_k,
+            "epsilon": options.epsilon, "uniform": options.uniform_marginals, "tolerance": options.tolerance, "max_iterations": options.max_iterations}
+
+
+def _sweep_cache(run_dir: Path, config: DIMLStudy) -> Path:
+    return run_dir / f"diml_rerank-{_cache_key(_sweep_settings(config))}.json"
+
+
 def rerank_sweeps(result: RunResult, config: DIMLStudy, *, variant: str = "") -> list[dict[str, Any]]:
     """Rows of the K sweep (G = ``grid_size``) and the G sweep (K = ``top_k``) for one trained run (cached)."""
     options = config.transport_options()
-    settings = {"top_ks": sorted(config.top_ks), "grid_sizes": sorted(config.grid_sizes), "grid_size": config.grid_size, "top_k": config.top_k,
-                "epsilon": options.epsilon, "uniform": options.uniform_marginals, "tolerance": options.tolerance, "max_iterations": options.max_iterations}
-    cache = result.run_dir / f"diml_rerank-{_cache_key(settings)}.json"
+    settings = _sweep_settings(config)
+    cache = _sweep_cache(result.run_dir, config)
     if cache.is_file():
         return json.loads(cache.read_text())["rows"]
     sets = evaluation_sets(result, grid_sizes=sorted(set(config.grid_sizes) | {config.grid_size}))
@@ -219,8 +229,16 @@ def rerank_sweeps(result: RunResult, config: DIMLStudy, *, variant: str = "") ->
     return rows
 
 
+def _rerank_sweeps_in_process(train_config: dict[str, Any], study_config: dict[str, Any], variant: str) -> None:
+    rerank_sweeps(run(TrainConfig(**train_config)), DIMLStudy(**study_config), variant=variant)
+
+
 def sweep_frame(results: list[tuple[str, RunResult]], config: DIMLStudy) -> pd.DataFrame:
-    """All sweep rows of all runs (one row per run × sweep × K or G)."""
+    """All sweep rows of all runs (one row per run × sweep × K or G); with ``workers > 1`` the runs' sweeps
+    are computed ``workers`` at a time in separate processes first (each writes its run's cache)."""
+    missing = [(variant, result) for variant, result in results if not _sweep_cache(result.run_dir, config).is_file()]
+    if config.workers > 1 and len(missing) > 1:
+        call_in_processes(_rerank_sweeps_in_process, [(result.config.to_dict(), config.to_dict(), variant) for variant, result in missing], workers=config.workers)
     return pd.DataFrame([row for variant, result in results for row in rerank_sweeps(result, config, variant=variant)])
 
 

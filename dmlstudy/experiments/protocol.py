@@ -8,17 +8,13 @@ reusing complete runs (``resume=True``), so re-executing a notebook costs nothin
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-import subprocess
-import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
-import yaml
 from tqdm.auto import tqdm
 
 from dmlstudy import distributed
@@ -96,20 +92,17 @@ class GridRunError(RuntimeError):
     """One or more runs of a parallel grid failed; the others finished and were kept."""
 
 
-def _train_in_process(config: TrainConfig, *, threads: int, folder: Path) -> None:
-    """``dmlstudy train --config`` on ``config`` in a fresh process limited to ``threads`` threads."""
-    config_file = folder / f"{config.study}-{config.resolved_run_name}.yaml"
-    roots = {"runs_root": str(config.run_dir.parent.parent), "data_root": config.data_root or str(data_root())}
-    config_file.write_text(yaml.safe_dump({**config.to_dict(), **roots, "progress": False}, sort_keys=False))
-    environment = {**os.environ, **{name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
-    finished = subprocess.run([sys.executable, "-m", "dmlstudy", "train", "--config", str(config_file)],
-                              env=environment, capture_output=True, text=True)
-    if finished.returncode != 0:
-        raise GridRunError(f"run {config.run_dir} failed (exit {finished.returncode}):\n{finished.stderr[-3000:]}")
+def _train_in_process(values: dict[str, Any]) -> None:
+    config = TrainConfig(**values)
+    try:
+        run(config)
+    except Exception as error:  # the run folder in the message; the original type and text after it
+        raise GridRunError(f"run {config.run_dir} failed: {type(error).__name__}: {error}") from None
 
 
 def train_in_parallel(configs: list[TrainConfig], *, workers: int) -> None:
-    """Train the unfinished ``configs``, ``workers`` at a time, each process with ``cores // workers`` threads.
+    """Train the unfinished ``configs``, ``workers`` at a time, in spawned processes with ``cores // workers``
+    threads each (:func:`call_in_processes`).
 
     On 2 cores, two 1-thread runs side by side finished 1.37× faster than the same runs one after the
     other with 2 threads (MS, SynBirds, 8 epochs). Float sums may round differently with fewer threads, so a
@@ -121,15 +114,34 @@ def train_in_parallel(configs: list[TrainConfig], *, workers: int) -> None:
         return
     for dataset in sorted({config.dataset for config in pending}):  # generate embedded data once, not per process
         load_datasets(next(config for config in pending if config.dataset == dataset))
+    values = [{**config.to_dict(), "runs_root": str(config.run_dir.parent.parent), "data_root": config.data_root or str(data_root()), "progress": False}
+              for config in pending]
+    call_in_processes(_train_in_process, [(value,) for value in values], workers=workers, what="runs")
+
+
+def _limit_threads(threads: int) -> None:
+    import faiss
+    import torch
+
+    torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
+
+
+def call_in_processes(function: Callable[..., Any], arguments: list[tuple], *, workers: int, what: str = "evaluations") -> None:
+    """``function(*args)`` for every tuple of ``arguments`` in ``workers`` spawned processes with
+    ``cores // workers`` threads each; for per-run evaluations that write their own cache files (DIML
+    re-ranking runs one thread busy, so two processes halve its wall time on 2 cores). ``function`` must be
+    a module-level function. Every call runs; failures are reported together at the end."""
     threads = max(1, available_cores() // workers)
+    context = multiprocessing.get_context("spawn")
     failures = []
-    with tempfile.TemporaryDirectory(prefix="dmlstudy-grid-") as folder, ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(_train_in_process, config, threads=threads, folder=Path(folder)): config for config in pending}
-        for future in tqdm(as_completed(futures), total=len(futures), desc=f"runs ({workers} at a time)", leave=False):
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_limit_threads, initargs=(threads,)) as pool:
+        futures = [pool.submit(function, *args) for args in arguments]
+        for future in tqdm(as_completed(futures), total=len(futures), desc=f"{what} ({workers} at a time)", leave=False):
             if future.exception() is not None:
-                failures.append(str(future.exception()))
+                failures.append(str(future.exception()) if isinstance(future.exception(), GridRunError) else repr(future.exception()))
     if failures:
-        raise GridRunError(f"{len(failures)} of {len(pending)} runs failed (finished runs are kept):\n" + "\n\n".join(failures))
+        raise GridRunError(f"{len(failures)} of {len(arguments)} {what} failed (finished ones are kept):\n" + "\n".join(failures))
 
 
 def run_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> list[tuple[str, RunResult]]:
