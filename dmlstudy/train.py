@@ -259,6 +259,11 @@ def _load_complete(config: TrainConfig, datasets: Mapping[str, Any], device: tor
 NON_IDENTITY_FIELDS = ("resume", "progress", "runs_root", "data_root", "device", "num_workers", "eval_batch_size")
 
 
+def is_complete(config: TrainConfig) -> bool:
+    """Whether ``config``'s run folder holds a finished run (final metrics and checkpoint)."""
+    return (config.run_dir / "metrics.json").is_file() and (config.run_dir / "checkpoint.pt").is_file()
+
+
 def check_resumable(config: TrainConfig) -> None:
     """Refuse to resume a run folder that holds a run of a different configuration (names the fields)."""
     stored_file = config.run_dir / "config.yaml"
@@ -300,7 +305,7 @@ def run(config: TrainConfig) -> RunResult:
         check_resumable(config)
     datasets = load_datasets(config)
     checkpoint_path = run_dir / "checkpoint.pt"
-    if config.resume and (run_dir / "metrics.json").is_file() and checkpoint_path.is_file():
+    if config.resume and is_complete(config):
         return _load_complete(config, datasets, device)
 
     if main_process:

@@ -21,7 +21,7 @@ from dmlstudy import distributed
 from dmlstudy.config import TypedConfig
 from dmlstudy.paths import data_root
 from dmlstudy.study import summarize
-from dmlstudy.train import RunResult, TrainConfig, load_datasets, run
+from dmlstudy.train import RunResult, TrainConfig, is_complete, load_datasets, run
 
 
 @dataclass
@@ -77,11 +77,6 @@ class ProtocolConfig(TypedConfig):
                 for seed in self.seeds:
                     configs.append((variant, self.train_config(dataset=dataset, seed=seed, name=variant, **dict(spec))))
         return configs
-
-
-def is_complete(config: TrainConfig) -> bool:
-    """Whether ``config``'s run folder holds a finished run (final metrics and checkpoint)."""
-    return (config.run_dir / "metrics.json").is_file() and (config.run_dir / "checkpoint.pt").is_file()
 
 
 def available_cores() -> int:
