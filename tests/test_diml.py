@@ -231,6 +231,28 @@ def test_candidate_similarities_equal_pairwise_matrix_entries():
             assert abs(ours[q, k] - expected) < 1e-5
 
 
+def test_candidate_similarities_do_not_depend_on_the_query_chunks():
+    """Pairs stop on their own, so how queries are batched (and how pairs enter the cache blocks) changes nothing."""
+    local, global_, _ = retrieval_set(n_classes=8, per_class=6)
+    candidates = np.random.default_rng(1).integers(0, len(local), size=(len(local), 9))
+    whole = candidate_structural_similarity(global_, local, global_, local, candidates)
+    for chunk in (1, 5, 48):
+        np.testing.assert_allclose(candidate_structural_similarity(global_, local, global_, local, candidates, query_chunk=chunk), whole, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("epsilon", [0.05, 0.01])
+def test_candidate_similarities_equal_the_batch_matrix_in_both_domains(epsilon):
+    """ε = 0.01 puts max C / ε past LOG_DOMAIN_RANGE: the candidate path (bound on the norms) and the batch
+    matrix (max of its costs) must both switch to the log domain and agree."""
+    local, global_, _ = retrieval_set(n_classes=4, per_class=3)
+    options = TransportOptions(epsilon=epsilon, tolerance=0.0, max_iterations=50)
+    matrix, _, transport = pairwise_structural_similarity(local, global_, options=options)
+    assert transport.log_domain is (epsilon < 0.02)
+    candidates = np.tile(np.arange(len(local)), (len(local), 1))
+    ours = candidate_structural_similarity(global_, local, global_, local, candidates, options=options, query_chunk=5)
+    np.testing.assert_allclose(ours, matrix.numpy(), atol=1e-5, rtol=0)
+
+
 def test_top_k_zero_is_the_cosine_ranking():
     local, global_, labels = retrieval_set()
     reranking = diml_rerank(global_, local, top_k=0, num_neighbors=10)
