@@ -175,10 +175,16 @@ def gather_runs(study: str, *, root: str | Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def mean_std_text(mean: float, std: float, runs: int, *, decimals: int = 1) -> str:
+    """``"mean ± std"`` over ``runs`` seeds; one run has no spread to show, so just ``"mean"``."""
+    return f"{mean:.{decimals}f} ± {std:.{decimals}f}" if runs > 1 else f"{mean:.{decimals}f}"
+
+
 def summarize(frame: pd.DataFrame, *, by: list[str], metrics: list[str], percent: bool = True, decimals: int = 1) -> pd.DataFrame:
     """Mean ± std over the runs of each group (seeds): a tidy table with a ``runs`` column.
 
-    Retrieval metrics (fractions) are shown in percent when ``percent``; other columns as they are.
+    Retrieval metrics (fractions) are shown in percent when ``percent``; other columns as they are. A
+    group of one run shows its value alone (its ``_std`` column is 0).
     """
     missing = [c for c in [*by, *metrics] if c not in frame.columns]
     if missing:
@@ -188,7 +194,7 @@ def summarize(frame: pd.DataFrame, *, by: list[str], metrics: list[str], percent
     for metric in metrics:
         scale = 100.0 if percent and metric in PERCENT_METRICS else 1.0
         mean, std = grouped[metric].mean() * scale, grouped[metric].std(ddof=1).fillna(0.0) * scale
-        table[metric] = [f"{m:.{decimals}f} ± {s:.{decimals}f}" for m, s in zip(mean, std)]
+        table[metric] = [mean_std_text(m, s, n, decimals=decimals) for m, s, n in zip(mean, std, table["runs"])]
         table[f"{metric}_mean"], table[f"{metric}_std"] = mean, std
     return table.reset_index()
 

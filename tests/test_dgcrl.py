@@ -258,3 +258,22 @@ def test_every_variant_trains_a_step(tiny_config, method, kwargs):
     assert result.history["loss"].notna().all() and 0.0 <= result.metrics["R@1"] <= 1.0
     if result.method.centres is not None:
         assert result.history["train_accuracy"].between(0, 1).all()
+
+
+def _r1_table(values: dict[str, list[float]]):
+    import pandas as pd
+
+    from dmlstudy.experiments.protocol import mean_std_table
+
+    frame = pd.DataFrame([{"dataset": "synbirds", "variant": variant, "seed": seed, "R@1": value}
+                          for variant, runs in values.items() for seed, value in enumerate(runs)])
+    return mean_std_table(frame, metrics=["R@1"])
+
+
+@pytest.mark.parametrize("dgcrl, verdict", [([0.40, 0.41, 0.42], "held"), ([0.29, 0.31, 0.33], "is not separable from seed noise"),
+                                            ([0.20, 0.21, 0.22], "did not hold")])
+def test_dgcrl_reading_says_held_only_beyond_seed_noise(dgcrl, verdict):
+    from dmlstudy.experiments.dgcrl import main_sentence
+
+    table = _r1_table({"dgcrl": dgcrl, "softmax": [0.28, 0.30, 0.32], "ms": [0.45, 0.46, 0.47]})
+    assert main_sentence(table, "synbirds").endswith(f"pipeline) {verdict} here.")

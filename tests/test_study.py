@@ -108,3 +108,10 @@ def test_only_the_published_study_writes_the_repository_figures_and_results(tmp_
     assert not (tmp_path / "figures").exists()
     assert plots.save_figure(figure, "x", study="default") == tmp_path / "figures" / "x.png"
     plt.close(figure)
+
+
+def test_a_single_run_shows_its_value_without_a_spread():
+    frame = pd.DataFrame([{"method": "a", "seed": 0, "R@1": 0.5}, {"method": "b", "seed": 0, "R@1": 0.2}, {"method": "b", "seed": 1, "R@1": 0.4}])
+    table = summarize(frame, by=["method"], metrics=["R@1"]).set_index("method")
+    assert table.loc["a", "R@1"] == "50.0" and table.loc["a", "R@1_std"] == 0.0
+    assert table.loc["b", "R@1"] == "30.0 ± 14.1"

@@ -58,7 +58,7 @@ from dmlstudy.methods import list_methods
 from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
 from dmlstudy.paths import project_root, study_outputs
 from dmlstudy.records import write_json
-from dmlstudy.study import summarize, write_table
+from dmlstudy.study import mean_std_text, summarize, write_table
 from dmlstudy.train import RunResult, TrainConfig, run
 
 RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
@@ -496,7 +496,7 @@ def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd
         line: dict[str, Any] = {"method": METHOD_LABELS.get(variant, variant), "variant": variant}
         for dataset in datasets:
             cell = stats[(stats["variant"] == variant) & (stats["dataset"] == dataset)]
-            line[dataset] = "–" if cell.empty else f"{cell['mean'].iloc[0]:.{decimals}f} ± {cell['std'].iloc[0]:.{decimals}f}"
+            line[dataset] = "–" if cell.empty else mean_std_text(cell["mean"].iloc[0], cell["std"].iloc[0], int(cell["count"].iloc[0]), decimals=decimals)
             line[f"{dataset}_mean"] = math.nan if cell.empty else float(cell["mean"].iloc[0])
         for dataset in datasets:
             pair = paper.get(PAPER_DATASET.get(dataset, ""))

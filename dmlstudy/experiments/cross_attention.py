@@ -44,6 +44,7 @@ from dmlstudy.data import denormalize
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
 from dmlstudy.methods.cross_attention import AttentionRecorder, CrossAttention, conditional_retrieval, feature_maps, subset_indices
 from dmlstudy.plots import CORRECT, WRONG
+from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, load_datasets
 
 # ----------------------------------------------------------------------------------------------
@@ -346,8 +347,7 @@ def parameter_table(results: list[tuple[str, RunResult]], *, larger: str) -> tup
         total = sum(p.numel() for p in method.parameters())
         row = {"model": label, "backbone": result.config.backbone, "parameters (training)": total, "parameters (inference)": total - blocks}
         for dataset in dict.fromkeys(table["dataset"]):
-            mean, std, _ = _lookup(table, dataset, name)
-            row[f"R@1 {dataset}"] = f"{mean:.1f} ± {std:.1f}"
+            row[f"R@1 {dataset}"] = mean_std_text(*_lookup(table, dataset, name))
         rows.append(row)
     shown = pd.DataFrame(rows)
     sentences = []

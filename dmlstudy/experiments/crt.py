@@ -48,6 +48,7 @@ from dmlstudy.methods.crt import CRT, BranchEmbedder, code_maps, prototype_corre
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.plots import source_image
+from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, TrainConfig, embed
 
 # ----------------------------------------------------------------------------------------------
@@ -387,8 +388,8 @@ def dims_table(results: list[tuple[str, RunResult]], variants: Mapping[tuple[int
             cell = {b: stats[(stats["dataset"] == dataset) & (stats["variant"] == variant) & (stats["branch"] == b)].iloc[0] for b in (1, 2)}
             paper = PAPER_DIMS.get(pair, ("–", "–"))
             out.append({"dataset": dataset, "d": pair[0], "D": pair[1], "runs": int(cell[1]["count"]),
-                        "branch 1 R@1 (d)": f"{100 * cell[1]['mean']:.1f} ± {100 * cell[1]['std']:.1f}",
-                        "branch 2 R@1 (D)": f"{100 * cell[2]['mean']:.1f} ± {100 * cell[2]['std']:.1f}",
+                        "branch 1 R@1 (d)": mean_std_text(100 * cell[1]["mean"], 100 * cell[1]["std"], int(cell[1]["count"])),
+                        "branch 2 R@1 (D)": mean_std_text(100 * cell[2]["mean"], 100 * cell[2]["std"], int(cell[2]["count"])),
                         "paper branch 1": paper[0], "paper branch 2": paper[1],
                         "_b1": 100 * cell[1]["mean"], "_b2": 100 * cell[2]["mean"]})
         rows_here = [row for row in out if row["dataset"] == dataset]
@@ -420,8 +421,8 @@ def backbone_table(results: list[tuple[str, RunResult]], variants: Mapping[str, 
             ms_stats, crt_stats = _lookup(table, dataset, pair["ms"][0]), _lookup(table, dataset, pair["crt"][0])
             (gain, error), _ = _difference(table, dataset, pair["crt"][0], pair["ms"][0])
             wins += gain > 0
-            rows.append({"dataset": dataset, "backbone": backbone, "runs": ms_stats[2], "MS R@1": f"{ms_stats[0]:.1f} ± {ms_stats[1]:.1f}",
-                         "+CRT R@1": f"{crt_stats[0]:.1f} ± {crt_stats[1]:.1f}", "gain": f"{gain:+.2f}"})
+            rows.append({"dataset": dataset, "backbone": backbone, "runs": ms_stats[2], "MS R@1": mean_std_text(*ms_stats),
+                         "+CRT R@1": mean_std_text(*crt_stats), "gain": f"{gain:+.2f}"})
         paper_dataset = PAPER_DATASET.get(dataset, "CUB")
         paper_wins = sum(values[paper_dataset][1] > values[paper_dataset][0] for values in PAPER_BACKBONES.values())
         sentences.append(f"{dataset}: +CRT beat MS on {wins}/{len(variants)} of our backbones; the paper's +CRT beat MS on "

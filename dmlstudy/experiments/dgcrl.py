@@ -58,6 +58,7 @@ from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.train import RunResult, load_datasets
 from dmlstudy.records import seed_everything
+from dmlstudy.study import mean_std_text
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019; transcribed from seed 004). Recall@K in %, K = 1 … 32.
@@ -272,7 +273,7 @@ def _mean_table(frame: pd.DataFrame, metrics: Sequence[str], *, by: Sequence[str
     table = mean_std_table(frame, metrics=list(metrics), by=tuple(by))
     for column, decimals in DECIMALS.items():
         if column in metrics:
-            table[column] = [f"{m:.{decimals}f} ± {s:.{decimals}f}" for m, s in zip(table[f"{column}_mean"], table[f"{column}_std"])]
+            table[column] = [mean_std_text(m, s, n, decimals=decimals) for m, s, n in zip(table[f"{column}_mean"], table[f"{column}_std"], table["runs"])]
     return table
 
 
@@ -316,10 +317,14 @@ def _mean_std(table: pd.DataFrame, dataset: str, variant: str, metric: str = "R@
     return float(row[f"{metric}_mean"].iloc[0]), float(row[f"{metric}_std"].iloc[0]), int(row["runs"].iloc[0])
 
 
+def _noise(a: tuple[float, float, int], b: tuple[float, float, int]) -> float:
+    """The larger of the two stds, or 0.5 points when either has a single seed."""
+    return max(a[1], b[1]) if min(a[2], b[2]) > 1 else 0.5
+
+
 def _compare(name_a: str, a: tuple[float, float, int], name_b: str, b: tuple[float, float, int]) -> str:
-    """"A beats B by Δ points" / "within noise", the noise being the larger of the two stds (or 0.5 points for one seed)."""
-    difference = a[0] - b[0]
-    noise = max(a[1], b[1]) if min(a[2], b[2]) > 1 else 0.5
+    """"A beats B by Δ points" / "within noise" (see :func:`_noise`)."""
+    difference, noise = a[0] - b[0], _noise(a, b)
     if abs(difference) <= noise:
         return f"{name_a} and {name_b} are within noise ({difference:+.1f} points, noise {noise:.1f})"
     verb = "beats" if difference > 0 else "trails"
@@ -327,14 +332,19 @@ def _compare(name_a: str, a: tuple[float, float, int], name_b: str, b: tuple[flo
 
 
 def main_sentence(table: pd.DataFrame, dataset: str) -> str:
-    """Did DGCRL beat the plain softmax (the N-S + margin + decorrelation effect) and MS on ``dataset``?"""
+    """Did DGCRL beat the plain softmax (the N-S + margin + decorrelation effect) and MS on ``dataset``?
+    The paper's direction holds only when DGCRL is above the softmax by more than the noise."""
     dgcrl, softmax, ms = (_mean_std(table, dataset, v) for v in ("dgcrl", "softmax", "ms"))
     if dgcrl is None:
         return f"{dataset}: no dgcrl run, nothing to compare."
     parts = [_compare("DGCRL", dgcrl, other_label, other) for other_label, other in (("softmax without N-S", softmax), ("MS", ms)) if other]
-    held = softmax is not None and dgcrl[0] > softmax[0]
+    if softmax is None:
+        verdict = "cannot be checked (no softmax run)"
+    else:
+        difference, noise = dgcrl[0] - softmax[0], _noise(dgcrl, softmax)
+        verdict = "held" if difference > noise else "did not hold" if difference < -noise else "is not separable from seed noise"
     return (f"{dataset}: R@1 " + "; ".join(parts) + f". The paper's direction (N-S layer and centre loss above a plain softmax "
-            f"pipeline) {'held' if held else 'did not hold'} here.")
+            f"pipeline) {verdict} here.")
 
 
 # ----------------------------------------------------------------------------------------------
