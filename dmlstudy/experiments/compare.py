@@ -165,8 +165,8 @@ def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: Tra
             "tolerance": options.tolerance, "max_iterations": options.max_iterations}
 
 
-def _rerank_cache(config: TrainConfig, *, top_k: int, grid: int, options: TransportOptions) -> Path:
-    return config.run_dir / f"compare_rerank-{_cache_key(_rerank_settings(config, top_k=top_k, grid=grid, options=options))}.json"
+def _rerank_cache(run_dir: Path, settings: Mapping[str, Any]) -> Path:
+    return run_dir / f"compare_rerank-{_cache_key(settings)}.json"
 
 
 def _rerank_metrics_in_process(train_config: dict[str, Any], top_k: int, grid: int) -> None:
@@ -182,7 +182,8 @@ def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: Transpo
     """
     options = options or TransportOptions()
     ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
-    cache = _rerank_cache(result.config, top_k=top_k, grid=grid, options=options)
+    settings = _rerank_settings(result.config, top_k=top_k, grid=grid, options=options)
+    cache = _rerank_cache(result.run_dir, settings)
     if cache.is_file():
         return json.loads(cache.read_text())["metrics"]
     started = time.perf_counter()
@@ -193,7 +194,7 @@ def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: Transpo
     k = min(top_k, retrievable)
     values = reranked_retrieval_metrics(query.global_, query.local[grid], query.labels, top_ks=[k], ks=ks, options=options, **gallery_kwargs)[k]
     metrics = {**{name: float(value) for name, value in values.items()}, "rerank_top_k": k, "rerank_seconds": time.perf_counter() - started}
-    write_json(cache, {"settings": _rerank_settings(result.config, top_k=top_k, grid=grid, options=options), "metrics": metrics})
+    write_json(cache, {"settings": settings, "metrics": metrics})
     return metrics
 
 
@@ -202,8 +203,9 @@ def rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStud
     ESD, ρ, training time and parameters (re-ranking does not change the embeddings)."""
     if RERANK not in config.methods:
         return []
-    missing = [result.config for variant, result in results
-               if variant == "ms" and not _rerank_cache(result.config, top_k=config.rerank_top_k, grid=config.rerank_grid, options=TransportOptions()).is_file()]
+    options = TransportOptions()
+    missing = [result.config for variant, result in results if variant == "ms"
+               and not _rerank_cache(result.run_dir, _rerank_settings(result.config, top_k=config.rerank_top_k, grid=config.rerank_grid, options=options)).is_file()]
     if config.workers > 1 and len(missing) > 1:  # each process writes its run's cache; read below
         call_in_processes(_rerank_metrics_in_process, [(c.to_dict(), config.rerank_top_k, config.rerank_grid) for c in missing], workers=config.workers)
     rows = []
