@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dmlstudy import metrics as M
+from dmlstudy.metrics import neighbours
 
 
 def clustered(n_classes: int, per_class: int, dim: int, *, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -154,7 +155,7 @@ def test_bad_index_options_raise_with_the_valid_choices(call, match):
 def test_use_gpu_true_without_a_gpu_raises():
     import faiss
 
-    if M._faiss_gpu_count(faiss) > 0:
+    if neighbours._faiss_gpu_count(faiss) > 0:
         pytest.skip("this machine's faiss sees a GPU")
     x = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
     with pytest.raises(ValueError, match="faiss sees no GPU"):
@@ -183,7 +184,7 @@ class FakeGpu:
         monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1, raising=False)
         monkeypatch.setattr(faiss, "StandardGpuResources", Resources, raising=False)
         monkeypatch.setattr(faiss, "index_cpu_to_gpu", index_cpu_to_gpu, raising=False)
-        monkeypatch.setattr(M, "_GPU_STATE", {})
+        monkeypatch.setattr(neighbours, "_GPU_STATE", {})
 
 
 def test_gpu_path_moves_exact_and_ivf_indexes_to_gpu_zero(monkeypatch, query_gallery):

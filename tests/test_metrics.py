@@ -1,7 +1,14 @@
 """Tests of dmlstudy.metrics against brute-force loops, pytorch-metric-learning and closed forms."""
+
 from __future__ import annotations
 
+import ast
+import graphlib
+import inspect
 import math
+import pkgutil
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +23,9 @@ KS = (1, 2, 4, 8)
 # data and independent references
 
 
-def clustered(n_classes: int, sizes: tuple[int, int], dim: int, *, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def clustered(
+    n_classes: int, sizes: tuple[int, int], dim: int, *, noise: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Gaussian clusters with class sizes drawn uniformly from ``sizes`` (inclusive), shuffled."""
     rng = np.random.default_rng(seed)
     counts = rng.integers(sizes[0], sizes[1] + 1, size=n_classes)
@@ -190,13 +199,12 @@ def test_retrieval_metrics_with_duplicates_match_brute_force():
     assert_metrics_close(M.retrieval_metrics(x, y, ks=(1, 2, 4)), brute_metrics(x, y, ks=(1, 2, 4)))
 
 
-def test_single_metric_functions_agree_with_retrieval_metrics(small_set):
+def test_recall_at_k_and_torch_input_agree_with_retrieval_metrics(small_set):
     x, y = small_set
     full = M.retrieval_metrics(x, y, ks=KS)
     assert M.recall_at_k(x, y, KS) == {k: full[f"R@{k}"] for k in KS}
-    assert M.precision_at_1(x, y) == full["P@1"] == full["R@1"]
-    assert M.r_precision(x, y) == full["RP"]
-    assert M.map_at_r(x, y) == full["MAP@R"]
+    assert M.recall_at_k(x, y, (8, 1, 8)) == {1: full["R@1"], 8: full["R@8"]}
+    assert full["P@1"] == full["R@1"]
     assert M.retrieval_metrics(torch.from_numpy(x), torch.from_numpy(y), ks=KS) == full
 
 
@@ -401,7 +409,15 @@ def test_evaluate_combines_all_metrics(small_set):
     assert out["NMI"] == M.nmi(x, y, seed=3)
     assert out["ESD"] == M.embedding_space_density(x, y)
     assert out["rho"] == M.spectral_decay(x, drop_first=1)
-    assert list(M.evaluate(x, y, with_nmi=False, with_geometry=False)) == ["R@1", "R@2", "R@4", "R@8", "P@1", "RP", "MAP@R"]
+    assert list(M.evaluate(x, y, with_nmi=False, with_geometry=False)) == [
+        "R@1",
+        "R@2",
+        "R@4",
+        "R@8",
+        "P@1",
+        "RP",
+        "MAP@R",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -441,3 +457,85 @@ def test_torch_and_faiss_share_a_process():
     idx, _ = M.nearest_neighbors(x, k=3)
     assert idx.shape == (50, 3)
     assert torch.mm(x, x.T).shape == (50, 50)
+
+
+# --------------------------------------------------------------------------------------------------
+# the package: public names, callers, no import cycles
+
+SUBMODULES = {"inputs", "neighbours", "retrieval", "clustering", "geometry", "evaluation"}
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def test_all_lists_exactly_the_public_names_and_each_is_importable():
+    assert len(set(M.__all__)) == len(M.__all__)
+    public = {name for name, value in vars(M).items() if not name.startswith("_") and not inspect.ismodule(value)}
+    assert public == set(M.__all__)
+    namespace: dict[str, object] = {}
+    exec(f"from dmlstudy.metrics import {', '.join(M.__all__)}", namespace)  # the import statement itself
+    assert all(namespace[name] is getattr(M, name) for name in M.__all__)
+
+
+def _imported_metrics_modules(tree: ast.AST) -> set[str]:
+    """Submodules of dmlstudy.metrics a submodule's source imports; "" stands for the package itself."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {alias.name for alias in node.names} if node.module is None else {node.module.split(".")[0]}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("dmlstudy"):
+            if node.module == "dmlstudy":
+                found |= {"" for alias in node.names if alias.name == "metrics"}
+            elif node.module.startswith("dmlstudy.metrics"):
+                found.add(node.module.removeprefix("dmlstudy.metrics").lstrip(".").split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {
+                alias.name.removeprefix("dmlstudy.metrics").lstrip(".").split(".")[0]
+                for alias in node.names
+                if alias.name.startswith("dmlstudy.metrics")
+            }
+    return found
+
+
+def test_submodules_import_each_other_without_cycles():
+    assert {info.name for info in pkgutil.iter_modules(M.__path__)} == SUBMODULES
+    graph = {}
+    for name in SUBMODULES:
+        source = (Path(M.__path__[0]) / f"{name}.py").read_text(encoding="utf-8")
+        graph[name] = _imported_metrics_modules(ast.parse(source))
+        assert "" not in graph[name], f"dmlstudy.metrics.{name} imports the package itself (a cycle via __init__)"
+        assert graph[name] <= SUBMODULES, f"dmlstudy.metrics.{name} imports unknown {graph[name] - SUBMODULES}"
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
+    assert order[0] == "inputs" and graph["inputs"] == set()
+    assert _imported_metrics_modules(ast.parse("from dmlstudy import metrics\nfrom . import a, b")) == {"", "a", "b"}
+
+
+def _metrics_names_used(tree: ast.AST) -> set[str]:
+    """Names a source file takes from dmlstudy.metrics: ``alias.name`` after ``from dmlstudy import metrics as
+    alias``, and ``from dmlstudy.metrics import name``."""
+    aliases, names = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "dmlstudy":
+            aliases |= {alias.asname or alias.name for alias in node.names if alias.name == "metrics"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "dmlstudy.metrics":
+            names |= {alias.name for alias in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            names.add(node.attr)
+    return names
+
+
+def test_every_name_the_project_takes_from_metrics_exists():
+    files = [
+        path
+        for folder in ("dmlstudy", "tests", "benchmarks", "tools", "notebooks")
+        for path in sorted((PROJECT / folder).rglob("*.py"))
+        if "metrics" not in path.relative_to(PROJECT).parts[:2]  # the package itself
+    ]
+    with warnings.catch_warnings():  # other modules' invalid escape sequences are not this test's concern
+        warnings.simplefilter("ignore")
+        used = {path: _metrics_names_used(ast.parse(path.read_text(encoding="utf-8"))) for path in files}
+    assert used[PROJECT / "dmlstudy" / "train.py"] >= {"evaluate"}  # `metric_functions.evaluate`
+    assert used[PROJECT / "tests" / "test_large_gallery.py"] >= {"nearest_neighbors", "GPU_MAX_K", "neighbours"}
+    missing = {
+        f"{path.relative_to(PROJECT)}: {name}" for path, names in used.items() for name in names if not hasattr(M, name)
+    }
+    assert not missing, f"names no longer in dmlstudy.metrics: {sorted(missing)}"
