@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLAN ?= plans/default.yaml
 
-.PHONY: study test install lab data smoke full clean-runs
+.PHONY: study test lint install lab data smoke full clean-runs
 
 $(STAMP): pyproject.toml requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,14 @@ study: $(STAMP)
 	echo "runs and executed notebooks: runs/   tables: results/   figures: figures/"; \
 	exit $$status
 
-## the whole test suite: unit tests and every notebook under nbval (CI-sized defaults)
-test: $(STAMP)
+## ruff lint rules and formatting, as configured in pyproject.toml (`ruff format` + `ruff check --fix` repair most)
+LINT_PATHS := $(wildcard dmlstudy tests benchmarks tools notebooks)
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+
+## the whole test suite: lint, unit tests and every notebook under nbval (CI-sized defaults)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest --nbval-lax tests notebooks
 
 smoke: $(STAMP)
