@@ -138,7 +138,7 @@ def listing(what: str) -> dict[str, str]:
     if what == "backbones":
         from dmlstudy.models import list_backbones
 
-        return {**list_backbones(), "<any timm model name>": "timm.list_models(); pretrained weights must already be in the local cache"}
+        return {**list_backbones(), "<any timm model name>": "any name of timm.list_models(); --pretrained takes its weights from the Hugging Face cache (downloaded once when online)"}
     if what == "plans":
         from dmlstudy.paths import project_root
 

@@ -151,23 +151,27 @@ class PlanProgress:
         self.bar = tqdm(total=total, desc="plan", unit="entry", disable=not enabled, dynamic_ncols=True)
         self.enabled, self.heartbeat = enabled, heartbeat
         self.entry, self.started = "", time.perf_counter()
-        self._stop = threading.Event()
+        self._stop, self._lock = threading.Event(), threading.Lock()
         self._thread = threading.Thread(target=self._tick, name="plan-progress", daemon=True)
         if enabled:
             self._thread.start()
 
     def _tick(self) -> None:
         while not self._stop.wait(self.heartbeat):
-            if self.entry:
-                self.bar.set_postfix_str(f"{self.entry} running {self._tqdm.format_interval(time.perf_counter() - self.started)}")
+            with self._lock:
+                if self.entry:
+                    self.bar.set_postfix_str(f"{self.entry} running {self._tqdm.format_interval(time.perf_counter() - self.started)}")
 
     def start(self, name: str) -> None:
-        self.entry, self.started = name, time.perf_counter()
-        self.bar.set_postfix_str(f"{name} starting")
+        with self._lock:
+            self.entry, self.started = name, time.perf_counter()
+            self.bar.set_postfix_str(f"{name} starting")
 
     def done(self) -> None:
-        self.entry = ""
-        self.bar.update(1)
+        with self._lock:
+            self.entry = ""
+            self.bar.set_postfix_str("", refresh=False)
+            self.bar.update(1)
 
     def write(self, text: str) -> None:
         self._tqdm.write(text)

@@ -52,7 +52,7 @@ class TrainConfig(TypedConfig):
     method: str = "ms"  # a registered method name (dmlstudy list methods)
     method_kwargs: dict = field(default_factory=dict)  # keyword arguments of the method (e.g. {"K1": 16})
     backbone: str = "dml_convnet"  # any timm model name (dmlstudy list backbones)
-    pretrained: bool = False  # timm pretrained weights (must be available locally)
+    pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
     checkpoint_path: str = ""  # local backbone weights file, loaded after construction
     freeze_bn: bool = False  # freeze BatchNorm statistics and affine parameters of the backbone
     output_stride: int = 0  # 0: the backbone's own; 8/16 for dilated ResNets (larger feature grid)

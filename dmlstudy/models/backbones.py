@@ -20,7 +20,8 @@ class Backbone(nn.Module):
 
     Args:
         name: a timm model name (``timm.list_models()``), e.g. ``dml_convnet``, ``resnet50``, ``deit_tiny_patch16_224``.
-        pretrained: load timm's pretrained weights (needs them cached locally: nothing is downloaded here).
+        pretrained: load timm's pretrained weights: from the Hugging Face cache (``HF_HOME``), which timm fills
+            from the Hugging Face Hub on first use when the machine is online (``HF_HUB_OFFLINE=1`` forbids that).
         checkpoint_path: a local file of weights for this architecture (classifier keys are ignored).
         freeze_bn: keep BatchNorm layers in eval mode with frozen affine parameters, as the DML benchmark
             codebases do for ImageNet-pretrained backbones.
