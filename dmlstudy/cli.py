@@ -1,6 +1,7 @@
 """The ``dmlstudy`` command: ``train``, ``list``, ``data generate``, ``study run`` and ``study table``.
 
-``dmlstudy train --method ms --dataset synbirds --epochs 8`` runs :func:`dmlstudy.train.run`; every field of
+``dmlstudy train --method ms --epochs 8 --steps-per-epoch 0 --train-classes 0 --test-classes 0`` runs
+:func:`dmlstudy.train.run` (with no options: the CI-sized run of TrainConfig's defaults); every field of
 :class:`dmlstudy.train.TrainConfig` is an option (``--method-kwargs '{"K1": 16}'`` for dicts and lists,
 ``--resume/--no-resume`` for booleans), whose help is the field's comment and default. ``dmlstudy list
 methods|datasets|backbones|plans`` prints the valid names with one line each.
