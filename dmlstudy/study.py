@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Self
 
 import pandas as pd
 import yaml
@@ -181,7 +181,7 @@ class PlanProgress:
         """papermill's ``progress_bar`` argument: a bar over the cells one line below, cleared when done."""
         return {"unit": "cell", "desc": "  cells", "position": 1, "leave": False, "dynamic_ncols": True} if self.enabled else False
 
-    def __enter__(self) -> "PlanProgress":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:
