@@ -1,13 +1,17 @@
-"""The ``dmlstudy`` command: ``train``, ``data generate``, ``study run`` and ``study table``.
+"""The ``dmlstudy`` command: ``train``, ``list``, ``data generate``, ``study run`` and ``study table``.
 
-``dmlstudy train --method ms --dataset synbirds --epochs 8`` runs :func:`dmlstudy.train.run`; every field of
+``dmlstudy train --method ms --epochs 8 --steps-per-epoch 0 --train-classes 0 --test-classes 0`` runs
+:func:`dmlstudy.train.run` (with no options: the CI-sized run of TrainConfig's defaults); every field of
 :class:`dmlstudy.train.TrainConfig` is an option (``--method-kwargs '{"K1": 16}'`` for dicts and lists,
-``--resume/--no-resume`` for booleans).
+``--resume/--no-resume`` for booleans), whose help is the field's comment and default. ``dmlstudy list
+methods|datasets|backbones|plans`` prints the valid names with one line each.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
+import re
 import sys
 import typing
 from pathlib import Path
@@ -15,19 +19,46 @@ from pathlib import Path
 import yaml
 
 
+def _config_choices() -> dict[str, list[str]]:
+    """Valid names of TrainConfig's choice-valued fields, from their registries (argparse enforces them)."""
+    from dmlstudy.data import list_datasets
+    from dmlstudy.methods import list_methods
+    from dmlstudy.train import OPTIMIZERS, SCHEDULES
+
+    return {"method": list_methods(), "dataset": list_datasets(), "optimizer": sorted(OPTIMIZERS), "lr_schedule": sorted(SCHEDULES)}
+
+
+def _option_help(comment: str, default: object, choices: list[str] | None) -> str:
+    text = f"{comment} [default: {default!r}]" if comment else f"[default: {default!r}]"
+    if choices and not all(name in comment for name in choices):
+        text += f"; one of: {', '.join(choices)}"
+    return text.replace("%", "%%")  # argparse %-formats help strings
+
+
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per TrainConfig field; its help is the field's comment (:meth:`TypedConfig.field_help`)
+    and default, plus the valid names of choice-valued fields."""
+    from dmlstudy.models import list_backbones
     from dmlstudy.train import TrainConfig
 
     hints = typing.get_type_hints(TrainConfig)
+    comments = TrainConfig.field_help()
+    choices = _config_choices()
+    defaults = TrainConfig()
     for spec in dataclasses.fields(TrainConfig):
         option = "--" + spec.name.replace("_", "-")
         kind = hints[spec.name]
+        text = _option_help(comments[spec.name], getattr(defaults, spec.name), choices.get(spec.name))
+        if spec.name == "backbone":
+            text += "; e.g. " + ", ".join(list_backbones())
         if kind is bool:
-            parser.add_argument(option, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+            parser.add_argument(option, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
         elif kind in (dict, list):
-            parser.add_argument(option, dest=spec.name, type=yaml.safe_load, default=argparse.SUPPRESS, metavar="YAML")
+            parser.add_argument(option, dest=spec.name, type=yaml.safe_load, default=argparse.SUPPRESS, metavar="YAML", help=text)
+        elif spec.name in choices:
+            parser.add_argument(option, dest=spec.name, choices=choices[spec.name], default=argparse.SUPPRESS, metavar="NAME", help=text)
         else:
-            parser.add_argument(option, dest=spec.name, type=kind, default=argparse.SUPPRESS)
+            parser.add_argument(option, dest=spec.name, type=kind, default=argparse.SUPPRESS, help=text)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -62,6 +93,74 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _first_line(text: str | None) -> str:
+    lines = inspect.cleandoc(text or "").splitlines()
+    return lines[0].replace("``", "") if lines else ""
+
+
+def _method_description(name: str) -> str:
+    """One line about a registered method: its class docstring's first line and any preset arguments.
+
+    Interim accessor until the method registry carries a label and group; then this returns those.
+    """
+    from dmlstudy.methods import METHODS
+
+    builder = METHODS[name]
+    preset: dict = {}
+    if not inspect.isclass(builder):  # registered with preset keyword arguments: a closure over the class
+        closure = inspect.getclosurevars(builder).nonlocals
+        builder, preset = closure.get("builder", builder), closure.get("preset", {})
+    line = f"{builder.__name__}: {_first_line(builder.__doc__).rstrip('.')}"
+    return f"{line}; {', '.join(f'{k}={v}' for k, v in preset.items())}" if preset else line
+
+
+def _plan_description(path: Path, *, width: int = 110) -> str:
+    """The first sentence of a plan file's opening comment, cut to ``width`` characters."""
+    words = []
+    for line in path.read_text().splitlines():
+        text = line.lstrip("#").strip()
+        if not line.startswith("#") or not text:
+            break
+        words.append(text)
+    sentence = re.split(r"(?<=\.)\s", " ".join(words), maxsplit=1)[0]
+    return sentence if len(sentence) <= width else sentence[:width - 1].rstrip() + "…"
+
+
+def listing(what: str) -> dict[str, str]:
+    """``name → one line`` for ``what`` in methods, datasets, backbones, plans (what ``dmlstudy list`` prints)."""
+    if what == "methods":
+        from dmlstudy.methods import list_methods
+
+        return {name: _method_description(name) for name in list_methods()}
+    if what == "datasets":
+        from dmlstudy.data import DATASETS, list_datasets
+
+        return {name: _first_line(DATASETS[name].__doc__) for name in list_datasets()}
+    if what == "backbones":
+        from dmlstudy.models import list_backbones
+
+        return {**list_backbones(), "<any timm model name>": "any name of timm.list_models(); --pretrained takes its weights from the Hugging Face cache (downloaded once when online)"}
+    if what == "plans":
+        from dmlstudy.paths import project_root
+
+        plans = project_root() / "plans"
+        return {str(path.relative_to(project_root())): _plan_description(path) for path in [*sorted(plans.glob("*.yaml")), *sorted(plans.glob("*/*.yaml"))]}
+    raise ValueError(f"cannot list {what!r}; valid: {', '.join(LISTABLE)}")
+
+
+LISTABLE = ("methods", "datasets", "backbones", "plans")
+
+
+def _list(args: argparse.Namespace) -> int:
+    items = listing(args.what)
+    width = max(map(len, items), default=0)
+    for name, line in items.items():
+        print(f"{name:<{width}}  {line}".rstrip())
+    if args.what == "plans":
+        print("\nrun a study plan: dmlstudy study run plans/<plan>.yaml; train one paper config: dmlstudy train --config plans/papers/<config>.yaml")
+    return 0
+
+
 def _study_run(args: argparse.Namespace) -> int:
     from dmlstudy.study import run_plan
 
@@ -85,35 +184,55 @@ def _study_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_description() -> str:
+    from dmlstudy.train import TrainConfig
+
+    return _first_line(TrainConfig.__doc__) + "\n\n" + inspect.cleandoc(TrainConfig.__doc__).split("\n\n", 1)[1].replace("``", "")
+
+
+TRAIN_EPILOG = """examples:
+  dmlstudy train                                   the CI-sized run of the defaults (seconds)
+  dmlstudy train --method crt --dataset glyphs --epochs 6 --steps-per-epoch 0 --train-classes 0 --test-classes 0
+                                                   one run of the default study's protocol
+  dmlstudy train --config plans/papers/crt_cub200.yaml --data-root /data/dml
+valid names: dmlstudy list methods|datasets|backbones|plans"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dmlstudy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="dmlstudy", description=__doc__.splitlines()[0],
+                                     epilog="help on one command: dmlstudy <command> --help (e.g. dmlstudy train --help)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train and evaluate one method on one dataset")
+    train = commands.add_parser("train", help="train and evaluate one method on one dataset", description=_train_description(),
+                                epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--config", default="", help="YAML file of TrainConfig fields (its 'parameters' mapping, or the top level); options given here override it")
     _add_config_options(train)
     train.set_defaults(handler=_train)
 
+    listed = commands.add_parser("list", help="list the valid methods, datasets, backbones or plans, one line each")
+    listed.add_argument("what", choices=LISTABLE, help="what to list")
+    listed.set_defaults(handler=_list)
+
     data = commands.add_parser("data", help="embedded datasets")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     generate = data_commands.add_parser("generate", help="generate the embedded datasets (cached under data/)")
-    generate.add_argument("datasets", nargs="*", default=["synbirds", "glyphs"])
-    generate.add_argument("--data-root", default="")
+    generate.add_argument("datasets", nargs="*", default=["synbirds", "glyphs"], help="embedded datasets to generate [default: synbirds glyphs]")
+    generate.add_argument("--data-root", default="", help="where datasets live [default: <project>/data]")
     generate.set_defaults(handler=_generate)
 
     study = commands.add_parser("study", help="run plans of notebooks and gather their tables")
     study_commands = study.add_subparsers(dest="study_command", required=True)
     run = study_commands.add_parser("run", help="execute a plan (plans/*.yaml) with papermill; resumes")
-    run.add_argument("plan")
-    run.add_argument("--runs-root", default=None)
+    run.add_argument("plan", help="a plan file, e.g. plans/smoke.yaml (dmlstudy list plans)")
+    run.add_argument("--runs-root", default=None, help="where run folders go [default: <project>/runs]")
     run.add_argument("--only", default="", help="regular expression: run only matching run names")
     run.set_defaults(handler=_study_run)
     table = study_commands.add_parser("table", help="gather metrics.json of a study into mean ± std tables")
-    table.add_argument("study")
-    table.add_argument("--by", nargs="+", default=["dataset", "method"])
-    table.add_argument("--metrics", nargs="+", default=["R@1", "R@2", "R@4", "R@8", "RP", "MAP@R", "NMI"])
-    table.add_argument("--runs-root", default=None)
-    table.add_argument("--out", default="", help="output stem (default results/<study>/runs)")
+    table.add_argument("study", help="a study name: the folder runs/<study>/ (e.g. default, smoke)")
+    table.add_argument("--by", nargs="+", default=["dataset", "method"], help="config fields to group runs by [default: dataset method]")
+    table.add_argument("--metrics", nargs="+", default=["R@1", "R@2", "R@4", "R@8", "RP", "MAP@R", "NMI"], help="metrics.json keys to tabulate [default: R@1 R@2 R@4 R@8 RP MAP@R NMI]")
+    table.add_argument("--runs-root", default=None, help="where run folders are [default: <project>/runs]")
+    table.add_argument("--out", default="", help="output stem [default: results/runs for the default study, runs/<study>/results/runs otherwise]")
     table.set_defaults(handler=_study_table)
     return parser
 

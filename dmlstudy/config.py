@@ -5,7 +5,12 @@ so a wrong type fails at once with the parameter's name, and builds a config fro
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import io
+import textwrap
+import tokenize
 import typing
 from typing import Any, Mapping
 
@@ -28,6 +33,37 @@ class TypedConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [spec.name for spec in dataclasses.fields(cls)]
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        """The comment written after each field in the class source (``name: type = default  # comment``), by
+        field name, inherited fields included; the one description of a field that the CLI's ``--help``, the
+        notebooks' ``parameters`` cells and ``dmlstudy list`` show.
+
+        Read from the source with :mod:`ast` (which lines hold which field, multi-line defaults included) and
+        :mod:`tokenize` (the comments, so a ``#`` inside a string default is not taken for one). A class whose
+        source cannot be read (defined interactively) contributes no comments; a field without one maps to ``""``.
+        """
+        comments: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            if not dataclasses.is_dataclass(klass):
+                continue
+            try:
+                source = textwrap.dedent(inspect.getsource(klass))
+            except (OSError, TypeError):
+                continue
+            by_line: dict[int, str] = {}
+            for token in tokenize.generate_tokens(io.StringIO(source).readline):
+                if token.type == tokenize.COMMENT:
+                    by_line[token.start[0]] = token.string.lstrip("#").strip()
+            body = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)).body
+            for statement in body:
+                if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                    lines = range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)
+                    text = " ".join(by_line[line] for line in lines if line in by_line)
+                    if text or statement.target.id not in comments:  # a redefinition without a comment keeps the base's
+                        comments[statement.target.id] = text
+        return {name: comments.get(name, "") for name in cls.field_names()}
 
     @classmethod
     def from_namespace(cls, namespace: Mapping[str, Any]):

@@ -20,10 +20,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Self
 
 import pandas as pd
 import yaml
@@ -117,6 +119,81 @@ def _is_complete(record: Path, parameters: dict[str, Any]) -> bool:
     return stored.get("status") == "complete" and stored.get("parameters") == json.loads(json.dumps(parameters, default=str))
 
 
+def kernel_config():
+    """Kernel-manager settings of every notebook the runner executes: CurveZMQ transport encryption.
+
+    Each notebook's kernel (ipykernel's ``IPKernelApp.init_sockets``) warns "Kernel is running over TCP
+    without encryption" when it listens on TCP without CurveZMQ keys. jupyter_client's ``KernelManager``
+    provisions the keys with ``transport_encryption='auto'`` when the kernel spec lists ``curve`` in
+    ``metadata.supported_encryption`` (ipykernel's ``python3`` spec does); the kernel then encrypts and has
+    nothing to warn about. Chosen over ``transport='ipc'`` (Unix sockets: not on Windows, and socket paths
+    have a length limit) and over a log filter (the warning is logged inside the kernel process, not ours).
+    Without CurveZMQ support in pyzmq the setting is left at its default (and the warning stays).
+    """
+    import zmq
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport_encryption": "auto"}}) if zmq.has("curve") else Config()
+
+
+class PlanProgress:
+    """What :func:`run_plan` shows while it works: a tqdm bar over the plan's entries, named after the running
+    entry, whose postfix counts that entry's time (a daemon thread refreshes it every ``heartbeat`` seconds, so
+    a notebook whose one training cell runs for minutes is never silent), with papermill's bar over the
+    notebook's cells beneath it (:meth:`cell_bar`). Messages go above the bars (:meth:`write`). The notebooks'
+    own bars are not forwarded: plans run them with ``progress: false``, and widget bars have no text form.
+    """
+
+    def __init__(self, total: int, *, enabled: bool = True, heartbeat: float = 5.0) -> None:
+        from tqdm.auto import tqdm
+
+        self._tqdm = tqdm
+        self.bar = tqdm(total=total, desc="plan", unit="entry", disable=not enabled, dynamic_ncols=True)
+        self.enabled, self.heartbeat = enabled, heartbeat
+        self.entry, self.started = "", time.perf_counter()
+        self._stop, self._lock = threading.Event(), threading.Lock()
+        self._thread = threading.Thread(target=self._tick, name="plan-progress", daemon=True)
+        if enabled:
+            self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.heartbeat):
+            with self._lock:
+                if self.entry:
+                    self.bar.set_postfix_str(f"{self.entry} running {self._tqdm.format_interval(time.perf_counter() - self.started)}")
+
+    def start(self, name: str) -> None:
+        with self._lock:
+            self.entry, self.started = name, time.perf_counter()
+            self.bar.set_postfix_str(f"{name} starting")
+
+    def done(self) -> None:
+        with self._lock:
+            self.entry = ""
+            self.bar.set_postfix_str("", refresh=False)
+            self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        self._tqdm.write(text)
+        sys.stdout.flush()
+
+    def cell_bar(self) -> dict[str, Any] | bool:
+        """papermill's ``progress_bar`` argument: a bar over the cells one line below, cleared when done."""
+        return {"unit": "cell", "desc": "  cells", "position": 1, "leave": False, "dynamic_ncols": True} if self.enabled else False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.bar.close()
+
+
 def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = "", kernel_name: str = "python3", progress: bool = True) -> list[EntryOutcome]:
     """Execute every entry of a plan with papermill (see the module docstring); returns one outcome per entry."""
     import papermill
@@ -127,29 +204,33 @@ def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = ""
     declared = {notebook: notebook_parameters(notebook) for notebook in {e.notebook for e in entries}}
     prepared = [(entry, injected_parameters(entry, declared[entry.notebook], root)) for entry in entries]
     outcomes: list[EntryOutcome] = []
-    for number, (entry, parameters) in enumerate(prepared, start=1):
-        run_dir = entry.run_dir(root)
-        record = run_dir / "study_entry.json"
-        if _is_complete(record, parameters):
-            outcomes.append(EntryOutcome(entry, "skipped"))
-            print(f"[{number}/{len(prepared)}] {entry.run_name}: complete, skipped", flush=True)
-            continue
-        run_dir.mkdir(parents=True, exist_ok=True)
-        print(f"[{number}/{len(prepared)}] {entry.run_name}: {entry.notebook.name} {parameters}", flush=True)
-        started = time.perf_counter()
-        try:
-            papermill.execute_notebook(
-                str(entry.notebook), str(run_dir / entry.notebook.name), parameters=parameters,
-                kernel_name=kernel_name, cwd=str(project_root()), progress_bar=False,
-            )
-            outcome = EntryOutcome(entry, "complete", time.perf_counter() - started)
-        except PapermillExecutionError as error:
-            outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"cell {error.exec_count}: {error.ename}: {error.evalue}")
-        except Exception as error:  # a kernel that died, a notebook that could not be read, …
-            outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}")
-        write_json(record, {"status": outcome.status, "notebook": str(entry.notebook), "parameters": parameters, "seconds": outcome.seconds, "error": outcome.error})
-        print(f"    {outcome.status} in {outcome.seconds:.0f} s {outcome.error}", flush=True)
-        outcomes.append(outcome)
+    with PlanProgress(len(prepared), enabled=progress) as shown:
+        for number, (entry, parameters) in enumerate(prepared, start=1):
+            run_dir = entry.run_dir(root)
+            record = run_dir / "study_entry.json"
+            if _is_complete(record, parameters):
+                outcomes.append(EntryOutcome(entry, "skipped"))
+                shown.write(f"[{number}/{len(prepared)}] {entry.run_name}: complete, skipped")
+                shown.done()
+                continue
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shown.write(f"[{number}/{len(prepared)}] {entry.run_name}: {entry.notebook.name} {parameters}")
+            shown.start(entry.run_name)
+            started = time.perf_counter()
+            try:
+                papermill.execute_notebook(
+                    str(entry.notebook), str(run_dir / entry.notebook.name), parameters=parameters,
+                    kernel_name=kernel_name, cwd=str(project_root()), progress_bar=shown.cell_bar(), config=kernel_config(),
+                )
+                outcome = EntryOutcome(entry, "complete", time.perf_counter() - started)
+            except PapermillExecutionError as error:
+                outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"cell {error.exec_count}: {error.ename}: {error.evalue}")
+            except Exception as error:  # a kernel that died, a notebook that could not be read, …
+                outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}")
+            write_json(record, {"status": outcome.status, "notebook": str(entry.notebook), "parameters": parameters, "seconds": outcome.seconds, "error": outcome.error})
+            shown.write(f"    {outcome.status} in {outcome.seconds:.0f} s {outcome.error}")
+            shown.done()
+            outcomes.append(outcome)
     failures = [o for o in outcomes if o.status == "failed"]
     print(f"plan {Path(plan).name}: {sum(o.status == 'complete' for o in outcomes)} ran, "
           f"{sum(o.status == 'skipped' for o in outcomes)} skipped, {len(failures)} failed", flush=True)

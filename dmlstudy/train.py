@@ -38,18 +38,21 @@ from dmlstudy.records import environment_info, save_torch, seed_everything, writ
 class TrainConfig(TypedConfig):
     """Everything one training run depends on. Field names match the notebook's ``parameters`` cell.
 
-    The defaults are a CI-sized run (well under a minute on 2 CPU cores); plans override them.
+    The defaults are a CI-sized run, what ``dmlstudy train`` with no options does: MS on the first 16 SynBirds
+    classes, 2 epochs of 6 batches, evaluated on the first 16 test classes (seconds on 2 CPU cores, after the
+    one-time dataset generation). Plans and paper configs set the real sizes; a full run sets
+    ``steps_per_epoch``, ``train_classes`` and ``test_classes`` to 0.
     """
 
     study: str = "scratch"  # runs are written to <runs_root>/<study>/<run_name>/
     run_name: str = ""  # default: <dataset>-<method>-seed<seed>
     runs_root: str = ""  # default: <project>/runs
     data_root: str = ""  # default: <project>/data; a dataset lives in <data_root>/<dataset>
-    dataset: str = "synbirds"  # a registered dataset name (dmlstudy.data.list_datasets())
-    method: str = "ms"  # a registered method name (dmlstudy.methods.list_methods())
+    dataset: str = "synbirds"  # a registered dataset name (dmlstudy list datasets)
+    method: str = "ms"  # a registered method name (dmlstudy list methods)
     method_kwargs: dict = field(default_factory=dict)  # keyword arguments of the method (e.g. {"K1": 16})
-    backbone: str = "dml_convnet"  # any timm model name
-    pretrained: bool = False  # timm pretrained weights (must be available locally)
+    backbone: str = "dml_convnet"  # any timm model name (dmlstudy list backbones)
+    pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
     checkpoint_path: str = ""  # local backbone weights file, loaded after construction
     freeze_bn: bool = False  # freeze BatchNorm statistics and affine parameters of the backbone
     output_stride: int = 0  # 0: the backbone's own; 8/16 for dilated ResNets (larger feature grid)
@@ -57,10 +60,10 @@ class TrainConfig(TypedConfig):
     image_size: int = 64  # training crop and test centre-crop size in pixels
     classes_per_batch: int = 16  # P of a P × M class-balanced batch
     samples_per_class: int = 4  # M of a P × M class-balanced batch
-    epochs: int = 8  # training epochs
-    steps_per_epoch: int = 0  # 0: len(train) // (P·M) batches per epoch
-    train_classes: int = 0  # 0: all training classes; n: only the first n (CI-sized runs)
-    test_classes: int = 0  # 0: all test classes; n: only the first n
+    epochs: int = 2  # training epochs
+    steps_per_epoch: int = 6  # 0: len(train) // (P·M) batches per epoch
+    train_classes: int = 16  # 0: all training classes; n: only the first n (CI-sized runs)
+    test_classes: int = 16  # 0: all test classes; n: only the first n
     optimizer: str = "adamw"  # adam, adamw or sgd
     lr: float = 4e-3  # learning rate of the backbone and embedding
     head_lr: float = 1e-2  # learning rate of proxies / class centres
@@ -71,7 +74,7 @@ class TrainConfig(TypedConfig):
     eval_batch_size: int = 256  # batch size when embedding the test set
     num_workers: int = 0  # DataLoader worker processes
     seed: int = 0  # seeds model init, batches and augmentation
-    device: str = "auto"  # auto (CUDA when present), cpu or cuda
+    device: str = "auto"  # auto (CUDA when present), cpu, cuda or cuda:<i>
     sync_bn: bool = False  # SyncBatchNorm across ranks under torchrun (GPU); or use freeze_bn
     resume: bool = False  # continue from the run folder's checkpoint; a complete run is loaded, not retrained
     progress: bool = True  # tqdm progress bars

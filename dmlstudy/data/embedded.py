@@ -29,6 +29,7 @@ from typing import Any, Callable, Collection, Iterable, Protocol, Sequence, Type
 
 import numpy as np
 from PIL import Image
+from tqdm.auto import tqdm
 
 from dmlstudy.data.base import DatasetLayoutError
 
@@ -95,18 +96,28 @@ def encode_png(image: np.ndarray | Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def parallel_map(function: Callable[[T], R], items: Sequence[T], *, workers: int = 2, chunksize: int = 8) -> list[R]:
+def parallel_map(function: Callable[[T], R], items: Sequence[T], *, workers: int = 2, chunksize: int = 8, progress: str = "") -> list[R]:
     """``[function(x) for x in items]`` over ``workers`` processes, results in input order.
 
     ``function`` must be a module-level function. Uses ``fork`` where the platform has it (fast start;
     the children only run numpy/PIL code), ``spawn`` otherwise. ``workers <= 1`` runs in this process.
+    ``progress``: the description of a tqdm bar over the items (none when empty).
     """
-    if workers <= 1 or len(items) <= chunksize:
-        return [function(item) for item in items]
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with context.Pool(processes=min(workers, len(items))) as pool:
-        return pool.map(function, items, chunksize=chunksize)
+    with tqdm(total=len(items), desc=progress, unit="item", disable=not progress) as bar:
+        if workers <= 1 or len(items) <= chunksize:
+            results = []
+            for item in items:
+                results.append(function(item))
+                bar.update()
+            return results
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with context.Pool(processes=min(workers, len(items))) as pool:
+            results = []
+            for result in pool.imap(function, items, chunksize=chunksize):  # imap keeps the input order
+                results.append(result)
+                bar.update()
+            return results
 
 
 # ----------------------------------------------------------------------------------------------

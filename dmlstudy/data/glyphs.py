@@ -226,7 +226,7 @@ class GlyphsGenerator:
             raise ValueError(f"GlyphsGenerator: need images_per_class >= 1 and image_size >= 8, got {self.images_per_class}, {self.image_size}")
         characters = self.characters()
         jobs = [(ch, seed, c, i, self.image_size) for c, ch in enumerate(characters) for i in range(self.images_per_class)]
-        images = parallel_map(render_job, jobs, workers=self.workers)
+        images = parallel_map(render_job, jobs, workers=self.workers, progress=f"generating {self.name}")
         labels = [c for c in range(len(characters)) for _ in range(self.images_per_class)]
         n_train = len(characters) // 2
         write_cub_layout(folder, images, labels, [character_name(ch) for ch in characters], train_classes=range(n_train))

@@ -448,7 +448,7 @@ class SynBirdsGenerator:
         """Render all images (class-major order) and write the CUB layout and ``class_attributes.json``."""
         classes = class_attributes(self.num_classes, seed)
         jobs = [(cls["attributes"], seed, c, i, self.image_size) for c, cls in enumerate(classes) for i in range(self.images_per_class)]
-        images = parallel_map(render_job, jobs, workers=self.workers)
+        images = parallel_map(render_job, jobs, workers=self.workers, progress=f"generating {self.name}")
         labels = [c for c in range(self.num_classes) for _ in range(self.images_per_class)]
         n_train = self.num_classes // 2
         write_cub_layout(folder, images, labels, [cls["name"] for cls in classes], train_classes=range(n_train))

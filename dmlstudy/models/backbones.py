@@ -20,7 +20,8 @@ class Backbone(nn.Module):
 
     Args:
         name: a timm model name (``timm.list_models()``), e.g. ``dml_convnet``, ``resnet50``, ``deit_tiny_patch16_224``.
-        pretrained: load timm's pretrained weights (needs them cached locally: nothing is downloaded here).
+        pretrained: load timm's pretrained weights: from the Hugging Face cache (``HF_HOME``), which timm fills
+            from the Hugging Face Hub on first use when the machine is online (``HF_HUB_OFFLINE=1`` forbids that).
         checkpoint_path: a local file of weights for this architecture (classifier keys are ignored).
         freeze_bn: keep BatchNorm layers in eval mode with frozen affine parameters, as the DML benchmark
             codebases do for ImageNet-pretrained backbones.
@@ -104,6 +105,26 @@ def load_backbone_checkpoint(model: nn.Module, path: str | Path) -> None:
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not match {type(model).__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}")
     model.load_state_dict({key: value for key, value in state.items() if key in own})
+
+
+# timm models the study's notebooks and the paper configs use; any other timm model name works as well.
+RECOMMENDED_BACKBONES = {
+    "test_resnet": "timm's tiny test ResNet, random init (the CRT notebook's backbone ablation on CPU)",
+    "test_vit": "timm's tiny test ViT, random init (the CRT notebook's backbone ablation on CPU)",
+    "resnet50.tv_in1k": "ResNet-50 with torchvision's ImageNet weights: the papers' backbone (plans/papers/, GPU)",
+    "pvt_v2_b2": "PVT-v2-B2, the closest timm model to CRT's MiT-B2 (plans/papers/crt_*, GPU)",
+}
+
+
+def list_backbones() -> dict[str, str]:
+    """One line per backbone worth knowing: those this package registers with timm (their docstring's first
+    line), then :data:`RECOMMENDED_BACKBONES`. Any name of ``timm.list_models()`` is accepted as well."""
+    own = {}
+    for name in timm.list_models():
+        entrypoint = timm.models.model_entrypoint(name)
+        if entrypoint.__module__.startswith("dmlstudy."):
+            own[name] = (entrypoint.__doc__ or "").strip().splitlines()[0] if entrypoint.__doc__ else ""
+    return {**own, **RECOMMENDED_BACKBONES}
 
 
 def build_backbone(name: str = "dml_convnet", **kwargs) -> Backbone:

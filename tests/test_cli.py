@@ -1,0 +1,187 @@
+"""The command line explains itself (help from the config's comments, valid names listed), and every long
+wait shows progress: dataset generation, the study runner (without the kernel's TCP warning)."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from dmlstudy.cli import build_parser, main
+from dmlstudy.config import TypedConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def help_text(*argv: str) -> str:
+    """``dmlstudy <argv> --help`` with whitespace normalised (argparse wraps lines); built once per command."""
+    output = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stdout(output):
+        build_parser().parse_args([*argv, "--help"])
+    assert exit_info.value.code == 0
+    return " ".join(output.getvalue().split())
+
+
+def source_comment(field_name: str) -> str:
+    """The comment after a TrainConfig field, read from train.py by a plain regular expression."""
+    source = (REPO / "dmlstudy" / "train.py").read_text()
+    match = re.search(rf"^    {field_name}: \w+ = .*?  # (.*)$", source, re.MULTILINE)
+    assert match, field_name
+    return match.group(1).strip()
+
+
+@pytest.mark.parametrize("name, default", [("epochs", "2"), ("train_classes", "16"), ("lr_schedule", "'cosine'"), ("method", "'ms'"), ("progress", "True")])
+def test_train_option_help_is_the_field_comment_and_default(name, default):
+    text = help_text("train")
+    option = "--" + name.replace("_", "-")
+    options = text[text.index(" options: "):]  # after the usage lines, which name every option too
+    entry = options[re.search(rf"{option}[ ,]", options).start():]
+    assert entry.split("[default: ", 1)[0].endswith(source_comment(name) + " ")
+    assert entry.split("[default: ", 1)[1].startswith(default + "]")
+
+
+def test_choice_options_list_the_registered_names():
+    from dmlstudy.data import list_datasets
+    from dmlstudy.methods import list_methods
+
+    text = help_text("train")
+    text = text[text.index(" options: "):]
+    method_help = text[text.index("--method NAME"):text.index("--method-kwargs")]
+    dataset_help = text[text.index("--dataset NAME"):text.index("--method NAME")]
+    assert all(name in method_help for name in list_methods())
+    assert all(name in dataset_help for name in list_datasets())
+    backbone_help = text[text.index("--backbone BACKBONE"):text.index("--pretrained")]
+    assert "dml_convnet" in backbone_help and "any timm model name" in backbone_help
+
+
+@pytest.mark.parametrize("option, registry", [("--method", "methods"), ("--dataset", "datasets"), ("--optimizer", "optimizers")])
+def test_an_unknown_name_is_refused_with_the_valid_names(capsys, option, registry):
+    from dmlstudy.data import list_datasets
+    from dmlstudy.methods import list_methods
+    from dmlstudy.train import OPTIMIZERS
+
+    valid = {"methods": list_methods(), "datasets": list_datasets(), "optimizers": list(OPTIMIZERS)}[registry]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", option, "no_such_name"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "invalid choice: 'no_such_name'" in error
+    assert all(f"'{name}'" in error for name in valid)
+
+
+def listed(capsys, what: str) -> dict[str, str]:
+    assert main(["list", what]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    return {line.split()[0]: line.split(None, 1)[1] if len(line.split()) > 1 else "" for line in lines}
+
+
+def test_list_methods_lists_every_registered_method_with_a_description(capsys):
+    from dmlstudy.methods import list_methods
+
+    rows = listed(capsys, "methods")
+    assert sorted(rows) == list_methods()
+    assert all(rows.values())
+    assert "loss=triplet" in rows["triplet"] and rows["crt"].startswith("CRT: Coded residual transform")
+
+
+def test_list_datasets_backbones_and_plans(capsys):
+    from dmlstudy.data import list_datasets
+
+    datasets = listed(capsys, "datasets")
+    assert sorted(datasets) == list_datasets() and all(datasets.values())
+    backbones = listed(capsys, "backbones")
+    assert {"dml_convnet", "resnet50.tv_in1k"} <= set(backbones)
+    plans = listed(capsys, "plans")
+    expected = {str(p.relative_to(REPO)) for p in (REPO / "plans").rglob("*.yaml")}
+    assert expected <= set(plans)
+    assert plans["plans/smoke.yaml"].startswith("Every notebook at its CI-sized defaults")
+
+
+@dataclass
+class _Base(TypedConfig):
+    name: str = "a # not a comment"  # the name
+    sizes: list = field(  # sizes, comment on the first line
+        default_factory=lambda: [1, 2],
+    )
+    bare: int = 0
+
+
+@dataclass
+class _Derived(_Base):
+    name: str = "b"
+    extra: float = 1.0  # ratio: 100 % means all
+
+
+def test_field_help_reads_comments_from_the_source():
+    assert _Base.field_help() == {"name": "the name", "sizes": "sizes, comment on the first line", "bare": ""}
+    assert _Derived.field_help() == {"name": "the name", "sizes": "sizes, comment on the first line", "bare": "", "extra": "ratio: 100 % means all"}
+
+
+def test_paper_configs_state_full_sizes():
+    """TrainConfig's defaults are CI-sized, so a paper config must not rely on them for its sizes."""
+    for path in sorted((REPO / "plans" / "papers").glob("*.yaml")):
+        parameters = yaml.safe_load(path.read_text())["parameters"]
+        assert {parameters.get(k) for k in ("steps_per_epoch", "train_classes", "test_classes")} == {0}, path.name
+
+
+def test_generation_shows_a_progress_bar(tmp_path, capsys):
+    from dmlstudy.data.embedded import ensure_generated
+    from dmlstudy.data.synbirds import SynBirdsGenerator
+
+    ensure_generated(tmp_path / "birds", SynBirdsGenerator(num_classes=4, images_per_class=5, workers=2), seed=0)
+    error = capsys.readouterr().err
+    assert "generating synbirds" in error and "20/20" in error
+
+
+def test_plan_progress_keeps_ticking_during_a_long_entry():
+    from dmlstudy.study import PlanProgress
+
+    with PlanProgress(2, heartbeat=0.01) as shown:
+        shown.start("slow-entry")
+        ticked = threading.Event()
+        for _ in range(1000):
+            if "slow-entry running" in str(shown.bar.postfix):
+                ticked.set()
+                break
+            ticked.wait(0.01)
+        assert ticked.is_set()
+        shown.done()
+        assert shown.bar.n == 1 and "slow-entry" not in str(shown.bar.postfix)
+
+
+def write_notebook(path: Path) -> Path:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    parameters = nbformat.v4.new_code_cell("study: str = 'x'\nrun_name: str = ''\nruns_root: str = ''\nvalue: int = 1")
+    parameters.metadata["tags"] = ["parameters"]
+    notebook.cells = [parameters, nbformat.v4.new_code_cell("print(value * 2)")]
+    path.write_text(nbformat.writes(notebook))
+    return path
+
+
+def test_study_runner_shows_progress_without_the_kernel_tcp_warning(tmp_path, capfd):
+    import zmq
+
+    from dmlstudy.study import run_plan
+
+    if not zmq.has("curve"):
+        pytest.skip("this pyzmq has no CurveZMQ: the kernel manager cannot encrypt, and the kernel warns")
+    notebook = write_notebook(tmp_path / "echo.ipynb")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"study: s\nentries:\n  - name: e\n    notebook: {notebook}\n    grid: {{value: [1, 2]}}\n")
+    outcomes = run_plan(plan, root=tmp_path / "runs")
+    assert [o.status for o in outcomes] == ["complete", "complete"]
+    captured = capfd.readouterr()
+    everything = captured.out + captured.err
+    assert "Kernel is running over TCP" not in everything and "without encryption" not in everything
+    assert "2/2" in captured.err and "entry" in captured.err  # the bar over the plan's entries
+    assert "cell" in captured.err  # papermill's bar over the cells
+    assert "[1/2] e-value=1" in captured.out and "plan plan.yaml: 2 ran" in captured.out
