@@ -93,7 +93,8 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
                      "seed": int(config.get("seed", 0)), "R@1": float(metrics.get("R@1", float("nan"))),
                      "method_kwargs": json.dumps(config.get("method_kwargs") or {}, sort_keys=True), "path": str(run_dir)})
     frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
-    plain = [bool(re.fullmatch(f"{re.escape(d)}-{re.escape(m)}-seed\\d+", r)) for d, m, r in zip(frame["dataset"], frame["method"], frame["run"])]
+    plain = [bool(re.fullmatch(f"{re.escape(d)}-{re.escape(m)}-seed\\d+(-[0-9a-f]{{8}})?", r))  # the config hash suffix (dmlstudy.runs)
+             for d, m, r in zip(frame["dataset"], frame["method"], frame["run"])]
     frame["_variant"] = ~np.asarray(plain, dtype=bool)  # the protocol's runs of the method with its defaults first
     return frame.sort_values(["dataset", "method", "_variant", "seed", "run"], kind="stable").drop(columns="_variant").reset_index(drop=True)
 
