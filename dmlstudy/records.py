@@ -95,10 +95,13 @@ def _explained(error: OSError, path: Path, size: int) -> OSError:
             free = f"{shutil.disk_usage(path.parent).free:,} bytes free there"
         except OSError:
             free = "free space unknown"
-        return RecordWriteError(error.errno, f"cannot write {path}: {_SPACE_ERRORS[error.errno]} ({size:,} bytes needed, {free})")
-    if error.errno in _ACCESS_ERRORS:
-        return RecordWriteError(error.errno, f"cannot write {path}: {_ACCESS_ERRORS[error.errno]} ({size:,} bytes to write)")
-    return error
+        explained = RecordWriteError(f"cannot write {path}: {_SPACE_ERRORS[error.errno]} ({size:,} bytes needed, {free})")
+    elif error.errno in _ACCESS_ERRORS:
+        explained = RecordWriteError(f"cannot write {path}: {_ACCESS_ERRORS[error.errno]} ({size:,} bytes to write)")
+    else:
+        return error
+    explained.errno, explained.filename = error.errno, str(path)
+    return explained
 
 
 def _write_all(handle: int, data: bytes) -> None:

@@ -155,7 +155,8 @@ def check_before_loading(config) -> None:
         raise KeyError(f"unknown backbone {config.backbone!r} (parameter 'backbone'): not a timm model name. "
                        f"Close matches: {close or 'none'}; the full list is timm.list_models().")
     builder = METHODS[config.method]
-    builder = inspect.getclosurevars(builder).nonlocals.get("builder", builder)  # a preset method's class (register_method)
+    if inspect.isfunction(builder) and builder.__name__ == "<lambda>":  # a preset method: its class (register_method)
+        builder = inspect.getclosurevars(builder).nonlocals.get("builder", builder)
     parameters = inspect.signature(builder).parameters.values()
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         accepted = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL} - {"backbone", "embedding_dim", "num_classes"}
@@ -339,7 +340,7 @@ class RunSession:
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise records.RecordWriteError(error.errno, f"cannot create the run folder {self.run_dir}: {error.strerror}") from error
+            raise records.RecordWriteError(f"cannot create the run folder {self.run_dir}: {error.strerror}") from error
 
     def _apply_policy(self) -> None:
         config, run_dir = self.config, self.run_dir

@@ -292,7 +292,7 @@ def _read_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
 class TrainingWatch:
     """Numbers that cannot be right, caught where they appear (issue 16).
 
-    * A non-finite loss stops the run at the batch that produced it; the message names the batch's
+    * A non-finite loss or input batch stops the run at the batch that produced it; the message names the
       non-finite images (training-set index and file), or the whole batch when every image is finite.
     * A first epoch whose loss has not moved warns: the mean of its last quarter of steps within
       ``FLAT_TOLERANCE`` (relative) of its first quarter, when there are at least 4 steps. An absurd learning
@@ -313,14 +313,16 @@ class TrainingWatch:
         return []
 
     def observe(self, loss: torch.Tensor, images: torch.Tensor, *, epoch: int, step: int) -> None:
-        if not torch.isfinite(loss):
+        # the inputs are checked too: a loss with mining can stay finite on NaN images while its gradient is not
+        if not bool(torch.isfinite(loss) & torch.isfinite(images).all()):
             indices = self._batch_indices(step)
             bad_rows = (~torch.isfinite(images.reshape(len(images), -1)).all(dim=1)).nonzero().flatten().tolist()
             if bad_rows and indices:
                 culprit = f"non-finite values in the input images {runs.describe_items(self.train, [indices[r] for r in bad_rows][:8])}"
             else:
                 culprit = f"the inputs are finite; the batch was {runs.describe_items(self.train, indices[:8])}{' …' if len(indices) > 8 else ''}"
-            raise FloatingPointError(f"run {self.config.resolved_run_name}: the loss became {loss.item()} at epoch {epoch + 1}, "
+            what = f"the loss became {loss.item()}" if not torch.isfinite(loss) else "a training batch holds non-finite values"
+            raise FloatingPointError(f"run {self.config.resolved_run_name}: {what} at epoch {epoch + 1}, "
                                      f"step {step + 1}: {culprit}")
         if self.first_epoch is None:
             self.first_epoch = epoch  # the first epoch this process trains (a resumed run: the one it resumes at)
