@@ -184,32 +184,57 @@ def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = ""
 
 
 def _plan_interruptible(plan: str | Path, record: Path, entry: PlanEntry, parameters: dict[str, Any], started: float):
-    """SIGTERM/SIGINT while an entry executes: record it as ``interrupted``, print how to resume, raise
-    :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). Only in the main thread; handlers restored after."""
+    """SIGTERM/SIGINT while an entry executes (main thread only; handlers restored after).
+
+    Papermill starts each kernel in its own session, so a signal sent to ``dmlstudy study run`` does not
+    reach it: the handler forwards the signal to this process's children (the kernel, whose
+    :func:`dmlstudy.train.run` then keeps its checkpoint and stops), waits for the notebook to end, records
+    the entry as ``interrupted``, prints how to resume the plan and raises
+    :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal stops at once.
+    """
     import contextlib
 
+    import psutil
+
     from dmlstudy.runs import RunInterrupted
+
+    received: list[int] = []
+
+    def stop() -> None:
+        signum = received[0]
+        message = (f"plan {Path(plan).name} interrupted by {signal.Signals(signum).name} during entry {entry.run_name}; "
+                   f"finished entries are kept and interrupted runs resume: dmlstudy study run {plan}")
+        write_json(record, {"status": "interrupted", "notebook": str(entry.notebook), "parameters": parameters,
+                            "seconds": time.perf_counter() - started, "error": message})
+        print(message, file=sys.stderr, flush=True)
+        raise RunInterrupted(signum, message)
+
+    def handler(signum, frame) -> None:
+        first = not received
+        received.append(signum)
+        if not first:
+            stop()
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signum)
 
     @contextlib.contextmanager
     def guard():
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-
-        def handler(signum, frame):
-            raise RunInterrupted(signum, f"plan {Path(plan).name} interrupted by {signal.Signals(signum).name} during entry "
-                                         f"{entry.run_name}; finished entries are kept and its runs resume: dmlstudy study run {plan}")
-
         previous = {number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGINT)}
         try:
             yield
-        except RunInterrupted as interruption:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            write_json(record, {"status": "interrupted", "notebook": str(entry.notebook), "parameters": parameters,
-                                "seconds": time.perf_counter() - started, "error": interruption.message})
-            print(interruption.message, file=sys.stderr, flush=True)
+        except RunInterrupted:
             raise
+        except BaseException:
+            if not received:
+                raise
+            stop()
+        else:
+            if received:
+                stop()
         finally:
             for number, action in previous.items():
                 signal.signal(number, action)
