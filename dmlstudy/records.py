@@ -64,7 +64,11 @@ def environment_info(device: str = "cpu") -> dict[str, Any]:
 
 
 class RecordWriteError(OSError):
-    """A record could not be written; the message names the file, the reason and the bytes it needed."""
+    """A record could not be written; the message names the file, the reason and the bytes it needed
+    (``errno`` and ``filename`` are those of the original error)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class _WriteGuard:
