@@ -4,7 +4,12 @@
 :func:`dmlstudy.train.run` (with no options: the CI-sized run of TrainConfig's defaults); every field of
 :class:`dmlstudy.train.TrainConfig` is an option (``--method-kwargs '{"K1": 16}'`` for dicts and lists,
 ``--resume/--no-resume`` for booleans), whose help is the field's comment and default. ``dmlstudy list
-methods|datasets|backbones|plans`` prints the valid names with one line each.
+methods|datasets|backbones|plans`` prints the valid names with one line each. A finished run is loaded, not
+retrained; ``--overwrite`` replaces it.
+
+Errors print one line, ``error: <message>``, and exit with status 1; ``--debug`` (anywhere on the command
+line) or ``DMLSTUDY_DEBUG=1`` shows the traceback instead. A run stopped by SIGTERM/SIGINT exits 143/130
+after printing how to resume it.
 """
 from __future__ import annotations
 
@@ -12,11 +17,13 @@ import argparse
 import dataclasses
 import inspect
 import re
+import os
 import sys
 import typing
+import warnings
 from pathlib import Path
 
-import yaml
+from dmlstudy.config import load_yaml
 
 
 def _config_choices() -> dict[str, list[str]]:
@@ -54,7 +61,7 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             parser.add_argument(option, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
         elif kind in (dict, list):
-            parser.add_argument(option, dest=spec.name, type=yaml.safe_load, default=argparse.SUPPRESS, metavar="YAML", help=text)
+            parser.add_argument(option, dest=spec.name, type=load_yaml, default=argparse.SUPPRESS, metavar="YAML", help=text)
         elif spec.name in choices:
             parser.add_argument(option, dest=spec.name, choices=choices[spec.name], default=argparse.SUPPRESS, metavar="NAME", help=text)
         else:
@@ -63,23 +70,36 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from dmlstudy.distributed import is_main_process
-    from dmlstudy.train import TrainConfig, run
+    from dmlstudy.train import TrainConfig, is_complete, run
 
-    values = {}
-    if args.config:
-        loaded = yaml.safe_load(Path(args.config).read_text()) or {}
-        parameters = loaded.get("parameters", loaded)
-        unknown = sorted(set(parameters) - set(TrainConfig.field_names()))
-        if unknown:
-            raise SystemExit(f"{args.config}: unknown TrainConfig fields {unknown}; valid: {TrainConfig.field_names()}")
-        values.update(parameters)
+    values = _config_file_values(args.config) if args.config else {}
     values.update({k: v for k, v in vars(args).items() if k in TrainConfig.field_names()})
-    result = run(TrainConfig(**values))
+    config = TrainConfig(**values)
+    reused = is_complete(config) and not config.overwrite
+    result = run(config)
     if not is_main_process():
         return 0
     shown = {k: round(v, 4) for k, v in result.metrics.items() if isinstance(v, float)}
-    print(f"run folder: {result.run_dir}\nmetrics: {shown}")
+    note = " (finished earlier: loaded, not retrained; --overwrite trains it again)" if reused else ""
+    print(f"run folder: {result.run_dir}{note}\nmetrics: {shown}")
     return 0
+
+
+def _config_file_values(path: str) -> dict:
+    """The TrainConfig fields of a ``--config`` YAML file (its ``parameters`` mapping, or the top level)."""
+    from dmlstudy.train import TrainConfig
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"--config {path}: file not found")
+    loaded = load_yaml(file.read_text()) or {}
+    parameters = loaded.get("parameters", loaded) if isinstance(loaded, dict) else loaded
+    if not isinstance(parameters, dict):
+        raise ValueError(f"--config {path}: expected a mapping of TrainConfig fields, got {type(parameters).__name__}")
+    unknown = sorted(set(parameters) - set(TrainConfig.field_names()))
+    if unknown:
+        raise ValueError(f"--config {path}: unknown TrainConfig fields {unknown}; valid: {TrainConfig.field_names()}")
+    return dict(parameters)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -164,19 +184,19 @@ def _list(args: argparse.Namespace) -> int:
 def _study_run(args: argparse.Namespace) -> int:
     from dmlstudy.study import run_plan
 
-    outcomes = run_plan(args.plan, root=args.runs_root, only=args.only)
+    outcomes = run_plan(args.plan, root=args.runs_root, only=args.only, overwrite=args.overwrite)
     return 1 if any(o.status == "failed" for o in outcomes) else 0
 
 
 def _study_table(args: argparse.Namespace) -> int:
     from dmlstudy.paths import study_outputs
-    from dmlstudy.study import gather_runs, summarize, write_table
+    from dmlstudy.study import configuration_columns, gather_runs, summarize, write_table
 
     frame = gather_runs(args.study, root=args.runs_root)
     if frame.empty:
         print(f"no finished runs under study {args.study!r}", file=sys.stderr)
         return 1
-    table = summarize(frame, by=args.by, metrics=args.metrics)
+    table = summarize(frame, by=[*args.by, *configuration_columns(frame, args.by)], metrics=args.metrics)
     out = Path(args.out) if args.out else study_outputs(args.study, "results", runs_root_override=args.runs_root or "") / "runs"
     csv_path, md_path = write_table(table, out)
     print(table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]].to_markdown(index=False))
@@ -201,6 +221,7 @@ valid names: dmlstudy list methods|datasets|backbones|plans"""
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dmlstudy", description=__doc__.splitlines()[0],
                                      epilog="help on one command: dmlstudy <command> --help (e.g. dmlstudy train --help)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (anywhere on the line; or DMLSTUDY_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train and evaluate one method on one dataset", description=_train_description(),
@@ -226,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("plan", help="a plan file, e.g. plans/smoke.yaml (dmlstudy list plans)")
     run.add_argument("--runs-root", default=None, help="where run folders go [default: <project>/runs]")
     run.add_argument("--only", default="", help="regular expression: run only matching run names")
+    run.add_argument("--overwrite", action="store_true", help="execute every entry again and retrain its runs (replaces their records)")
     run.set_defaults(handler=_study_run)
     table = study_commands.add_parser("table", help="gather metrics.json of a study into mean ± std tables")
     table.add_argument("study", help="a study name: the folder runs/<study>/ (e.g. default, smoke)")
@@ -237,9 +259,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error_text(error: BaseException) -> str:
+    """The message of an error as one would write it (a KeyError's message without its quotes)."""
+    text = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str) else str(error)
+    return text or type(error).__name__
+
+
+def _show_run_warnings() -> None:
+    """Run warnings (:class:`dmlstudy.runs.RunWarning`) print as ``warning: <message>``; others as usual."""
+    from dmlstudy.runs import RunWarning
+
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, RunWarning):
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.handler(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("DMLSTUDY_DEBUG", "") not in ("", "0")
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    _show_run_warnings()
+    try:
+        return args.handler(args)
+    except Exception as error:  # SystemExit (also a run stopped by a signal) and KeyboardInterrupt pass through
+        if debug:
+            raise
+        print(f"error: {_error_text(error)}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

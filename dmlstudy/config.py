@@ -2,6 +2,9 @@
 
 It checks each field against its annotation when constructed (papermill injects whatever a user typed),
 so a wrong type fails at once with the parameter's name, and builds a config from a notebook's globals.
+
+:func:`load_yaml` is the one reader of every YAML the project accepts (plans, ``--config`` files,
+``--method-kwargs`` and other YAML-valued options, stored ``config.yaml`` records).
 """
 from __future__ import annotations
 
@@ -11,8 +14,11 @@ import inspect
 import io
 import textwrap
 import tokenize
+import re
 import typing
 from typing import Any, Mapping
+
+import yaml
 
 
 @dataclasses.dataclass
@@ -72,3 +78,26 @@ class TypedConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+class Yaml12Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads YAML 1.2 floats without a dot (``1e-3``, ``5E-4``, ``2e+1``).
+
+    PyYAML follows YAML 1.1, whose float pattern needs a ``.``, so ``lr: 1e-3`` (the way every DML config
+    writes learning rates) came back as the string ``"1e-3"``. Decision: add the YAML 1.2 core-schema float
+    pattern as one more implicit resolver instead of coercing by field type, so a plan, a ``--config`` file
+    and a free-form ``method_kwargs`` mapping all read numbers the same way. Integers still resolve first
+    (``10`` stays an int); everything else is the safe loader unchanged.
+    """
+
+
+Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text with :class:`Yaml12Loader` (safe; ``1e-3`` is a float)."""
+    return yaml.load(text, Loader=Yaml12Loader)

@@ -6,10 +6,13 @@ rename) so a killed run never leaves a half-written record.
 """
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import platform
 import random
+import shutil
 import subprocess
 import tempfile
 from importlib import metadata
@@ -60,27 +63,118 @@ def environment_info(device: str = "cpu") -> dict[str, Any]:
     }
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``."""
+class RecordWriteError(OSError):
+    """A record could not be written; the message names the file, the reason and the bytes it needed
+    (``errno`` and ``filename`` are those of the original error)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _WriteGuard:
+    """Signals that arrive while a record is being written wait until the write has finished, so an
+    interrupted run never loses a record to a half-done rename (see :func:`defer_while_writing`)."""
+
+    depth = 0
+    pending: Callable[[], None] | None = None
+
+
+def defer_while_writing(action: Callable[[], None]) -> bool:
+    """Postpone ``action`` (a signal handler's work) until the atomic write in progress ends; returns
+    False (and does nothing) when no write is in progress, so the caller acts at once."""
+    if _WriteGuard.depth == 0:
+        return False
+    _WriteGuard.pending = action
+    return True
+
+
+_SPACE_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+_ACCESS_ERRORS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only file system"}
+
+
+def _explained(error: OSError, path: Path, size: int) -> OSError:
+    """``error`` rewritten as a :class:`RecordWriteError` naming ``path`` and ``size`` (other errors as they are)."""
+    if error.errno in _SPACE_ERRORS:
+        try:
+            free = f"{shutil.disk_usage(path.parent).free:,} bytes free there"
+        except OSError:
+            free = "free space unknown"
+        explained = RecordWriteError(f"cannot write {path}: {_SPACE_ERRORS[error.errno]} ({size:,} bytes needed, {free})")
+    elif error.errno in _ACCESS_ERRORS:
+        explained = RecordWriteError(f"cannot write {path}: {_ACCESS_ERRORS[error.errno]} ({size:,} bytes to write)")
+    else:
+        return error
+    explained.errno, explained.filename = error.errno, str(path)
+    return explained
+
+
+def _write_all(handle: int, data: bytes) -> None:
+    """Write every byte of ``data`` to the open file descriptor (tests replace it to simulate a full disk)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(handle, view):]
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``.
+
+    A reader sees the old file or the new one, never a part. The payload is serialized in memory first, so
+    its size is known and a full disk or a missing permission becomes a :class:`RecordWriteError` naming
+    the file and the bytes needed (``torch.save`` straight to disk reported a full disk as
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``). Signals wait for the rename.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
+    _WriteGuard.depth += 1
+    temporary = None
     try:
-        write(Path(temporary))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            _write_all(handle, data)
+            os.fsync(handle)
+        finally:
+            os.close(handle)
         os.replace(temporary, path)
+    except OSError as error:
+        raise _explained(error, path, len(data)) from error
     finally:
-        if os.path.exists(temporary):
+        if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
+        _WriteGuard.depth -= 1
+        if _WriteGuard.depth == 0 and _WriteGuard.pending is not None:
+            action, _WriteGuard.pending = _WriteGuard.pending, None
+            action()
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary path, then write its bytes to ``path`` with :func:`write_bytes_atomically`."""
+    with tempfile.TemporaryDirectory() as folder:
+        temporary = Path(folder) / Path(path).name
+        write(temporary)
+        write_bytes_atomically(path, temporary.read_bytes())
 
 
 def write_json(path: Path, payload: Any) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n"))
+    write_bytes_atomically(path, (json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
 def write_yaml(path: Path, payload: Any) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(yaml.safe_dump(payload, sort_keys=False)))
+    write_bytes_atomically(path, yaml.safe_dump(payload, sort_keys=False).encode())
+
+
+def write_csv(path: Path, frame: Any) -> None:
+    """A ``pandas.DataFrame`` as CSV without its index, atomically."""
+    write_bytes_atomically(path, frame.to_csv(index=False).encode())
+
+
+def write_npz(path: Path, arrays: dict[str, Any]) -> None:
+    """``numpy.savez`` of ``arrays``, atomically."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes_atomically(path, buffer.getvalue())
 
 
 def save_torch(path: Path, payload: Any) -> None:
-    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    write_bytes_atomically(path, buffer.getvalue())

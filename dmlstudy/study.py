@@ -14,22 +14,35 @@ the run's records; ``study`` and ``run_name`` are injected when the notebook has
 entry whose ``study_entry.json`` says ``complete`` with the same parameters is skipped, so re-running a
 plan resumes where it stopped; a failing notebook is recorded and the plan continues; the failures are
 listed at the end with the cell that failed.
+
+Plans resume by default: ``resume=True`` is injected into every notebook that declares ``resume`` (unless
+the entry sets it), so an entry whose notebook was stopped continues its interrupted runs, and runs that
+finished are loaded, never retrained. ``overwrite`` (``dmlstudy study run --overwrite``) executes every
+entry again and injects ``overwrite=True`` where declared: the only way a plan replaces finished records.
+SIGTERM/SIGINT stop the plan after recording the current entry as ``interrupted``, print how to resume,
+and exit 143/130 (:class:`dmlstudy.runs.RunInterrupted`). Plans are read with
+:func:`dmlstudy.config.load_yaml` (``lr: 1e-3`` is a float).
+
+``study table`` groups runs by configuration: the ``--by`` columns plus every configuration field that
+varies among the gathered runs (:func:`configuration_columns`), so runs of different settings are never
+averaged together as if they were seeds.
 """
 from __future__ import annotations
 
 import itertools
 import json
 import re
+import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Self
+from typing import Any, Iterable
 
 import pandas as pd
-import yaml
 
+from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_root, runs_root
 from dmlstudy.records import write_json
 
@@ -61,8 +74,11 @@ def load_plan(path: str | Path) -> list[PlanEntry]:
     path = Path(path)
     if not path.is_file():
         raise PlanError(f"plan file not found: {path}")
-    plan = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(plan, dict) or "entries" not in plan:
+    try:
+        plan = load_yaml(path.read_text()) or {}
+    except Exception as error:  # yaml.YAMLError: the message holds the line and column
+        raise PlanError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("entries"), list):
         raise PlanError(f"{path}: expected a mapping with 'study' and a list of 'entries'")
     study = str(plan.get("study") or path.stem)
     base = project_root()
@@ -70,6 +86,9 @@ def load_plan(path: str | Path) -> list[PlanEntry]:
     for number, entry in enumerate(plan["entries"], start=1):
         if not isinstance(entry, dict) or "notebook" not in entry or "name" not in entry:
             raise PlanError(f"{path}: entry {number} needs 'name' and 'notebook', got {entry!r}")
+        for key in ("parameters", "grid"):
+            if not isinstance(entry.get(key) or {}, dict):
+                raise PlanError(f"{path}: entry {entry['name']!r}: '{key}' must be a mapping, got {entry[key]!r}")
         notebook = Path(entry["notebook"])
         notebook = notebook if notebook.is_absolute() else base / notebook
         if not notebook.is_file():
@@ -94,14 +113,16 @@ def notebook_parameters(notebook: Path) -> dict[str, dict]:
     return papermill.inspect_notebook(str(notebook))
 
 
-def injected_parameters(entry: PlanEntry, declared: Iterable[str], root: Path) -> dict[str, Any]:
-    """The entry's parameters plus ``study``/``run_name``/``runs_root`` where the notebook declares them."""
+def injected_parameters(entry: PlanEntry, declared: Iterable[str], root: Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """The entry's parameters plus ``study``/``run_name``/``runs_root`` where the notebook declares them,
+    ``resume=True`` (plans resume by default) and, when ``overwrite``, ``overwrite=True``."""
     declared = set(declared)
     unknown = sorted(set(entry.parameters) - declared)
     if unknown:
         raise PlanError(f"entry {entry.run_name!r}: {entry.notebook.name} has no parameters {unknown}; it declares {sorted(declared)}")
-    extra = {"study": entry.study, "run_name": entry.run_name, "runs_root": str(root)}
-    return {**{k: v for k, v in extra.items() if k in declared}, **entry.parameters}
+    extra = {"study": entry.study, "run_name": entry.run_name, "runs_root": str(root), "resume": True}
+    forced = {"overwrite": True} if overwrite and "overwrite" in declared else {}
+    return {**{k: v for k, v in extra.items() if k in declared}, **entry.parameters, **forced}
 
 
 @dataclass
@@ -181,7 +202,7 @@ class PlanProgress:
         """papermill's ``progress_bar`` argument: a bar over the cells one line below, cleared when done."""
         return {"unit": "cell", "desc": "  cells", "position": 1, "leave": False, "dynamic_ncols": True} if self.enabled else False
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "PlanProgress":
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -194,7 +215,8 @@ class PlanProgress:
         self.bar.close()
 
 
-def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = "", kernel_name: str = "python3", progress: bool = True) -> list[EntryOutcome]:
+def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = "", kernel_name: str = "python3", progress: bool = True,
+             overwrite: bool = False) -> list[EntryOutcome]:
     """Execute every entry of a plan with papermill (see the module docstring); returns one outcome per entry."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -202,13 +224,13 @@ def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = ""
     root = Path(root) if root else runs_root()
     entries = [e for e in load_plan(plan) if re.search(only, e.run_name)] if only else load_plan(plan)
     declared = {notebook: notebook_parameters(notebook) for notebook in {e.notebook for e in entries}}
-    prepared = [(entry, injected_parameters(entry, declared[entry.notebook], root)) for entry in entries]
+    prepared = [(entry, injected_parameters(entry, declared[entry.notebook], root, overwrite=overwrite)) for entry in entries]
     outcomes: list[EntryOutcome] = []
     with PlanProgress(len(prepared), enabled=progress) as shown:
         for number, (entry, parameters) in enumerate(prepared, start=1):
             run_dir = entry.run_dir(root)
             record = run_dir / "study_entry.json"
-            if _is_complete(record, parameters):
+            if not overwrite and _is_complete(record, parameters):
                 outcomes.append(EntryOutcome(entry, "skipped"))
                 shown.write(f"[{number}/{len(prepared)}] {entry.run_name}: complete, skipped")
                 shown.done()
@@ -218,10 +240,11 @@ def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = ""
             shown.start(entry.run_name)
             started = time.perf_counter()
             try:
-                papermill.execute_notebook(
-                    str(entry.notebook), str(run_dir / entry.notebook.name), parameters=parameters,
-                    kernel_name=kernel_name, cwd=str(project_root()), progress_bar=shown.cell_bar(), config=kernel_config(),
-                )
+                with _plan_interruptible(plan, record, entry, parameters, started):
+                    papermill.execute_notebook(
+                        str(entry.notebook), str(run_dir / entry.notebook.name), parameters=parameters,
+                        kernel_name=kernel_name, cwd=str(project_root()), progress_bar=shown.cell_bar(), config=kernel_config(),
+                    )
                 outcome = EntryOutcome(entry, "complete", time.perf_counter() - started)
             except PapermillExecutionError as error:
                 outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"cell {error.exec_count}: {error.ename}: {error.evalue}")
@@ -239,6 +262,76 @@ def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = ""
     return outcomes
 
 
+def _plan_interruptible(plan: str | Path, record: Path, entry: PlanEntry, parameters: dict[str, Any], started: float):
+    """SIGTERM/SIGINT while an entry executes (main thread only; handlers restored after).
+
+    Papermill starts each kernel in its own session, so a signal sent to ``dmlstudy study run`` does not
+    reach it: the handler forwards the signal to this process's children (the kernel, whose
+    :func:`dmlstudy.train.run` then keeps its checkpoint and stops), waits for the notebook to end, records
+    the entry as ``interrupted``, prints how to resume the plan and raises
+    :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal stops at once.
+    """
+    import contextlib
+
+    import psutil
+
+    from dmlstudy.runs import RunInterrupted
+
+    received: list[int] = []
+
+    def stop() -> None:
+        signum = received[0]
+        message = (f"plan {Path(plan).name} interrupted by {signal.Signals(signum).name} during entry {entry.run_name}; "
+                   f"finished entries are kept and interrupted runs resume: dmlstudy study run {plan}")
+        write_json(record, {"status": "interrupted", "notebook": str(entry.notebook), "parameters": parameters,
+                            "seconds": time.perf_counter() - started, "error": message})
+        print(message, file=sys.stderr, flush=True)
+        raise RunInterrupted(signum, message)
+
+    def handler(signum, frame) -> None:
+        first = not received
+        received.append(signum)
+        if not first:
+            stop()
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signum)
+
+    @contextlib.contextmanager
+    def guard():
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        except RunInterrupted:
+            raise
+        except BaseException:
+            if not received:
+                raise
+            stop()
+        else:
+            if received:
+                stop()
+        finally:
+            for number, action in previous.items():
+                signal.signal(number, action)
+
+    return guard()
+
+
+def configuration_columns(frame: pd.DataFrame, by: Iterable[str]) -> list[str]:
+    """Configuration fields (from ``config.yaml``) that vary among the gathered runs, other than ``by``,
+    ``seed`` and the fields that do not change results: grouping by ``by`` plus these keeps runs of
+    different settings apart. Metric columns, ``run_dir`` and ``config_hash`` are not configuration."""
+    from dmlstudy.runs import NON_IDENTITY_FIELDS
+
+    fields = [c for c in frame.columns if c in getattr(frame, "attrs", {}).get("config_columns", [])]
+    skip = {*by, "seed", *NON_IDENTITY_FIELDS}
+    return [c for c in fields if c.split(".")[0] not in skip and frame[c].astype(str).nunique(dropna=False) > 1]
+
+
 def _flatten(prefix: str, value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return {k: v for key, item in value.items() for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()}
@@ -248,12 +341,16 @@ def _flatten(prefix: str, value: Any) -> dict[str, Any]:
 def gather_runs(study: str, *, root: str | Path | None = None) -> pd.DataFrame:
     """One row per finished run of a study: its config fields (``method_kwargs.K1``, …) and metrics."""
     root = Path(root) if root else runs_root()
-    rows = []
+    rows, config_columns = [], set()
     for metrics_file in sorted((root / study).glob("**/metrics.json")):
         config_file = metrics_file.parent / "config.yaml"
-        config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-        rows.append({**_flatten("", config), **json.loads(metrics_file.read_text()), "run_dir": str(metrics_file.parent)})
-    return pd.DataFrame(rows)
+        config = (load_yaml(config_file.read_text()) or {}) if config_file.is_file() else {}
+        flat = _flatten("", config)
+        config_columns.update(flat)
+        rows.append({**flat, **json.loads(metrics_file.read_text()), "run_dir": str(metrics_file.parent)})
+    frame = pd.DataFrame(rows)
+    frame.attrs["config_columns"] = sorted(config_columns)
+    return frame
 
 
 def mean_std_text(mean: float, std: float, runs: int, *, decimals: int = 1) -> str:

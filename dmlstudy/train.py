@@ -2,11 +2,14 @@
 
 One typed config (whose fields the ``parameters`` cell of ``notebooks/01_train.ipynb`` mirrors one to one),
 class-balanced batches, any registered method, evaluation on the test classes every ``eval_every``
-epochs, and a run folder ``runs/<study>/<run_name>/`` with ``config.yaml``, ``history.csv``,
+epochs, and a run folder ``runs/<study>/<run name>-<config hash>/`` with ``config.yaml``, ``history.csv``,
 ``metrics.json``, ``embeddings.npz``, ``environment.json`` and an atomically written ``checkpoint.pt``.
 
 Determinism: every epoch re-seeds all generators from ``(seed, epoch)``, so a run resumed from the
 checkpoint of epoch e continues exactly as the uninterrupted run (on CPU).
+
+Run folders, reuse of finished runs, the one-writer lock, checks before data loads and SIGTERM/SIGINT
+handling are :mod:`dmlstudy.runs`; ``run`` calls into it at its start and its end.
 """
 from __future__ import annotations
 
@@ -19,19 +22,18 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 import torch
-import yaml
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
-from dmlstudy import distributed
+from dmlstudy import distributed, runs
 from dmlstudy import metrics as metric_functions
 from dmlstudy.config import TypedConfig
 from dmlstudy.data import ClassBalancedBatchSampler, ImageListDataset, build_dataset, build_transforms, evaluation_protocol
 from dmlstudy.methods import Method, build_method
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root, runs_root
-from dmlstudy.records import environment_info, save_torch, seed_everything, write_json, write_yaml
+from dmlstudy.records import environment_info, save_torch, seed_everything, write_csv, write_json, write_npz
 
 
 @dataclass
@@ -44,8 +46,8 @@ class TrainConfig(TypedConfig):
     ``steps_per_epoch``, ``train_classes`` and ``test_classes`` to 0.
     """
 
-    study: str = "scratch"  # runs are written to <runs_root>/<study>/<run_name>/
-    run_name: str = ""  # default: <dataset>-<method>-seed<seed>
+    study: str = "scratch"  # runs are written to <runs_root>/<study>/<run folder>/ (see run_name)
+    run_name: str = ""  # folder label, default <dataset>-<method>-seed<seed>; the config hash is appended
     runs_root: str = ""  # default: <project>/runs
     data_root: str = ""  # default: <project>/data; a dataset lives in <data_root>/<dataset>
     dataset: str = "synbirds"  # a registered dataset name (dmlstudy list datasets)
@@ -76,7 +78,8 @@ class TrainConfig(TypedConfig):
     seed: int = 0  # seeds model init, batches and augmentation
     device: str = "auto"  # auto (CUDA when present), cpu, cuda or cuda:<i>
     sync_bn: bool = False  # SyncBatchNorm across ranks under torchrun (GPU); or use freeze_bn
-    resume: bool = False  # continue from the run folder's checkpoint; a complete run is loaded, not retrained
+    resume: bool = False  # continue an interrupted run from its last epoch checkpoint
+    overwrite: bool = False  # replace the run folder's records (a finished run is otherwise loaded, not retrained)
     progress: bool = True  # tqdm progress bars
 
     def validate(self) -> None:
@@ -94,13 +97,28 @@ class TrainConfig(TypedConfig):
             raise ValueError(f"parameter 'lr_schedule' must be one of {sorted(SCHEDULES)}, got {self.lr_schedule!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"parameter 'device' must be auto, cpu or cuda[:i], got {self.device!r}")
+        self._validate_names()
+
+    def _validate_names(self) -> None:
+        """Folder labels and K values (issue 16: bad values fail at construction, naming the parameter)."""
+        for name in ("study", "run_name"):
+            value = getattr(self, name)
+            if "/" in value or "\\" in value or value in (".", "..") or (name == "study" and not value):
+                raise ValueError(f"parameter {name!r} must be a folder name (no '/', not empty, '.' or '..'), got {value!r}")
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.recall_ks):
+            raise ValueError(f"parameter 'recall_ks' must be a list of positive integers, got {self.recall_ks!r}")
+        if self.steps_per_epoch < 0 or self.train_classes < 0 or self.test_classes < 0 or self.num_workers < 0:
+            raise ValueError("parameters 'steps_per_epoch', 'train_classes', 'test_classes' and 'num_workers' must be ≥ 0")
+        if not (self.lr > 0 and self.head_lr > 0 and self.weight_decay >= 0) or not all(map(np.isfinite, (self.lr, self.head_lr, self.weight_decay))):
+            raise ValueError(f"parameters 'lr' and 'head_lr' must be finite and > 0, 'weight_decay' ≥ 0; got {self.lr}, {self.head_lr}, {self.weight_decay}")
 
     def __post_init__(self) -> None:
         self.validate()
 
     @property
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{self.dataset}-{self.method}-seed{self.seed}"
+        """The run folder's name: ``<run_name or dataset-method-seed<seed>>-<config hash>`` (:func:`dmlstudy.runs.folder_name`)."""
+        return runs.folder_name(self.to_dict())
 
     @property
     def run_dir(self) -> Path:
@@ -251,34 +269,78 @@ def build_model(config: TrainConfig, num_classes: int) -> Method:
 def _load_complete(config: TrainConfig, datasets: Mapping[str, Any], device: torch.device) -> RunResult:
     run_dir = config.run_dir
     method = build_model(config, datasets["train"].num_classes).to(device)
-    checkpoint = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
-    method.load_state_dict(checkpoint["method"])
+    method.load_state_dict(_read_checkpoint(run_dir / "checkpoint.pt", device)["method"])
     with np.load(run_dir / "embeddings.npz") as stored:
         embeddings = dict(stored)
     return RunResult(config, run_dir, json.loads((run_dir / "metrics.json").read_text()), pd.read_csv(run_dir / "history.csv"), method, embeddings)
 
 
-# Fields that do not change what a run computes: a resumed run may differ in these.
-NON_IDENTITY_FIELDS = ("resume", "progress", "runs_root", "data_root", "device", "num_workers", "eval_batch_size")
+NON_IDENTITY_FIELDS = runs.NON_IDENTITY_FIELDS  # fields that do not change what a run computes (not hashed)
 
 
 def is_complete(config: TrainConfig) -> bool:
-    """Whether ``config``'s run folder holds a finished run (final metrics and checkpoint)."""
-    return (config.run_dir / "metrics.json").is_file() and (config.run_dir / "checkpoint.pt").is_file()
+    """Whether ``config``'s run folder holds a finished run (configuration, final metrics and checkpoint)."""
+    return runs.is_complete(config.run_dir)
 
 
-def check_resumable(config: TrainConfig) -> None:
-    """Refuse to resume a run folder that holds a run of a different configuration (names the fields)."""
-    stored_file = config.run_dir / "config.yaml"
-    if not stored_file.is_file():
-        return
-    stored = yaml.safe_load(stored_file.read_text()) or {}
-    current = config.to_dict()
-    differing = {k: (stored.get(k), current[k]) for k in current if k not in NON_IDENTITY_FIELDS and stored.get(k) != current[k]}
-    if differing:
-        details = ", ".join(f"{k}: stored {old!r} ≠ requested {new!r}" for k, (old, new) in differing.items())
-        raise ValueError(f"cannot resume {config.run_dir}: it holds a run with another configuration ({details}). "
-                         "Use another run_name or study, or run with resume=False to overwrite it.")
+def _read_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
+    """A run checkpoint; one that cannot be read names the file and the way out."""
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except Exception as error:  # torch raises RuntimeError, pickle.UnpicklingError, EOFError, … for a damaged file
+        raise RuntimeError(f"cannot read the checkpoint {path} ({type(error).__name__}: {error}); "
+                           "pass --overwrite (overwrite=True) to train this run again from epoch 1") from None
+
+
+class TrainingWatch:
+    """Numbers that cannot be right, caught where they appear (issue 16).
+
+    * A non-finite loss or input batch stops the run at the batch that produced it; the message names the
+      non-finite images (training-set index and file), or the whole batch when every image is finite.
+    * A first epoch whose loss has not moved warns: the mean of its last quarter of steps within
+      ``FLAT_TOLERANCE`` (relative) of its first quarter, when there are at least 4 steps. An absurd learning
+      rate (``lr=1000``) is also flagged before training by :func:`dmlstudy.runs.check_before_loading`.
+    """
+
+    FLAT_TOLERANCE = 1e-3
+
+    def __init__(self, config: TrainConfig, train, sampler) -> None:
+        self.config, self.train, self.sampler = config, train, sampler
+        self.first_epoch_losses: list[float] = []
+        self.first_epoch: int | None = None
+
+    def _batch_indices(self, step: int) -> list[int]:
+        for number, batch in enumerate(self.sampler):  # the sampler is a pure function of (seed, epoch)
+            if number == step:
+                return list(batch)
+        return []
+
+    def observe(self, loss: torch.Tensor, images: torch.Tensor, *, epoch: int, step: int) -> None:
+        # the inputs are checked too: a loss with mining can stay finite on NaN images while its gradient is not
+        if not bool(torch.isfinite(loss) & torch.isfinite(images).all()):
+            indices = self._batch_indices(step)
+            bad_rows = (~torch.isfinite(images.reshape(len(images), -1)).all(dim=1)).nonzero().flatten().tolist()
+            if bad_rows and indices:
+                culprit = f"non-finite values in the input images {runs.describe_items(self.train, [indices[r] for r in bad_rows][:8])}"
+            else:
+                culprit = f"the inputs are finite; the batch was {runs.describe_items(self.train, indices[:8])}{' …' if len(indices) > 8 else ''}"
+            what = f"the loss became {loss.item()}" if not torch.isfinite(loss) else "a training batch holds non-finite values"
+            raise FloatingPointError(f"run {self.config.resolved_run_name}: {what} at epoch {epoch + 1}, "
+                                     f"step {step + 1}: {culprit}")
+        if self.first_epoch is None:
+            self.first_epoch = epoch  # the first epoch this process trains (a resumed run: the one it resumes at)
+        if epoch == self.first_epoch:
+            self.first_epoch_losses.append(float(loss.detach()))
+
+    def end_epoch(self, epoch: int) -> None:
+        losses = self.first_epoch_losses
+        if epoch != self.first_epoch or len(losses) < 4:
+            return
+        quarter = len(losses) // 4
+        first, last = float(np.mean(losses[:quarter])), float(np.mean(losses[-quarter:]))
+        if abs(last - first) <= self.FLAT_TOLERANCE * max(abs(first), 1e-12):
+            runs.warn(f"run {self.config.resolved_run_name}: the loss did not move over epoch {epoch + 1} "
+                      f"({first:.6g} → {last:.6g} over {len(losses)} steps); check lr={self.config.lr:g} and the data")
 
 
 class _LossStep(nn.Module):
@@ -301,22 +363,22 @@ def run(config: TrainConfig) -> RunResult:
     and only rank 0 writes records and checkpoints.
     """
     config.validate()
+    runs.check_before_loading(config)
     device = distributed.setup(config.device) if distributed.launched_by_torchrun() else resolve_device(config.device)
+    with runs.RunSession(config, writer=distributed.is_main_process()) as session:
+        datasets = load_datasets(config)
+        if session.reusable:
+            return _load_complete(config, datasets, device)
+        runs.check_loaded_data(config, datasets)
+        session.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
+        return _train_and_evaluate(config, datasets, device, resume_from=session.resume_from)
+
+
+def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device: torch.device, *, resume_from: Path | None) -> RunResult:
+    """The training loop of :func:`run` and the final records (``resume_from``: a checkpoint to continue)."""
     main_process = distributed.is_main_process()
     run_dir = config.run_dir
-    if config.resume:
-        check_resumable(config)
-    datasets = load_datasets(config)
     checkpoint_path = run_dir / "checkpoint.pt"
-    if config.resume and is_complete(config):
-        return _load_complete(config, datasets, device)
-
-    if main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_yaml(run_dir / "config.yaml", config.to_dict())
-        write_json(run_dir / "environment.json", {**environment_info(str(device)), "world_size": distributed.world_size()})
-        (run_dir / "metrics.json").unlink(missing_ok=True)
-
     train = datasets["train"]
     method = build_model(config, train.num_classes).to(device)
     step = _LossStep(method)
@@ -338,8 +400,9 @@ def run(config: TrainConfig) -> RunResult:
     )
     history: list[dict[str, float]] = []
     start_epoch = 0
-    if config.resume and checkpoint_path.is_file():
-        checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=False)
+    watch = TrainingWatch(config, train, sampler)
+    if resume_from is not None:
+        checkpoint = _read_checkpoint(resume_from, device)
         method.load_state_dict(checkpoint["method"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         history, start_epoch = checkpoint["history"], checkpoint["epoch"] + 1
@@ -360,8 +423,7 @@ def run(config: TrainConfig) -> RunResult:
         started, totals, steps = time.perf_counter(), {}, 0
         for images, labels in tqdm(loader, desc=f"epoch {epoch + 1}", leave=False, disable=not show):
             loss, parts = step(images.to(device), labels.to(device))
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"run {config.resolved_run_name}: loss became {loss.item()} at epoch {epoch + 1}, step {steps + 1}")
+            watch.observe(loss, images, epoch=epoch, step=steps)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -374,8 +436,9 @@ def run(config: TrainConfig) -> RunResult:
             latest, arrays = evaluate(method, datasets, batch_size=config.eval_batch_size, device=device, num_workers=config.num_workers)
             row.update(latest, eval_seconds=time.perf_counter() - eval_started)
         history.append(row)
+        watch.end_epoch(epoch)
         if main_process:
-            pd.DataFrame(history).to_csv(run_dir / "history.csv", index=False)
+            write_csv(run_dir / "history.csv", pd.DataFrame(history))
             save_torch(checkpoint_path, {"epoch": epoch, "method": method.state_dict(), "optimizer": optimizer.state_dict(), "history": history, "config": config.to_dict()})
         epochs.set_postfix(loss=f"{row['loss']:.4f}", R1=f"{latest.get('R@1', float('nan')):.3f}")
 
@@ -390,6 +453,6 @@ def run(config: TrainConfig) -> RunResult:
         "parameters": int(sum(p.numel() for p in method.parameters())),
     }
     if main_process:
-        np.savez(run_dir / "embeddings.npz", **arrays)
+        write_npz(run_dir / "embeddings.npz", arrays)
         write_json(run_dir / "metrics.json", summary)
     return RunResult(config, run_dir, summary, frame, method, arrays)

@@ -23,7 +23,7 @@ def test_parallel_grid_trains_each_run_once_in_its_own_process(tiny_config):
 def test_parallel_grid_keeps_finished_runs_and_names_the_failed_one(tiny_config):
     good = tiny_config(run_name="good", resume=True)
     bad = tiny_config(run_name="bad", resume=True, method="no_such_method")
-    with pytest.raises(GridRunError, match=r"(?s)1 of 2 runs failed.*runs/test/bad failed.*unknown method .no_such_method."):
+    with pytest.raises(GridRunError, match=r"(?s)1 of 2 runs failed.*runs/test/bad-[0-9a-f]{8} failed.*unknown method .no_such_method."):
         run_grid([("good", good), ("bad", bad)], workers=2)
     assert is_complete(good) and not is_complete(bad)
 

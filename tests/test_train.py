@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from dmlstudy.runs import identity_hash
 from dmlstudy.train import TrainConfig, run
 
 
@@ -24,6 +25,7 @@ def test_run_leaves_complete_records(tiny_config):
     history = pd.read_csv(result.records["history.csv"])
     assert list(history["epoch"]) == [1, 2] and history["loss"].notna().all()
     assert yaml.safe_load(result.records["config.yaml"].read_text())["run_name"] == "records"
+    assert result.run_dir.name == f"records-{identity_hash(result.config.to_dict())}"
     environment = json.loads(result.records["environment.json"].read_text())
     assert environment["packages"]["torch"] == torch.__version__.split("+")[0] or environment["packages"]["torch"]
     with np.load(result.records["embeddings.npz"]) as arrays:
@@ -106,11 +108,15 @@ def test_unknown_names_list_the_valid_ones(tiny_config, field, value, message):
         run(tiny_config(**{field: value}))
 
 
-def test_resuming_a_run_of_another_configuration_is_refused(tiny_config):
-    run(tiny_config(run_name="fixed", epochs=1))
-    with pytest.raises(ValueError, match=r"another configuration \(epochs: stored 1 ≠ requested 2"):
-        run(tiny_config(run_name="fixed", epochs=2, resume=True))
-    run(tiny_config(run_name="fixed", epochs=1, resume=True, progress=True))  # presentation fields may differ
+def test_resuming_another_configuration_trains_it_in_its_own_folder(tiny_config):
+    from dmlstudy.runs import RunWarning
+
+    first = run(tiny_config(run_name="fixed", epochs=1))
+    with pytest.warns(RunWarning, match=r"fixed-[0-9a-f]{8} holds one with other settings \(epochs: stored 1 ≠ requested 2"):
+        second = run(tiny_config(run_name="fixed", epochs=2, resume=True))
+    assert second.run_dir != first.run_dir and len(second.history) == 2
+    again = run(tiny_config(run_name="fixed", epochs=1, resume=True, progress=True))  # presentation fields may differ
+    assert again.run_dir == first.run_dir and again.metrics == first.metrics
 
 
 def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):

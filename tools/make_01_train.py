@@ -12,7 +12,7 @@ build_notebook([
 
     The protocol of the study in one notebook: class-balanced batches (P classes × M images), a backbone
     from timm, a method from `dmlstudy.methods`, evaluation on the **unseen** test classes (zero-shot, as in
-    CUB-200-2011) every `eval_every` epochs, and a run folder `runs/<study>/<run_name>/` holding
+    CUB-200-2011) every `eval_every` epochs, and a run folder `runs/<study>/<run_name>-<config hash>/` holding
     `config.yaml`, `history.csv`, `metrics.json`, the test embeddings and a checkpoint.
 
     The parameters below mirror `dmlstudy.train.TrainConfig` field by field. Their defaults are a

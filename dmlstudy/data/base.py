@@ -100,6 +100,60 @@ class ImageListDataset(torch.utils.data.Dataset):
         return item
 
 
+_VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) of files verified in this process
+
+
+def _image_problem(path: Path) -> str:
+    """Why ``path`` is not a readable image ("" when it is): a cheap check, no pixel decoding."""
+    try:
+        with Image.open(path) as handle:
+            kind = handle.format
+            if kind == "PNG":
+                handle.verify()  # walks every chunk and checks its CRC: finds truncated and damaged files
+        if kind == "JPEG":
+            with open(path, "rb") as raw:
+                raw.seek(-2, 2)
+                if raw.read(2) != b"\xff\xd9":
+                    return "truncated JPEG (no end-of-image marker)"
+    except FileNotFoundError:
+        return "missing"
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def verify_images(dataset: ImageListDataset) -> None:
+    """Check every image file of a split before training reads it, and raise one
+    :class:`CorruptImageError` listing the bad files.
+
+    Decision, from a measurement on SynBirds' 8,000 64-px PNGs (one CPU core, files in the page cache):
+    opening every header took 0.65 s, ``Image.verify()`` (PNG chunk CRCs, no decompression) 1.2 s, a full
+    decode 3.4 s. ``verify()`` finds truncated and damaged PNGs at a third of the decode cost; for JPEG
+    (where PIL's ``verify`` checks little) the header is opened and the end-of-image marker is checked, which
+    finds truncated files. Pixel-level damage that still decodes is out of reach of any check short of a
+    decode. Files that passed (same path, size and modification time) are not checked again in this process.
+    """
+    bad = []
+    for path in dataset.paths:
+        try:
+            status = path.stat()
+        except FileNotFoundError:
+            bad.append((path, "missing"))
+            continue
+        key = (str(path), status.st_size, status.st_mtime_ns)
+        if key in _VERIFIED:
+            continue
+        problem = "empty file" if status.st_size == 0 else _image_problem(path)
+        if problem:
+            bad.append((path, problem))
+        else:
+            _VERIFIED.add(key)
+    if bad:
+        shown = "; ".join(f"{path} ({problem})" for path, problem in bad[:10])
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        raise CorruptImageError(f"{dataset.name}: {len(bad)} of {len(dataset)} image files cannot be read: {shown}{more}")
+
+
 DatasetBuilder = Callable[..., ImageListDataset]
 DATASETS: dict[str, DatasetBuilder] = {}
 

@@ -46,8 +46,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import yaml
 
+from dmlstudy.config import load_yaml
 from dmlstudy.data import evaluation_protocol
 from dmlstudy.experiments import cross_attention as cross_attention_study
 from dmlstudy.experiments import crt as crt_study
@@ -677,7 +677,7 @@ def plan_entries(study: str) -> dict[str, str]:
     plan = project_root() / "plans" / f"{study}.yaml"
     if not plan.is_file():
         return {}
-    entries = (yaml.safe_load(plan.read_text()) or {}).get("entries") or []
+    entries = (load_yaml(plan.read_text()) or {}).get("entries") or []
     return {Path(entry["notebook"]).name: entry["name"] for entry in entries if "notebook" in entry and "name" in entry}
 
 

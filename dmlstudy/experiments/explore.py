@@ -33,10 +33,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-import yaml
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
+from dmlstudy.config import load_yaml
 from dmlstudy.data import denormalize
 from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
 from dmlstudy.paths import runs_root as default_runs_root
@@ -87,13 +87,14 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
         run_dir = metrics_file.parent
         if not all((run_dir / name).is_file() for name in RUN_RECORDS):
             continue
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        config = load_yaml((run_dir / "config.yaml").read_text()) or {}
         metrics = json.loads(metrics_file.read_text())
         rows.append({"dataset": config.get("dataset", ""), "method": config.get("method", ""), "run": run_dir.name,
                      "seed": int(config.get("seed", 0)), "R@1": float(metrics.get("R@1", float("nan"))),
                      "method_kwargs": json.dumps(config.get("method_kwargs") or {}, sort_keys=True), "path": str(run_dir)})
     frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
-    plain = [bool(re.fullmatch(f"{re.escape(d)}-{re.escape(m)}-seed\\d+", r)) for d, m, r in zip(frame["dataset"], frame["method"], frame["run"])]
+    plain = [bool(re.fullmatch(f"{re.escape(d)}-{re.escape(m)}-seed\\d+(-[0-9a-f]{{8}})?", r))  # the config hash suffix (dmlstudy.runs)
+             for d, m, r in zip(frame["dataset"], frame["method"], frame["run"])]
     frame["_variant"] = ~np.asarray(plain, dtype=bool)  # the protocol's runs of the method with its defaults first
     return frame.sort_values(["dataset", "method", "_variant", "seed", "run"], kind="stable").drop(columns="_variant").reset_index(drop=True)
 
@@ -134,7 +135,7 @@ def load_run(run_dir: str | Path, *, data_root: str = "") -> LoadedRun:
     missing = [name for name in RUN_RECORDS if not (run_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(f"load_run: {run_dir} is not a complete run folder; missing {missing}")
-    stored = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    stored = load_yaml((run_dir / "config.yaml").read_text()) or {}
     stored.update(runs_root=str(run_dir.parent.parent), study=run_dir.parent.name, run_name=run_dir.name, resume=True, progress=False)
     if data_root:
         stored["data_root"] = data_root
