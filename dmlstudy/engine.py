@@ -188,11 +188,23 @@ def task_state() -> Iterator[None]:
     yield
 
 
-def run_task_key(run_dir: str) -> str:
-    """The Dask key of a run's training task: the same run folder gives the same key."""
+def run_task_key(config) -> str:
+    """The Dask key of a run's training task (a TrainConfig): the same run folder gives the same key."""
     from dask.base import tokenize
 
-    return f"train-{os.path.basename(run_dir)}-{tokenize(str(run_dir))}"
+    run_dir = config.run_dir.resolve()
+    return f"train-{run_dir.name}-{tokenize(str(run_dir))}"
+
+
+def task_values(config) -> dict[str, Any]:
+    """A TrainConfig's fields for :func:`train_task`, with the runs and data roots as absolute paths (the
+    worker may run elsewhere: on a cluster both must be on a filesystem every worker sees)."""
+    from pathlib import Path
+
+    from dmlstudy.paths import data_root
+
+    return {**config.to_dict(), "runs_root": str(config.run_dir.parent.parent.resolve()),
+            "data_root": str(Path(config.data_root or data_root()).resolve()), "progress": False}
 
 
 def train_task(values: dict[str, Any]) -> dict[str, float]:

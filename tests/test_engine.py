@@ -92,7 +92,7 @@ def test_an_unreachable_scheduler_is_named_within_seconds(monkeypatch):
 
 
 def test_a_grid_on_two_workers_gives_the_records_of_a_serial_run(tiny_config, tmp_path, one_thread_tasks):
-    specs = [dict(seed=0), dict(seed=1, method="proxyanchor")]
+    specs = [{"seed": 0}, {"seed": 1, "method": "proxyanchor"}]
     parallel = [(f"v{i}", tiny_config(run_name=f"v{i}", resume=True, **spec)) for i, spec in enumerate(specs)]
     serial = [(f"v{i}", tiny_config(run_name=f"v{i}", resume=True, runs_root=str(tmp_path / "serial"), **spec)) for i, spec in enumerate(specs)]
     run_grid(parallel, workers=2)
@@ -125,7 +125,7 @@ def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, 
     while not ((short.run_dir / "metrics.json").is_file() and checkpoint.is_file()):
         assert time.monotonic() < deadline and grid.is_alive(), "the grid ended before the long run saved its first epoch"
         time.sleep(0.02)
-    key = engine.run_task_key(str(long.run_dir.resolve()))
+    key = engine.run_task_key(long)
     address = next(worker for worker, keys in client.processing().items() if key in keys)
     pid = client.run(os.getpid, workers=[address])[address]
     kept = pd.DataFrame(torch.load(checkpoint, weights_only=False)["history"])  # checkpoints are replaced atomically

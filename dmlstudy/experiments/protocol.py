@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
@@ -17,7 +16,6 @@ import pandas as pd
 from dmlstudy import distributed, engine
 from dmlstudy.config import TypedConfig
 from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
-from dmlstudy.paths import data_root
 from dmlstudy.study import summarize
 from dmlstudy.train import RunResult, TrainConfig, is_complete, load_datasets, run
 
@@ -100,11 +98,7 @@ def train_on_engine(configs: list[TrainConfig], *, workers: int, progress: bool 
         return
     for dataset in sorted({config.dataset for config in pending}):  # generate embedded data once, not per worker
         load_datasets(next(config for config in pending if config.dataset == dataset))
-    submissions = []
-    for config in pending:
-        values = {**config.to_dict(), "runs_root": str(config.run_dir.parent.parent.resolve()),
-                  "data_root": str(Path(config.data_root or data_root()).resolve()), "progress": False}
-        submissions.append((f"run {config.run_dir}", engine.train_task, (values,), engine.run_task_key(str(config.run_dir.resolve()))))
+    submissions = [(f"run {config.run_dir}", engine.train_task, (engine.task_values(config),), engine.run_task_key(config)) for config in pending]
     engine.run_tasks(engine.get_client(workers), submissions, what="runs", progress=progress)
 
 
