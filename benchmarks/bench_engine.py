@@ -36,7 +36,7 @@ from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
 spec = json.loads(sys.argv[1])
 protocol = ProtocolConfig(study="bench", runs_root=spec["runs_root"], data_root=spec["data_root"], datasets=["synbirds"],
                           seeds=list(range(spec["runs"])), epochs=spec["epochs"], steps_per_epoch=spec["steps"],
-                          eval_every=spec["epochs"], train_classes=0, test_classes=0, workers=2)
+                          eval_every=spec["epochs"], train_classes=0, test_classes=spec["test_classes"], workers=2)
 configs = protocol.grid({"ms": {"method": "ms"}})
 started = time.perf_counter()
 results = run_grid(configs, workers=2)
@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=20)
+    parser.add_argument("--test-classes", type=int, default=0, help="0: all test classes (the study's evaluation)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--noop-tasks", type=int, default=50)
     args = parser.parse_args()
@@ -90,13 +91,13 @@ def main() -> None:
             pair = {}
             for name, source in (("pool", args.base.resolve()), ("dask", HERE)):
                 spec = {"runs_root": f"{scratch}/{name}{repeat}", "data_root": args.data_root, "runs": args.runs,
-                        "epochs": args.epochs, "steps": args.steps_per_epoch}
+                        "epochs": args.epochs, "steps": args.steps_per_epoch, "test_classes": args.test_classes}
                 pair[name] = grid_once(source, spec)
                 print(f"repeat {repeat} {name}: {pair[name]['seconds']:.1f} s, R@1 {pair[name]['R@1']}", flush=True)
             rows.append(pair)
     noop = task_overhead(args.noop_tasks)
     print(f"\nload average at start {load_start:.1f}, at end {os.getloadavg()[0]:.1f}; "
-          f"{args.runs} MS runs × {args.epochs} epochs × {args.steps_per_epoch} steps, workers = 2\n")
+          f"{args.runs} MS runs × {args.epochs} epochs × {args.steps_per_epoch} steps, {args.test_classes or 'all'} test classes, workers = 2\n")
     print("| repeat | pool s | dask s | overhead | same R@1 |\n|---|---|---|---|---|")
     for repeat, pair in enumerate(rows):
         pool, dask = pair["pool"]["seconds"], pair["dask"]["seconds"]

@@ -143,3 +143,21 @@ def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, 
     with engine.task_state():
         run_grid([("long", reference)], workers=1)
     assert_same_records(long.run_dir, reference.run_dir)
+
+
+def test_the_slurm_example_books_one_run_per_worker_and_a_gpu_per_job():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "slurm_cluster.py"
+    spec = importlib.util.spec_from_file_location("slurm_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cluster = module.slurm_cluster(scheduler_options={"dashboard_address": ":0"})
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --cpus-per-task=8" in script
+    assert "--nthreads 1 " in script  # one Dask thread: one run at a time per worker
+    assert "export DMLSTUDY_TASK_THREADS=8" in script
