@@ -163,5 +163,5 @@ def _stop(client, future) -> None:
     fresh process), since a running task cannot be interrupted."""
     addresses = [address for address, keys in client.processing().items() if future.key in keys]
     future.cancel()
-    if addresses:
-        client.restart_workers(addresses)
+    if addresses:  # the nanny starts a fresh worker; do not fail the search if that is slow
+        client.restart_workers(addresses, raise_for_error=False)

@@ -3,6 +3,7 @@ resumes after an interruption without repeating finished trials."""
 import json
 
 import optuna
+import pandas as pd
 import pytest
 
 from dmlstudy import engine
@@ -62,3 +63,18 @@ def test_an_interrupted_search_resumes_without_repeating_finished_trials(tiny_co
         metrics = json.loads((trial_config(base, trial.params, "lr-search").run_dir / "metrics.json").read_text())
         assert trial.value == metrics["R@1"]
     assert len({t.params["lr"] for t in complete}) == 4
+
+
+def test_a_pruned_trial_is_stopped_after_its_first_evaluated_epoch(tiny_config):
+    base = tiny_config(epochs=40, steps_per_epoch=8, eval_every=1)  # long enough never to finish before the prune
+    pruner = optuna.pruners.ThresholdPruner(lower=2.0)  # R@1 is never ≥ 2: prune at the first report
+    study = tune(base, learning_rates, name="pruned", n_trials=1, workers=2, pruner=pruner, poll_seconds=0.05,
+                 sampler=optuna.samplers.RandomSampler(seed=0))
+    (trial,) = study.trials
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    run_dir = trial_config(base, trial.params, "pruned").run_dir
+    history = pd.read_csv(run_dir / "history.csv")
+    assert 1 in trial.intermediate_values  # the driver read the evaluated epochs from the run's history
+    for epoch, value in trial.intermediate_values.items():
+        assert value == history.loc[history["epoch"] == epoch, "R@1"].item()
+    assert not (run_dir / "metrics.json").is_file()  # stopped, not trained to the end
