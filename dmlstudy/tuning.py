@@ -117,15 +117,19 @@ def tune(base: TrainConfig, space: SearchSpace, *, name: str, n_trials: int, wor
     reported: dict[int, int] = {}  # trial number -> last epoch reported
 
     def tell(trial, state, value=None):
-        in_flight_trial = study.tell(trial, value, state=state) if value is not None else study.tell(trial, state=state)
+        frozen = study.tell(trial, value, state=state) if value is not None else study.tell(trial, state=state)
         if on_trial is not None:
-            on_trial(study, in_flight_trial)
+            on_trial(study, frozen)
 
     try:
         while True:
             while finished_trials(study) + len(in_flight) < n_trials and len(in_flight) < slots:
                 trial = study.ask()
-                config = trial_config(base, space(trial), name)
+                try:
+                    config = trial_config(base, space(trial), name)
+                except Exception:  # a bad search space: the trial fails, the error reaches the caller
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    raise
                 trial.set_user_attr("run_dir", str(config.run_dir))
                 future = client.submit(engine.train_task, engine.task_values(config), key=engine.run_task_key(config), pure=False)
                 in_flight[future] = (trial, config)
