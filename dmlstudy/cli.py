@@ -184,8 +184,24 @@ def _list(args: argparse.Namespace) -> int:
 def _study_run(args: argparse.Namespace) -> int:
     from dmlstudy.study import run_plan
 
+    _use_scheduler(args.scheduler)
     outcomes = run_plan(args.plan, root=args.runs_root, only=args.only, overwrite=args.overwrite)
     return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
+def _use_scheduler(address: str) -> None:
+    """``--scheduler``: check the address now (a clear error within seconds), then hand it to the notebook
+    kernels through ``DMLSTUDY_SCHEDULER``, which :mod:`dmlstudy.engine` reads."""
+    import os
+
+    from dmlstudy import engine
+
+    if address:
+        try:
+            engine.connect(address).close()
+        except engine.EngineError as error:
+            raise SystemExit(str(error)) from None
+        os.environ[engine.SCHEDULER_VARIABLE] = address
 
 
 def _study_table(args: argparse.Namespace) -> int:
@@ -248,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--runs-root", default=None, help="where run folders go [default: <project>/runs]")
     run.add_argument("--only", default="", help="regular expression: run only matching run names")
     run.add_argument("--overwrite", action="store_true", help="execute every entry again and retrain its runs (replaces their records)")
+    run.add_argument("--scheduler", default="", metavar="ADDRESS", help="Dask scheduler to train on (e.g. tcp://host:8786; sets DMLSTUDY_SCHEDULER); default: a local cluster of the plan's workers")
     run.set_defaults(handler=_study_run)
     table = study_commands.add_parser("table", help="gather metrics.json of a study into mean ± std tables")
     table.add_argument("study", help="a study name: the folder runs/<study>/ (e.g. default, smoke)")

@@ -151,8 +151,12 @@ class RunResult:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto``: the device the engine assigned to this worker process (``DMLSTUDY_DEVICE``, e.g. ``cuda:1``
+    on a multi-GPU machine, see :mod:`dmlstudy.engine`), else CUDA when present, else the CPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        import os  # local: keeps this function's edit in one place
+
+        name = os.environ.get("DMLSTUDY_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {name!r} requested but CUDA is not available on this machine")
     return torch.device(name)

@@ -1,19 +1,29 @@
-"""The shared study protocol: parallel grids train in separate processes, keep finished runs, report failures."""
+"""The shared study protocol on the Dask engine: parallel grids train each run once on a worker process, keep
+finished runs, and report failures by name; per-run evaluations (call_in_processes) run as engine tasks."""
 import json
 
 import pytest
 
-from dmlstudy.experiments.protocol import GridRunError, is_complete, run_grid
+from dmlstudy import engine
+from dmlstudy.experiments.protocol import GridRunError, call_in_processes, is_complete, run_grid
+from dmlstudy.records import write_json
 
 
-def test_parallel_grid_trains_each_run_once_in_its_own_process(tiny_config):
+@pytest.fixture(autouse=True)
+def one_thread_tasks(monkeypatch):
+    """One torch thread per task whatever the machine's cores (the engine's DMLSTUDY_TASK_THREADS)."""
+    monkeypatch.setenv(engine.THREADS_VARIABLE, "1")
+    monkeypatch.delenv(engine.SCHEDULER_VARIABLE, raising=False)
+
+
+def test_parallel_grid_trains_each_run_once_on_a_worker(tiny_config):
     configs = [(f"seed{seed}", tiny_config(seed=seed, run_name=f"ms-seed{seed}", resume=True)) for seed in (0, 1)]
     results = run_grid(configs, workers=2)
     assert [variant for variant, _ in results] == ["seed0", "seed1"]
     for (_, config), (_, result) in zip(configs, results):
         assert is_complete(config)
         environment = json.loads((config.run_dir / "environment.json").read_text())
-        assert environment["torch_threads"] == 1  # trained by a child process with cores // workers threads
+        assert environment["torch_threads"] == 1  # trained by a worker task with DMLSTUDY_TASK_THREADS threads
         assert result.metrics == json.loads((config.run_dir / "metrics.json").read_text())
     stamps = [(config.run_dir / "metrics.json").stat().st_mtime_ns for _, config in configs]
     run_grid(configs, workers=2)  # finished runs are loaded, not retrained
@@ -26,6 +36,15 @@ def test_parallel_grid_keeps_finished_runs_and_names_the_failed_one(tiny_config)
     with pytest.raises(GridRunError, match=r"(?s)1 of 2 runs failed.*runs/test/bad-[0-9a-f]{8} failed.*unknown method .no_such_method."):
         run_grid([("good", good), ("bad", bad)], workers=2)
     assert is_complete(good) and not is_complete(bad)
+
+
+def test_calls_run_as_engine_tasks_and_failures_are_reported_together(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    arguments = [(tmp_path / f"out{i}.json", {"i": i}) for i in range(3)] + [(blocker / "out.json", {})]
+    with pytest.raises(GridRunError, match=r"(?s)1 of 4 evaluations failed.*write_json.*a-file.*(NotADirectoryError|FileExistsError)"):
+        call_in_processes(write_json, arguments, workers=2)
+    assert [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(3)] == [{"i": 0}, {"i": 1}, {"i": 2}]
 
 
 def test_workers_must_be_positive(tiny_config):

@@ -8,18 +8,14 @@ reusing complete runs (``resume=True``), so re-executing a notebook costs nothin
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
-from tqdm.auto import tqdm
 
-from dmlstudy import distributed
+from dmlstudy import distributed, engine
 from dmlstudy.config import TypedConfig
-from dmlstudy.paths import data_root
+from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
 from dmlstudy.study import summarize
 from dmlstudy.train import RunResult, TrainConfig, is_complete, load_datasets, run
 
@@ -79,73 +75,43 @@ class ProtocolConfig(TypedConfig):
         return configs
 
 
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+def call_in_processes(function: Callable[..., Any], arguments: list[tuple], *, workers: int, what: str = "evaluations") -> None:
+    """``function(*args)`` for every tuple of ``arguments`` as tasks of the engine (:mod:`dmlstudy.engine`):
+    ``workers`` local worker processes with ``cores // workers`` threads each, or the cluster of
+    ``DMLSTUDY_SCHEDULER``. For per-run evaluations that write their own cache files (DIML re-ranking runs one
+    thread busy, so two processes halve its wall time on 2 cores). ``function`` must be importable by the
+    workers (a module-level function). Every call runs; failures are reported together at the end."""
+    client = engine.get_client(workers)
+    submissions = [(f"{getattr(function, '__name__', 'call')}{tuple(args)!r:.120}", engine.call_task, (function, *args), engine.call_key(function, tuple(args), index))
+                   for index, args in enumerate(arguments)]
+    engine.run_tasks(client, submissions, what=what)
 
 
-class GridRunError(RuntimeError):
-    """One or more runs of a parallel grid failed; the others finished and were kept."""
-
-
-def _train_in_process(values: dict[str, Any]) -> None:
-    config = TrainConfig(**values)
-    try:
-        run(config)
-    except Exception as error:  # the run folder in the message; the original type and text after it
-        raise GridRunError(f"run {config.run_dir} failed: {type(error).__name__}: {error}") from None
-
-
-def train_in_parallel(configs: list[TrainConfig], *, workers: int) -> None:
-    """Train the unfinished ``configs``, ``workers`` at a time, in spawned processes with ``cores // workers``
-    threads each (:func:`call_in_processes`).
-
-    On 2 cores, two 1-thread runs side by side finished 1.37× faster than the same runs one after the
-    other with 2 threads (MS, SynBirds, 8 epochs). Float sums may round differently with fewer threads, so a
-    run's metrics can differ in the last digits from a ``workers=1`` run of the same seed. A failed run
-    does not stop the others; all failures are reported together once every run has ended.
-    """
+def train_on_engine(configs: list[TrainConfig], *, workers: int, progress: bool = True) -> None:
+    """Train the unfinished ``configs`` as idempotent engine tasks keyed by run folder
+    (:func:`dmlstudy.engine.train_task`): complete runs are skipped, interrupted ones resume from their last
+    checkpoint, and a failed run does not stop the others (all failures are reported together at the end).
+    Float sums may round differently with fewer threads, so a run's metrics can differ in the last digits
+    from a ``workers=1`` run of the same seed."""
     pending = list({config.run_dir: config for config in configs if not is_complete(config)}.values())
     if not pending:
         return
-    for dataset in sorted({config.dataset for config in pending}):  # generate embedded data once, not per process
+    for dataset in sorted({config.dataset for config in pending}):  # generate embedded data once, not per worker
         load_datasets(next(config for config in pending if config.dataset == dataset))
-    values = [{**config.to_dict(), "runs_root": str(config.run_dir.parent.parent), "data_root": config.data_root or str(data_root()), "progress": False}
-              for config in pending]
-    call_in_processes(_train_in_process, [(value,) for value in values], workers=workers, what="runs")
-
-
-def _limit_threads(threads: int) -> None:
-    import faiss
-    import torch
-
-    torch.set_num_threads(threads)
-    faiss.omp_set_num_threads(threads)
-
-
-def call_in_processes(function: Callable[..., Any], arguments: list[tuple], *, workers: int, what: str = "evaluations") -> None:
-    """``function(*args)`` for every tuple of ``arguments`` in ``workers`` spawned processes with
-    ``cores // workers`` threads each; for per-run evaluations that write their own cache files (DIML
-    re-ranking runs one thread busy, so two processes halve its wall time on 2 cores). ``function`` must be
-    a module-level function. Every call runs; failures are reported together at the end."""
-    threads = max(1, available_cores() // workers)
-    context = multiprocessing.get_context("spawn")
-    failures = []
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_limit_threads, initargs=(threads,)) as pool:
-        futures = [pool.submit(function, *args) for args in arguments]
-        for future in tqdm(as_completed(futures), total=len(futures), desc=f"{what} ({workers} at a time)", leave=False):
-            if future.exception() is not None:
-                failures.append(str(future.exception()) if isinstance(future.exception(), GridRunError) else repr(future.exception()))
-    if failures:
-        raise GridRunError(f"{len(failures)} of {len(arguments)} {what} failed (finished ones are kept):\n" + "\n".join(failures))
+    submissions = [(f"run {config.run_dir}", engine.train_task, (engine.task_values(config),), engine.run_task_key(config)) for config in pending]
+    engine.run_tasks(engine.get_client(workers), submissions, what="runs", progress=progress)
 
 
 def run_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> list[tuple[str, RunResult]]:
-    """Train every config (complete runs are loaded, not retrained); ``workers > 1`` trains the unfinished
-    ones in that many processes at once (:func:`train_in_parallel`) before loading them all."""
+    """Train every config (complete runs are loaded, not retrained) and load the results in order.
+
+    With ``workers > 1``, or when ``DMLSTUDY_SCHEDULER`` names a cluster, the unfinished runs are trained first
+    as tasks of the engine (:func:`train_on_engine`); with ``workers = 1`` and no scheduler (and under
+    torchrun) they train here, one after the other, in this process."""
     if workers < 1:
         raise ValueError(f"run_grid: workers must be ≥ 1, got {workers}")
-    if workers > 1 and not distributed.launched_by_torchrun():
-        train_in_parallel([config for _, config in configs], workers=workers)
+    if (workers > 1 or engine.scheduler_address()) and not distributed.launched_by_torchrun():
+        train_on_engine([config for _, config in configs], workers=workers)
     return [(variant, run(config)) for variant, config in configs]
 
 

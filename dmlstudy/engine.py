@@ -1,0 +1,277 @@
+"""The execution engine of every grid of runs, per-run evaluation sweep and tuning trial: Dask distributed.
+
+One machine by default: a ``LocalCluster`` of ``workers`` processes (the study's ``workers`` setting), one
+Dask thread each, so a worker trains one run at a time with ``cores // workers`` torch threads. On 2 cores
+two 1-thread runs side by side beat one 2-thread run at a time (``benchmarks/README.md``). A cluster instead:
+set ``DMLSTUDY_SCHEDULER=tcp://host:8786`` (``dmlstudy study run --scheduler``) and the same code submits to
+that scheduler's workers; the runs root and data root must then be paths every worker sees (a shared
+filesystem).
+
+Decisions:
+
+* Runs are tasks keyed by their run folder (:func:`run_task_key`). A task first checks whether the run is
+  complete and returns at once if so; otherwise ``train.run(config)`` with ``resume=True`` continues from the
+  run's last checkpoint. A worker that dies mid-run (killed, out of memory, node lost) is replaced by its
+  nanny and the scheduler reschedules the task (up to ``distributed.scheduler.allowed-failures`` times), which
+  then resumes from the checkpoint: at most the unfinished epoch is lost. ``retries`` re-runs tasks that
+  *raised*; it is 0 by default because a run that raises (bad config, NaN loss) raises again.
+* Workers live across tasks, so every task starts from the same state (:func:`task_state`): torch and faiss
+  thread counts set, the worker's device chosen, and ``train.run`` seeds everything itself.
+* GPUs: worker ``i`` of a local cluster on a machine with ``g`` GPUs trains on ``cuda:(i mod g)``
+  (:func:`device_for_worker`), so ``workers = k·g`` puts ``k`` runs on each GPU. The device reaches
+  ``train.resolve_device("auto")`` through the ``DMLSTUDY_DEVICE`` environment variable, which a worker
+  started by hand may also set (``DMLSTUDY_DEVICE=cuda:1 dask worker ...``).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+SCHEDULER_VARIABLE = "DMLSTUDY_SCHEDULER"  # address of an existing scheduler: attach instead of starting one
+DEVICE_VARIABLE = "DMLSTUDY_DEVICE"  # the device resolve_device("auto") picks on a worker
+THREADS_VARIABLE = "DMLSTUDY_TASK_THREADS"  # torch/faiss threads of each task on a worker
+CONNECT_SECONDS = 5  # how long to try an address before reporting it unreachable
+
+
+class EngineError(RuntimeError):
+    """The engine could not start or reach its scheduler."""
+
+
+class GridRunError(RuntimeError):
+    """One or more tasks of a grid failed; the others finished and were kept."""
+
+
+def available_cores() -> int:
+    """Cores this process may use (its CPU affinity; a Slurm or container limit counts)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_for_worker(index: int, gpus: int) -> str:
+    """The device of local worker ``index`` when the machine has ``gpus`` GPUs: round-robin over the GPUs
+    (``k·gpus`` workers put ``k`` runs on each GPU), ``cpu`` without GPUs."""
+    if index < 0:
+        raise ValueError(f"worker index must be ≥ 0, got {index}")
+    return f"cuda:{index % gpus}" if gpus > 0 else "cpu"
+
+
+def threads_per_task(workers: int, cores: int) -> int:
+    """torch threads of each of ``workers`` runs sharing ``cores`` cores (at least one)."""
+    return max(1, cores // max(1, workers))
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What one worker process of a local cluster gets."""
+
+    name: int
+    device: str
+    threads: int
+
+
+def local_worker_plans(workers: int, *, cores: int, gpus: int) -> list[WorkerPlan]:
+    """Devices and thread counts of the ``workers`` processes of a local cluster."""
+    if workers < 1:
+        raise ValueError(f"workers must be ≥ 1, got {workers}")
+    threads = threads_per_task(workers, cores)
+    return [WorkerPlan(name=index, device=device_for_worker(index, gpus), threads=threads) for index in range(workers)]
+
+
+# ----------------------------------------------------------------------------------------------
+# the client: a local cluster, or an existing scheduler
+
+
+_engine: dict[str, Any] = {}  # the one client of this process: {"client", "cluster", "key"}
+
+
+def scheduler_address() -> str:
+    """The address in ``DMLSTUDY_SCHEDULER`` ('' when unset: start a local cluster)."""
+    return os.environ.get(SCHEDULER_VARIABLE, "").strip()
+
+
+def connect(address: str, *, timeout: float = CONNECT_SECONDS):
+    """A client of the scheduler at ``address``; an unreachable address fails within ``timeout`` seconds."""
+    from distributed import Client
+
+    try:
+        return Client(address, timeout=f"{timeout}s", set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as error:
+        raise EngineError(
+            f"cannot reach the Dask scheduler at {address!r} (from {SCHEDULER_VARIABLE} or --scheduler) within "
+            f"{timeout:g} s: {type(error).__name__}: {error}. Start one with `dask scheduler` (see docs/scaling.md) "
+            f"or unset {SCHEDULER_VARIABLE} to train on a local cluster.") from None
+
+
+def start_local_cluster(workers: int, *, threads: int | None = None, gpus: int | None = None, dashboard_address: str = ":0"):
+    """A ``LocalCluster`` of ``workers`` processes with one Dask thread each, and its client. Each worker's
+    device and torch thread count (:func:`local_worker_plans`) are set through its environment."""
+    from distributed import Client, LocalCluster
+
+    plans = local_worker_plans(workers, cores=available_cores(), gpus=gpu_count() if gpus is None else gpus)
+    if threads:
+        plans = [WorkerPlan(plan.name, plan.device, threads) for plan in plans]
+    cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True, dashboard_address=dashboard_address,
+                           memory_limit=0)  # runs hold no Dask data: no memory-based pausing; the OS decides
+    template = cluster.new_spec
+    for plan in plans:  # one spec per worker: the template with this worker's environment
+        options = {**template["options"], "env": {DEVICE_VARIABLE: plan.device, THREADS_VARIABLE: str(plan.threads)}, "name": plan.name}
+        cluster.worker_spec[plan.name] = {"cls": template["cls"], "options": options}
+    cluster.scale(len(plans))
+    client = Client(cluster, set_as_default=False)
+    client.wait_for_workers(len(plans), timeout=120)
+    return cluster, client
+
+
+def get_client(workers: int = 1):
+    """The engine's client: attached to ``DMLSTUDY_SCHEDULER`` when set, else a local cluster of ``workers``
+    processes, started once per process (again when ``workers`` changes). ``DMLSTUDY_TASK_THREADS`` overrides
+    the local workers' ``cores // workers`` torch threads. Prints the dashboard address when it starts or
+    attaches."""
+    address = scheduler_address()
+    threads = int(os.environ.get(THREADS_VARIABLE) or 0)
+    key = ("remote", address) if address else ("local", workers, threads)
+    if _engine.get("key") == key and _engine["client"].status == "running":
+        return _engine["client"]
+    if address:
+        client = connect(address)  # before closing the current cluster: an unreachable address changes nothing
+        shutdown()
+        cluster = None
+        print(f"dmlstudy engine: scheduler {address}, {len(client.scheduler_info().get('workers', {}))} workers, "
+              f"dashboard {client.dashboard_link}")
+    else:
+        shutdown()
+        cluster, client = start_local_cluster(workers, threads=threads)
+        print(f"dmlstudy engine: local cluster of {workers} worker processes, dashboard {client.dashboard_link}")
+    _engine.update(client=client, cluster=cluster, key=key)
+    return client
+
+
+def shutdown() -> None:
+    """Close the engine's client (and its local cluster)."""
+    client, cluster = _engine.pop("client", None), _engine.pop("cluster", None)
+    _engine.clear()
+    for thing in (client, cluster):
+        if thing is not None:
+            with suppress(Exception):  # closing at exit must not raise
+                thing.close()
+
+
+atexit.register(shutdown)
+
+
+# ----------------------------------------------------------------------------------------------
+# tasks
+
+
+@contextmanager
+def task_state() -> Iterator[None]:
+    """The state every task starts from on a long-lived worker: thread counts of torch and faiss from
+    ``DMLSTUDY_TASK_THREADS`` (else all of the worker's cores) and the worker's device for
+    ``resolve_device("auto")``. (Seeds are set by ``train.run`` itself, per run and per epoch.)"""
+    import faiss
+    import torch
+
+    threads = int(os.environ.get(THREADS_VARIABLE) or available_cores())
+    torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
+    yield
+
+
+def run_task_key(config) -> str:
+    """The Dask key of a run's training task (a TrainConfig): the same run folder gives the same key."""
+    from dask.base import tokenize
+
+    run_dir = config.run_dir.resolve()
+    return f"train-{run_dir.name}-{tokenize(str(run_dir))}"
+
+
+def task_values(config) -> dict[str, Any]:
+    """A TrainConfig's fields for :func:`train_task`, with the runs and data roots as absolute paths (the
+    worker may run elsewhere: on a cluster both must be on a filesystem every worker sees)."""
+    from pathlib import Path
+
+    from dmlstudy.paths import data_root
+
+    return {**config.to_dict(), "runs_root": str(config.run_dir.parent.parent.resolve()),
+            "data_root": str(Path(config.data_root or data_root()).resolve()), "progress": False}
+
+
+def train_task(values: dict[str, Any]) -> dict[str, float]:
+    """Train (or resume, or just load the metrics of) the run of TrainConfig ``values``: idempotent."""
+    import json
+
+    from dmlstudy.train import TrainConfig, is_complete, run
+
+    config = TrainConfig(**{**values, "resume": True, "progress": False})
+    if is_complete(config):
+        return json.loads((config.run_dir / "metrics.json").read_text())
+    with task_state():
+        return run(config).metrics
+
+
+def call_task(function: Callable[..., Any], *args: Any) -> Any:
+    with task_state():
+        return function(*args)
+
+
+def failure_line(future) -> str:
+    """The last line of a failed future's traceback: ``Type: message``."""
+    error = future.exception()
+    return traceback.format_exception_only(type(error), error)[-1].strip()
+
+
+def run_tasks(client, submissions: Sequence[tuple[str, Callable[..., Any], tuple, str]], *, what: str, progress: bool = True,
+              retries: int = 0, workers: Sequence[str] | None = None) -> dict[str, Any]:
+    """Submit ``(label, function, args, key)`` tasks (on the given worker addresses only, if any), follow them
+    with one tqdm bar (done / running / failed in its postfix), and return ``{label: result}``. Every task runs
+    to its end; failures are raised together afterwards as a :class:`GridRunError` naming each failed label
+    with its traceback's last line."""
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    futures = {client.submit(function, *args, key=key, retries=retries, pure=False, workers=workers): label
+               for label, function, args, key in submissions}
+    results, failures = {}, []
+    bar = tqdm(total=len(futures), desc=what, leave=False, disable=not progress)
+    try:
+        for future in as_completed(list(futures), loop=client.loop):
+            label = futures.pop(future)
+            if future.status == "finished":
+                results[label] = future.result()
+            else:
+                failures.append(f"{label} failed: {failure_line(future)}")
+            future.release()  # nothing on a worker holds results: a lost worker never forces recomputation
+            bar.set_postfix(done=len(results), running=_running(client, futures), failed=len(failures), refresh=False)
+            bar.update()
+    finally:
+        bar.close()
+        for future in futures:  # interrupted: stop what is still queued
+            future.cancel()
+    if failures:
+        raise GridRunError(f"{len(failures)} of {len(submissions)} {what} failed (finished ones are kept):\n" + "\n".join(failures))
+    return results
+
+
+def _running(client, futures) -> int:
+    keys = {future.key for future in futures}
+    return sum(len(keys.intersection(processing)) for processing in client.processing().values())
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def call_key(function: Callable[..., Any], args: tuple, index: int) -> str:
+    from dask.base import tokenize
+
+    return f"{_SAFE.sub('-', getattr(function, '__name__', 'call'))}-{index}-{tokenize(function, *args)}"

@@ -1,0 +1,163 @@
+"""The Dask engine: worker placement, clean task state, records equal to a serial run, recovery from a killed
+worker, and a clear error for an unreachable scheduler."""
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dmlstudy import engine
+from dmlstudy.experiments.protocol import run_grid
+from dmlstudy.train import resolve_device
+
+TIMING = ("train_seconds", "seconds_per_epoch", "eval_seconds")
+
+
+@pytest.fixture
+def one_thread_tasks(monkeypatch):
+    """Every task (on the workers and in this process) with one torch thread, whatever the machine's cores,
+    so a run's float sums are the same wherever it trains."""
+    monkeypatch.setenv(engine.THREADS_VARIABLE, "1")
+    monkeypatch.delenv(engine.SCHEDULER_VARIABLE, raising=False)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def records(run_dir):
+    """A run's records without wall-clock timings: metrics, history and embeddings."""
+    metrics = {k: v for k, v in json.loads((run_dir / "metrics.json").read_text()).items() if k not in TIMING}
+    history = pd.read_csv(run_dir / "history.csv").drop(columns=list(TIMING), errors="ignore")
+    with np.load(run_dir / "embeddings.npz") as stored:
+        arrays = dict(stored)
+    return metrics, history, arrays
+
+
+def assert_same_records(left, right):
+    (metrics_a, history_a, arrays_a), (metrics_b, history_b, arrays_b) = records(left), records(right)
+    assert metrics_a == metrics_b
+    pd.testing.assert_frame_equal(history_a, history_b, check_exact=True)
+    assert arrays_a.keys() == arrays_b.keys()
+    for name in arrays_a:
+        np.testing.assert_array_equal(arrays_a[name], arrays_b[name])
+
+
+def test_workers_get_round_robin_gpus_and_a_share_of_the_cores():
+    plans = engine.local_worker_plans(6, cores=12, gpus=4)  # a fake 4-GPU machine: 6 workers
+    assert [plan.device for plan in plans] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
+    assert {plan.threads for plan in plans} == {2}
+    assert [plan.device for plan in engine.local_worker_plans(4, cores=8, gpus=2)] == ["cuda:0", "cuda:1"] * 2  # 2 runs per GPU
+    assert [plan.device for plan in engine.local_worker_plans(2, cores=2, gpus=0)] == ["cpu", "cpu"]
+    assert engine.local_worker_plans(3, cores=2, gpus=0)[0].threads == 1  # never 0 threads
+    with pytest.raises(ValueError, match="workers must be ≥ 1"):
+        engine.local_worker_plans(0, cores=2, gpus=0)
+
+
+def test_auto_device_is_the_one_the_engine_gave_the_worker(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv(engine.DEVICE_VARIABLE, "cuda:3")
+    assert resolve_device("auto") == torch.device("cuda", 3)
+    assert resolve_device("cpu") == torch.device("cpu")  # an explicit device wins
+    monkeypatch.delenv(engine.DEVICE_VARIABLE)
+    assert resolve_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_scheduler_is_named_within_seconds(monkeypatch):
+    from dmlstudy.cli import main
+
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    started = time.perf_counter()
+    with pytest.raises(engine.EngineError, match=rf"cannot reach the Dask scheduler at '{address}'"):
+        engine.connect(address, timeout=2)
+    assert time.perf_counter() - started < 30  # not the default 30 s+ of retries; generous for a loaded machine
+    monkeypatch.setenv(engine.SCHEDULER_VARIABLE, address)
+    with pytest.raises(engine.EngineError, match=address):
+        engine.get_client(2)
+    with pytest.raises(SystemExit, match=address):
+        main(["study", "run", "plans/smoke.yaml", "--scheduler", address])
+
+
+def test_a_grid_on_two_workers_gives_the_records_of_a_serial_run(tiny_config, tmp_path, one_thread_tasks):
+    specs = [{"seed": 0}, {"seed": 1, "method": "proxyanchor"}]
+    parallel = [(f"v{i}", tiny_config(run_name=f"v{i}", resume=True, **spec)) for i, spec in enumerate(specs)]
+    serial = [(f"v{i}", tiny_config(run_name=f"v{i}", resume=True, runs_root=str(tmp_path / "serial"), **spec)) for i, spec in enumerate(specs)]
+    run_grid(parallel, workers=2)
+    with engine.task_state():  # one thread here too
+        run_grid(serial, workers=1)
+    for (_, a), (_, b) in zip(parallel, serial):
+        assert_same_records(a.run_dir, b.run_dir)
+
+
+def test_a_long_lived_worker_gives_the_same_run_first_and_third(tiny_config, one_thread_tasks):
+    client = engine.get_client(2)
+    worker = sorted(client.scheduler_info()["workers"])[:1]  # every task on the same worker process
+    first, other, third = (tiny_config(run_name="first"), tiny_config(run_name="other", method="proxyanchor", seed=3, epochs=1),
+                           tiny_config(run_name="third"))
+    for config in (first, other, third):
+        engine.run_tasks(client, [(config.run_name, engine.train_task, (config.to_dict(),), f"same-worker-{config.run_name}")],
+                         what="runs", progress=False, workers=worker)
+    assert_same_records(first.run_dir, third.run_dir)
+
+
+def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, tmp_path, one_thread_tasks):
+    short = tiny_config(run_name="short", resume=True)
+    long = tiny_config(run_name="long", resume=True, epochs=8, steps_per_epoch=8)
+    client = engine.get_client(2)
+    outcome = {}
+    grid = threading.Thread(target=lambda: outcome.update(results=run_grid([("short", short), ("long", long)], workers=2)))
+    grid.start()
+    checkpoint = long.run_dir / "checkpoint.pt"
+    deadline = time.monotonic() + 600
+    while not ((short.run_dir / "metrics.json").is_file() and checkpoint.is_file()):
+        assert time.monotonic() < deadline and grid.is_alive(), "the grid ended before the long run saved its first epoch"
+        time.sleep(0.02)
+    key = engine.run_task_key(long)
+    address = next(worker for worker, keys in client.processing().items() if key in keys)
+    pid = client.run(os.getpid, workers=[address])[address]
+    kept = pd.DataFrame(torch.load(checkpoint, weights_only=False)["history"])  # checkpoints are replaced atomically
+    assert not (long.run_dir / "metrics.json").is_file(), "the long run finished before it could be killed"
+    short_stamp = (short.run_dir / "metrics.json").stat().st_mtime_ns
+    os.kill(pid, signal.SIGKILL)
+    grid.join(timeout=600)
+    assert "results" in outcome, "the grid did not finish after the worker was killed"
+
+    after = pd.read_csv(long.run_dir / "history.csv")
+    assert 1 <= len(kept) < len(after) == long.epochs
+    pd.testing.assert_frame_equal(after.iloc[:len(kept)], kept, check_dtype=False)  # finished epochs kept, not retrained
+    assert (short.run_dir / "metrics.json").stat().st_mtime_ns == short_stamp  # the other run was not retrained
+    reference = tiny_config(run_name="long", resume=True, epochs=8, steps_per_epoch=8, runs_root=str(tmp_path / "reference"))
+    with engine.task_state():
+        run_grid([("long", reference)], workers=1)
+    assert_same_records(long.run_dir, reference.run_dir)
+
+
+def test_the_slurm_example_books_one_run_per_worker_and_a_gpu_per_job():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "slurm_cluster.py"
+    spec = importlib.util.spec_from_file_location("slurm_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cluster = module.slurm_cluster(scheduler_options={"dashboard_address": ":0"})
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --cpus-per-task=8" in script
+    assert "--nthreads 1 " in script  # one Dask thread: one run at a time per worker
+    assert "export DMLSTUDY_TASK_THREADS=8" in script
