@@ -136,7 +136,10 @@ def write_bytes_atomically(path: Path, data: bytes) -> None:
             os.close(handle)
         os.replace(temporary, path)
     except OSError as error:
-        raise _explained(error, path, len(data)) from error
+        explained = _explained(error, path, len(data))
+        if explained is error:  # "raise error from error" makes a cause cycle that tracebacks never finish
+            raise
+        raise explained from error
     finally:
         if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
