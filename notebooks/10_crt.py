@@ -93,6 +93,7 @@ import matplotlib.pyplot as plt
 
 from dmlstudy import plots
 from dmlstudy.experiments import crt as crt_study
+from dmlstudy.experiments import kit
 from dmlstudy.methods import build_method
 from dmlstudy.models import build_backbone
 from dmlstudy.records import seed_everything
@@ -127,9 +128,9 @@ plots.save_figure(figure, "crt_transform", study=config.study);
 # backbone; a randomly initialised CNN on 64-px synthetic images is a different regime.
 
 # %%
-main_results = crt_study.run_variants(config, crt_study.main_variants())
+main_results = kit.run_variants(config, kit.with_baseline(crt_study.crt_variant()))
 table, sentences = crt_study.main_table(main_results)
-readings += crt_study.report(config, table, sentences, title="MS vs +CRT (R@K and MAP@R in %)")
+readings += kit.report(config, table, sentences, title="MS vs +CRT (R@K and MAP@R in %)")
 
 # %% [markdown]
 # ## Ablations
@@ -145,9 +146,9 @@ readings += crt_study.report(config, table, sentences, title="MS vs +CRT (R@K an
 
 # %%
 if config.components:
-    results = crt_study.run_variants(ablation, crt_study.component_variants(), datasets=config.ablation_datasets)
+    results = kit.run_variants(ablation, crt_study.component_variants(), datasets=config.ablation_datasets)
     table, sentences = crt_study.components_table(results)
-    readings += crt_study.report(ablation, table, sentences, title="Components")
+    readings += kit.report(ablation, table, sentences, title="Components")
 
 # %% [markdown]
 # ### Multi-perspective transform
@@ -158,9 +159,9 @@ if config.components:
 if config.multi_perspective:
     labels = {crt_study.crt_variant()[0]: "w (K1 = K2 = 64)", crt_study.crt_variant(K1=1, K2=1)[0]: "w/o (K1 = K2 = 1)"}
     variants = dict([crt_study.crt_variant(), crt_study.crt_variant(K1=1, K2=1)])
-    results = crt_study.run_variants(ablation, variants, datasets=config.ablation_datasets)
+    results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
     table, sentences = crt_study.pair_table(results, labels=labels, paper=crt_study.PAPER_MULTI_PERSPECTIVE, what="multi-perspective (K = 64) − single (K = 1)")
-    readings += crt_study.report(ablation, table, sentences, title="Multi-perspective")
+    readings += kit.report(ablation, table, sentences, title="Multi-perspective")
 
 # %% [markdown]
 # ### Shared weights between the branches
@@ -173,10 +174,10 @@ if config.multi_perspective:
 if config.shared_ablation:
     labels = {crt_study.crt_variant()[0]: "w (shared)", crt_study.crt_variant(shared=False)[0]: "w/o (separate)"}
     variants = dict([crt_study.crt_variant(), crt_study.crt_variant(shared=False)])
-    results = crt_study.run_variants(ablation, variants, datasets=config.ablation_datasets)
+    results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
     table, sentences = crt_study.pair_table(results, labels=labels, paper=crt_study.PAPER_SHARED, what="shared − separate banks")
     sentences.append(crt_study.cost_sentence(results, cheaper=crt_study.crt_variant()[0], dearer=crt_study.crt_variant(shared=False)[0]))
-    readings += crt_study.report(ablation, table, sentences, title="Shared weights")
+    readings += kit.report(ablation, table, sentences, title="Shared weights")
 
 # %% [markdown]
 # ### Number of prototypes: $K_1$ (branch 1) and $K_2$ (branch 2)
@@ -191,9 +192,9 @@ for branch, values, paper in ((1, config.k1_values, crt_study.PAPER_K1), (2, con
     if not values:
         continue
     variants = crt_study.k_sweep_variants(values, branch=branch)
-    results = crt_study.run_variants(ablation, crt_study.as_grid(variants), datasets=config.ablation_datasets)
+    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
     table, sentences = crt_study.sweep_table(results, variants=variants, paper=paper, name=f"K{branch}")
-    readings += crt_study.report(ablation, table, sentences, title=f"K{branch} sweep (separate banks)")
+    readings += kit.report(ablation, table, sentences, title=f"K{branch} sweep (separate banks)")
 
 # %% [markdown]
 # ### Weight of the consistency loss, $\lambda_2$
@@ -204,9 +205,9 @@ for branch, values, paper in ((1, config.k1_values, crt_study.PAPER_K1), (2, con
 # %%
 if config.lambda2_values:
     variants = crt_study.lambda2_variants(config.lambda2_values)
-    results = crt_study.run_variants(ablation, crt_study.as_grid(variants), datasets=config.ablation_datasets)
+    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
     table, sentences = crt_study.sweep_table(results, variants=variants, paper=crt_study.PAPER_LAMBDA2, name="λ2")
-    readings += crt_study.report(ablation, table, sentences, title="λ2 sweep")
+    readings += kit.report(ablation, table, sentences, title="λ2 sweep")
 
 # %% [markdown]
 # ### Batch size
@@ -218,9 +219,9 @@ if config.lambda2_values:
 # %%
 if config.batch_sizes:
     variants = crt_study.batch_variants(config.batch_sizes, ablation)
-    results = crt_study.run_variants(ablation, crt_study.as_grid(variants), datasets=config.ablation_datasets)
+    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
     table, sentences = crt_study.sweep_table(results, variants=variants, paper=crt_study.PAPER_BATCH, name="N")
-    readings += crt_study.report(ablation, table, sentences, title="Batch size N")
+    readings += kit.report(ablation, table, sentences, title="Batch size N")
 
 # %% [markdown]
 # ### Embedding sizes $(d, D)$, scored on both branches
@@ -232,9 +233,9 @@ if config.batch_sizes:
 # %%
 if config.dim_pairs:
     variants = crt_study.dim_variants(config.dim_pairs, ablation)
-    results = crt_study.run_variants(ablation, crt_study.as_grid(variants), datasets=config.ablation_datasets)
+    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
     table, sentences = crt_study.dims_table(results, variants)
-    readings += crt_study.report(ablation, table, sentences, title="(d, D) on both branches")
+    readings += kit.report(ablation, table, sentences, title="(d, D) on both branches")
 
 # %% [markdown]
 # ### Backbones
@@ -246,9 +247,9 @@ if config.dim_pairs:
 if config.backbones:
     variants = crt_study.backbone_variants(config.backbones, ablation)
     grid = {name: spec for pair in variants.values() for name, spec in pair.values()}
-    results = crt_study.run_variants(ablation, grid, datasets=config.ablation_datasets)
+    results = kit.run_variants(ablation, grid, datasets=config.ablation_datasets)
     table, sentences = crt_study.backbone_table(results, variants)
-    readings += crt_study.report(ablation, table, sentences, title="MS vs +CRT per backbone (R@1 %)")
+    readings += kit.report(ablation, table, sentences, title="MS vs +CRT per backbone (R@1 %)")
     print("paper (R@1 %, pretrained, 227 px):")
     print(crt_study.paper_backbone_table().to_string(index=False))
 
@@ -282,8 +283,8 @@ if config.complexity_backbones:
 # the paper does not say).
 
 # %%
-table, sentences = crt_study.geometry_table(main_results, splits=config.geometry_splits, drop_first=config.geometry_drop_first)
-readings += crt_study.report(config, table, sentences, title="ESD and spectral decay")
+table, sentences = crt_study.split_geometry_table(main_results, splits=config.geometry_splits, drop_first=config.geometry_drop_first)
+readings += kit.report(config, table, sentences, title="ESD and spectral decay")
 for dataset in config.datasets:
     embeddings = {variant: result.embeddings["embeddings"] for variant, result in main_results if result.config.dataset == dataset and result.config.seed == config.seeds[0]}
     figure = plots.spectrum(embeddings, drop_first=config.geometry_drop_first[-1] if config.geometry_drop_first else 0, title=f"{dataset} test spectrum, seed {config.seeds[0]}")
@@ -299,9 +300,9 @@ for dataset in config.datasets:
 # are coarse.
 
 # %%
-reference = crt_study.find_result(main_results, variant="crt", dataset=config.datasets[0])
+reference = kit.find_run(main_results, "crt", dataset=config.datasets[0])
 query = crt_study.evaluation_split(reference.config, "test")
-figure = crt_study.heatmap_figure(reference.method, query, [0, len(query) // 2], prototypes=config.heatmap_prototypes)
+figure = plots.crt_heatmap_figure(reference.method, query, [0, len(query) // 2], prototypes=config.heatmap_prototypes)
 plots.save_figure(figure, "crt_heatmaps", study=config.study);
 
 # %% [markdown]
@@ -309,7 +310,7 @@ plots.save_figure(figure, "crt_heatmaps", study=config.study);
 # off-diagonal towards zero (diverse perspectives).
 
 # %%
-figure = crt_study.correlation_figure(reference.method)
+figure = plots.crt_correlation_figure(reference.method)
 plots.save_figure(figure, "crt_prototype_correlation", study=config.study);
 
 # %% [markdown]
@@ -318,7 +319,7 @@ plots.save_figure(figure, "crt_prototype_correlation", study=config.study);
 # structure. (Exact t-SNE for up to 1,000 points: scikit-learn's Barnes-Hut was ~10× slower here.)
 
 # %%
-figure = crt_study.tsne_figure(reference, classes=config.tsne_classes)
+figure = crt_study.branch_tsne_figure(reference, classes=config.tsne_classes)
 plots.save_figure(figure, "crt_tsne", study=config.study);
 
 # %% [markdown]

@@ -68,6 +68,7 @@ import matplotlib.pyplot as plt
 
 from dmlstudy import plots
 from dmlstudy.experiments import diml as diml_study
+from dmlstudy.experiments import kit
 from dmlstudy.records import seed_everything
 
 config = diml_study.DIMLStudy.from_namespace(globals())
@@ -172,7 +173,7 @@ print(f"{len(results)} runs, {len(frame)} evaluated settings")
 # through the first $R$); past $K \approx R$ nothing changes.
 
 # %%
-truncation = diml_study.sweep_table(frame, sweep="K", paper_dataset=config.paper_dataset)
+truncation = diml_study.rerank_sweep_table(frame, sweep="K", paper_dataset=config.paper_dataset)
 print(config.protocol_text(), f"| G = {config.grid_size}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds")
 display(diml_study.display_columns(truncation))
 for sentence in diml_study.sweep_readings(truncation, sweep="K", low=min(config.top_ks), high=config.reference_k(), paper_dataset=config.paper_dataset):
@@ -188,7 +189,7 @@ plots.save_figure(figure, "diml_truncation", study=config.study)
 # little; here $G = 7$ interpolates a $4 \times 4$ map, so it cannot add information, only smoother cells.
 
 # %%
-grid_table = diml_study.sweep_table(frame, sweep="G", paper_dataset=config.paper_dataset)
+grid_table = diml_study.rerank_sweep_table(frame, sweep="G", paper_dataset=config.paper_dataset)
 print(config.protocol_text(), f"| K = {config.top_k}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds")
 display(diml_study.display_columns(grid_table))
 for sentence in diml_study.sweep_readings(grid_table, sweep="G", low=min(config.grid_sizes), high=config.reference_grid(), paper_dataset=config.paper_dataset):
@@ -224,9 +225,9 @@ for sentence in diml_study.training_readings(training):
 
 # %%
 example_run = diml_study.example_run(results, config)
-example_sets = diml_study.evaluation_sets(example_run, grid_sizes=[config.grid_size])
+example_sets = kit.evaluation_sets(example_run, grid_sizes=[config.grid_size])
 queries = diml_study.example_query_indices(example_sets, count=config.example_queries, seed=0)
-figure = diml_study.transport_figure(example_run, example_sets, grid=config.grid_size, queries=queries, retrievals=config.example_retrievals,
+figure = plots.diml_transport_figure(example_run, example_sets, grid=config.grid_size, queries=queries, retrievals=config.example_retrievals,
                                      options=config.transport_options())
 print("model:", example_run.run_dir.name)
 plots.save_figure(figure, "diml_transport_plans", study=config.study)
@@ -240,7 +241,7 @@ plots.save_figure(figure, "diml_transport_plans", study=config.study)
 # pair); timings are wall-clock on whatever machine runs the notebook (noisy on a shared one).
 
 # %%
-cost_sets = diml_study.evaluation_sets(example_run, grid_sizes=config.cost_grid_sizes)
+cost_sets = kit.evaluation_sets(example_run, grid_sizes=config.cost_grid_sizes)
 cost = diml_study.rerank_cost(cost_sets, top_ks=config.cost_top_ks, grid_sizes=config.cost_grid_sizes, queries=config.cost_queries, options=config.transport_options())
 display(cost.round(2))
 plots.save_figure(diml_study.cost_figure(cost), "diml_cost", study=config.study);

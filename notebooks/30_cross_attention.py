@@ -85,6 +85,7 @@ from IPython.display import display
 
 from dmlstudy import plots
 from dmlstudy.experiments import cross_attention as ca_study
+from dmlstudy.experiments import kit
 from dmlstudy.records import seed_everything
 from dmlstudy.train import load_datasets
 
@@ -117,7 +118,7 @@ plots.save_figure(figure, "cross_attention_hierarchy", study=config.study);
 # backbone and method; ours compares like with like.
 
 # %%
-main_results = ca_study.run_variants(config, ca_study.main_variants())
+main_results = kit.run_variants(config, kit.with_baseline(ca_study.variant()))
 table, sentences = ca_study.main_table(main_results)
 readings += sentences
 print(config.protocol_text())
@@ -178,7 +179,7 @@ for dataset in config.ablation_datasets:
 # total variation between the two maps.
 
 # %%
-model_run = ca_study.pick_run(main_results, "cross_attention", dataset=config.datasets[0])
+model_run = kit.find_run(main_results, "cross_attention", dataset=config.datasets[0])
 test_set = load_datasets(model_run.config)["query"]
 triples = ca_study.attention_triples(test_set.labels, config.attention_examples, seed=0)
 figure = ca_study.attention_figure(model_run.method, test_set, triples, blocks=config.attention_blocks)
@@ -217,7 +218,7 @@ print(readings[-1])
 # %%
 if config.larger_backbone:
     larger_name, _ = ca_study.larger_backbone_variant(config.larger_backbone)
-    parameter_results = ca_study.run_variants(ablation, ca_study.parameter_variants(config.larger_backbone), datasets=config.ablation_datasets)
+    parameter_results = kit.run_variants(ablation, ca_study.parameter_variants(config.larger_backbone), datasets=config.ablation_datasets)
     table, sentences = ca_study.parameter_table(parameter_results, larger=larger_name)
     readings += sentences
     print(ablation.protocol_text(), "on", config.ablation_datasets)
@@ -237,7 +238,7 @@ else:
 # %%
 if config.options:
     option_variants = ca_study.option_variants(config.options)
-    option_results = ca_study.run_variants(ablation, ca_study.as_grid(option_variants), datasets=config.ablation_datasets)
+    option_results = kit.run_variants(ablation, ca_study.ablation_grid(option_variants), datasets=config.ablation_datasets)
     table, sentences = ca_study.options_table(option_results, option_variants)
     readings += sentences
     print(ablation.protocol_text(), "on", config.ablation_datasets)

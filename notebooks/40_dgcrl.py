@@ -93,6 +93,7 @@ tsne_iterations: int = 300  # t-SNE optimisation steps (scikit-learn's minimum i
 # %%
 from dmlstudy import plots
 from dmlstudy.experiments import dgcrl as dgcrl_study
+from dmlstudy.experiments import kit
 from dmlstudy.records import seed_everything
 
 config = dgcrl_study.DGCRLStudy.from_namespace(globals())
@@ -139,9 +140,9 @@ plots.save_figure(figure, "dgcrl_toy_decorrelation", study=config.study);
 # N-S layer, the margin and the `paper` decorrelation. The paper's Table 1 R@1 (DGCRL) is beside ours.
 
 # %%
-main_results = dgcrl_study.run_variants(config, dgcrl_study.named_variants(config.main_variants))
+main_results = kit.run_variants(config, dgcrl_study.named_variants(config.main_variants))
 table, sentences = dgcrl_study.main_table(main_results)
-readings += dgcrl_study.report(config, table, sentences, title="MS vs softmax without N-S vs DGCRL (R@K, MAP@R, NMI in %)")
+readings += kit.report(config, table, sentences, title="MS vs softmax without N-S vs DGCRL (R@K, MAP@R, NMI in %)")
 
 # %% [markdown]
 # ## Ablations
@@ -160,10 +161,10 @@ readings += dgcrl_study.report(config, table, sentences, title="MS vs softmax wi
 
 # %%
 variants = dgcrl_study.alpha_variants(config.alphas)
-results = dgcrl_study.run_variants(ablation, dgcrl_study.as_grid(variants), datasets=config.ablation_datasets)
+results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
 alpha_frame = dgcrl_study.alpha_frame(results, variants, ks=config.table_ks, items=config.accuracy_items)
 shown = alpha_frame.assign(**{c: (100 * alpha_frame[c]).round(1) for c in alpha_frame.columns if c.startswith("R@") or c == "train accuracy"})
-readings += dgcrl_study.report(ablation, shown, dgcrl_study.alpha_sentence(alpha_frame), title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")")
+readings += kit.report(ablation, shown, dgcrl_study.alpha_sentence(alpha_frame), title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")")
 figure = dgcrl_study.alpha_figure(alpha_frame)
 plots.save_figure(figure, "dgcrl_alpha_sweep", study=config.study);
 
@@ -177,9 +178,9 @@ plots.save_figure(figure, "dgcrl_alpha_sweep", study=config.study);
 
 # %%
 variants = dgcrl_study.lambda_variants(config.lambdas)
-results = dgcrl_study.run_variants(ablation, dgcrl_study.as_grid(variants), datasets=config.ablation_datasets)
+results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
 table, sentences = dgcrl_study.lambda_table(results, variants, ks=config.table_ks)
-readings += dgcrl_study.report(ablation, table, sentences, title="λ (R@K in %)")
+readings += kit.report(ablation, table, sentences, title="λ (R@K in %)")
 
 # %% [markdown]
 # ### The three decorrelations side by side
@@ -189,9 +190,9 @@ readings += dgcrl_study.report(ablation, table, sentences, title="λ (R@K in %)"
 
 # %%
 variants = dgcrl_study.decorrelation_variants(config.decorrelations)
-results = dgcrl_study.run_variants(ablation, dgcrl_study.as_grid(variants), datasets=config.ablation_datasets)
+results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
 table, sentences = dgcrl_study.decorrelation_table(results, variants, ks=config.table_ks)
-readings += dgcrl_study.report(ablation, table, sentences, title="Decorrelation variants (R@K in %)")
+readings += kit.report(ablation, table, sentences, title="Decorrelation variants (R@K in %)")
 
 # %% [markdown]
 #     ### Losses at equal settings (paper Table 3) and training speed
@@ -211,13 +212,13 @@ readings += dgcrl_study.report(ablation, table, sentences, title="Decorrelation 
 
 # %%
 variants = dgcrl_study.loss_variants(config.losses)
-results = dgcrl_study.run_variants(ablation, variants, datasets=config.ablation_datasets)
+results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
 num_classes = dgcrl_study.train_classes_of(ablation, config.ablation_datasets[0])
 seconds = dgcrl_study.step_seconds(ablation, variants, num_classes=num_classes, rounds=config.timing_rounds, clock=config.timing_clock)
 print(f"side-by-side seconds per training step ({config.timing_clock} clock):", {name: round(value, 4) for name, value in seconds.items()})
 frame = dgcrl_study.loss_frame(results, ks=config.table_ks, step_seconds_by_variant=seconds)
 table, sentences = dgcrl_study.loss_table(frame)
-readings += dgcrl_study.report(ablation, table, sentences, title="Losses at equal settings (R@K in %)")
+readings += kit.report(ablation, table, sentences, title="Losses at equal settings (R@K in %)")
 figure = dgcrl_study.loss_curves(results)
 plots.save_figure(figure, "dgcrl_loss_curves", study=config.study);
 
@@ -229,7 +230,7 @@ plots.save_figure(figure, "dgcrl_loss_curves", study=config.study);
 # Fig. 4 shows DGCRL's clusters on CUB and Cars.
 
 # %%
-pool = dgcrl_study.run_variants(ablation, dgcrl_study.named_variants(config.tsne_variants), datasets=config.ablation_datasets[:1])
+pool = kit.run_variants(ablation, dgcrl_study.named_variants(config.tsne_variants), datasets=config.ablation_datasets[:1])
 figure = dgcrl_study.tsne_figure(pool, variants=config.tsne_variants, classes=config.tsne_classes, iterations=config.tsne_iterations)
 plots.save_figure(figure, "dgcrl_tsne", study=config.study);
 

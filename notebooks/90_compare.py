@@ -19,16 +19,9 @@
 # (printed above each table): the same backbone (randomly initialised), image size, embedding size $d$,
 # P × M batch, epochs and seeds, and every number is a mean ± std over seeds.
 #
-# | row | what it is | paper |
-# |---|---|---|
-# | MS baseline (`ms`) | pooled features → linear → L2-norm, Multi-Similarity loss | the baseline of CRT, DIML, cross-attention |
-# | CRT (`crt`) | coded residual transform, two branches, consistency loss | Kan et al., NeurIPS 2022 |
-# | MS + DIML re-ranking (`diml_rerank`) | the **same** `ms` models; each query's cosine top-K re-ranked by $\cos + s_{struct}$ (optimal transport between $G\times G$ local embeddings) | Zhao et al., ICCV 2021 (test-time use) |
-# | DIML-trained MS (`diml`) | MS on $\tfrac12(\cos + s_{struct})$ during training, cosine at test time | Zhao et al. (training use) |
-# | cross-attention (`cross_attention`) | MS on the similarity of cross-image-conditioned embeddings; plain embedding at test time | Kotovenko et al., CVPR 2023 |
-# | DGCRL (`dgcrl`) | normalize-scale layer, centre softmax with margin, decorrelated centres | Zheng et al., AAAI 2019 |
-# | softmax (`softmax`) | DGCRL's head as a plain softmax classifier: no normalize-scale, no margin, no decorrelation (the run of notebook 40) | DGCRL's own baseline |
-# | classic baselines | contrastive, triplet, margin, lifted structure, N-pairs, ProxyNCA, Proxy-Anchor, normalized softmax (pytorch-metric-learning) on the baseline architecture | the papers' comparison tables |
+# The rows (the table below lists those of this run, from the method registry, `dmlstudy.methods.method_info`):
+# every registered method has a label, a group (paper method or classic baseline), its paper and a one-line
+# description; `diml_rerank` and `softmax` are rows made from other runs.
 #
 # The runs are shared: the method notebooks (10–40) train `ms` and their method under the same run names
 # (`<dataset>-<method>-seed<seed>`), so with the same protocol this notebook loads them instead of training
@@ -60,8 +53,8 @@ lr: float = 0.004  # backbone/embedding learning rate
 eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
 progress: bool = False  # tqdm bars inside the notebook
 workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
-methods: list = ['ms', 'crt', 'diml_rerank']  # main methods, every seed: ms, crt, diml_rerank (ms re-ranked by DIML), diml, cross_attention, dgcrl, softmax (40_dgcrl's)
-classic_methods: list = ['triplet']  # classic baselines: contrastive, triplet, margin, lifted, npairs, proxynca, proxyanchor, normsoftmax
+methods: list = ['ms', 'crt', 'diml_rerank']  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
+classic_methods: list = ['triplet']  # classic baselines (registry group 'classic'), with classic_seeds
 classic_seeds: list = [0]  # seeds of the classic baselines (fewer than seeds: the table says so)
 rerank_top_k: int = 20  # K of DIML re-ranking: the cosine top-K re-ranked by cos + s_struct (the paper: 100)
 rerank_grid: int = 4  # G of DIML re-ranking: G × G local embeddings (DIML's default 4)
@@ -74,7 +67,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
 from dmlstudy import plots
-from dmlstudy.experiments import compare
+from dmlstudy.experiments import compare, kit
 from dmlstudy.records import seed_everything
 from dmlstudy.study import write_table
 
@@ -83,6 +76,7 @@ seed_everything(0)
 results_folder = config.results_folder()
 print("protocol:", config.protocol_text(), "on", config.datasets)
 print("main methods:", config.methods, "| classic baselines:", config.classic_methods, "with seeds", config.classic_seeds)
+display(Markdown(compare.rows_markdown(config)))
 
 # %% [markdown]
 # ## Runs
@@ -152,12 +146,12 @@ for sentence in claim_readings:
 # %%
 print(f"protocol: {config.protocol_text()}; test embeddings, drop_first = 0")
 geometry_written = []
-for metric, title in compare.GEOMETRY.items():
+for metric, title in kit.GEOMETRY.items():
     geometry = compare.geometry_table(frame, metric=metric)
     print(f"\n{title}")
     display(geometry[[c for c in geometry.columns if not c.endswith("_mean") and c != "variant"]])
     geometry_written += write_table(geometry, results_folder / f"compare_{metric.lower()}")
-geometry_readings = compare.geometry_readings(frame)
+geometry_readings = kit.geometry_readings(compare.own_embedding_rows(frame))
 for sentence in geometry_readings:
     print("→", sentence)
 
@@ -168,7 +162,7 @@ for sentence in geometry_readings:
 # %%
 all_results, shown = main_results + classic_results, list(dict.fromkeys(frame["variant"]))
 for dataset in config.datasets:
-    embeddings = compare.first_seed_embeddings(all_results, dataset=dataset, variants=shown)
+    embeddings = kit.first_seed_embeddings(all_results, dataset=dataset, variants=shown)
     figure = compare.spectrum_figure(embeddings, dataset=dataset)
     plots.save_figure(figure, f"compare_spectrum_{dataset}", study=config.study)
     plt.show()
@@ -181,10 +175,11 @@ for dataset in config.datasets:
 # not distances: look for tight, separated clusters, and for classes that several methods confuse alike.
 
 # %%
-projected = compare.first_seed_embeddings(all_results, dataset=config.datasets[0], variants=shown)
+projected = kit.first_seed_embeddings(all_results, dataset=config.datasets[0], variants=shown)
 for kind, enabled in (("umap", config.umap), ("tsne", config.tsne)):
     if enabled:
-        figure = compare.projection_figure(projected, kind=kind, classes=config.projection_classes, dataset=config.datasets[0])
+        figure = kit.projection_figure(projected, kind=kind, classes=config.projection_classes, title=f"{config.datasets[0]}, first seed",
+                                       label=compare.method_label)
         plots.save_figure(figure, f"compare_{kind}", study=config.study)
         plt.show()
 
