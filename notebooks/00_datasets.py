@@ -40,6 +40,8 @@ knn_classes: int = 20  # 0: all test classes in the raw-pixel kNN; n: the first 
 seed: int = 0  # which images are shown
 
 # %%
+from IPython.display import display
+
 from dmlstudy.experiments.datasets import DatasetTour, class_definition_table, example_grid, load_splits, nearest_classes_figure, pixel_knn_table, summary_table
 from dmlstudy.records import seed_everything
 

@@ -89,8 +89,6 @@ heatmap_prototypes: int = 8  # prototypes shown in the code heat maps
 tsne_classes: int = 5  # test classes in the t-SNE plots
 
 # %%
-import matplotlib.pyplot as plt
-
 from dmlstudy import plots
 from dmlstudy.experiments import crt as crt_study
 from dmlstudy.experiments import kit

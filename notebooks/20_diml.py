@@ -64,7 +64,7 @@ example_queries: int = 2  # queries in the transport-plan figure
 example_retrievals: int = 3  # retrievals per query in the transport-plan figure
 
 # %%
-import matplotlib.pyplot as plt
+from IPython.display import display
 
 from dmlstudy import plots
 from dmlstudy.experiments import diml as diml_study
