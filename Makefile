@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLAN ?= plans/default.yaml
 
-.PHONY: study test lint install lab data smoke full clean-runs
+.PHONY: study test lint install lab data smoke full clean-runs notebooks
 
 $(STAMP): pyproject.toml requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ full: $(STAMP)
 
 data: $(STAMP)
 	$(BIN)/dmlstudy data generate
+
+## rebuild notebooks/*.ipynb from their sources notebooks/*.py (parameters cells from the config dataclasses)
+notebooks: $(STAMP)
+	$(BIN)/python -m dmlstudy.experiments.notebooks build
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/

@@ -11,7 +11,7 @@ import yaml
 
 matplotlib.use("Agg")
 
-from dmlstudy.experiments import compare, explore  # noqa: E402
+from dmlstudy.experiments import compare, explore, kit  # noqa: E402
 
 
 def run_rows(spec):
@@ -228,11 +228,11 @@ def test_geometry_tables_and_readings_from_the_numbers():
     assert list(esd.index) == ["ms", "crt", "triplet"]
     assert esd.loc["ms", "synbirds"] == "1.050 ± 0.071"
     assert esd.loc["ms", "paper (CUB)"] == 0.72 and esd.loc["crt", "paper (CUB)"] == 0.90 and esd.loc["triplet", "paper (CUB)"] == "–"
-    first, second = compare.geometry_readings(frame)
+    first, second = kit.geometry_readings(compare.own_embedding_rows(frame))
     assert "ESD +1.000, ρ -1.000" in first and first.endswith("both held.")
     assert "+1.00 for ESD and -1.00 for ρ" in second and "ESD agrees, ρ agrees" in second
     flat = frame.assign(rho=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
-    assert "ρ shows no clear relation" in compare.geometry_readings(flat)[1]
+    assert "ρ shows no clear relation" in kit.geometry_readings(compare.own_embedding_rows(flat))[1]
 
 
 def test_diml_rerank_rows_from_parallel_processes_equal_the_serial_ones(tiny_config):

@@ -229,10 +229,3 @@ def test_variant_names_share_runs_and_keep_the_reserved_names():
         study.crt_variant(K3=2)
 
 
-def test_effect_sentence_verdicts():
-    from dmlstudy.experiments.crt import effect_sentence
-
-    assert "direction held" in effect_sentence("x", ours=(1.0, 0.1), paper=2.0, seeds=3)
-    assert "NOT reproduced" in effect_sentence("x", ours=(-1.0, 0.1), paper=2.0, seeds=3)
-    assert "within seed noise" in effect_sentence("x", ours=(0.1, 0.2), paper=2.0, seeds=3)
-    assert "found no effect" in effect_sentence("x", ours=(0.1, 0.2), paper=-0.01, seeds=3)

@@ -1,8 +1,10 @@
-"""Notebooks: a parameters cell that mirrors a typed config dataclass one to one, no stored outputs, and a
+"""Notebooks: built from their jupytext sources, a parameters cell that mirrors a typed config dataclass one to one, no stored outputs, and a
 clear error when papermill injects a parameter of the wrong type. (nbval executes every notebook.)"""
+import ast
 import dataclasses
 import importlib
 import json
+import shutil
 import typing
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from papermill.exceptions import PapermillExecutionError
 
 from dmlstudy.experiments import NOTEBOOK_CONFIGS
+from dmlstudy.experiments import notebooks as notebook_sources
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PRESENT = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
@@ -52,3 +55,42 @@ def test_wrong_parameter_type_is_named(tmp_path):
     with pytest.raises(PapermillExecutionError, match="parameter 'epochs' must be of type int, got str"):
         papermill.execute_notebook(str(NOTEBOOKS / "01_train.ipynb"), str(tmp_path / "out.ipynb"), parameters={"epochs": "two", "runs_root": str(tmp_path)},
                                    kernel_name="python3", progress_bar=False)
+
+
+def test_committed_notebooks_equal_their_sources():
+    assert notebook_sources.out_of_date() == []
+    assert sorted(notebook_sources.stems()) == sorted(Path(name).stem for name in PRESENT)
+
+
+def test_a_stale_notebook_or_parameters_cell_is_named(tmp_path):
+    for stem in ("01_train", "10_crt"):
+        for suffix in (".py", ".ipynb"):
+            shutil.copy(NOTEBOOKS / f"{stem}{suffix}", tmp_path)
+    assert notebook_sources.out_of_date(tmp_path) == []
+    crt_source = tmp_path / "10_crt.py"
+    crt_source.write_text(crt_source.read_text().replace("for reading in readings:", "for reading in sorted(readings):"))
+    train_source = tmp_path / "01_train.py"
+    train_source.write_text(train_source.read_text().replace("epochs: int = 2", "epochs: int = 3"))
+    assert notebook_sources.out_of_date(tmp_path) == [
+        "notebooks/01_train.py: parameters cell differs from TrainConfig (run `make notebooks`)",
+        "notebooks/01_train.ipynb: differs from notebooks/01_train.py (run `make notebooks`)",
+        "notebooks/10_crt.ipynb: differs from notebooks/10_crt.py (run `make notebooks`)",
+    ]
+    changed = notebook_sources.build_all(tmp_path)
+    assert sorted(path.name for path in changed) == ["01_train.py", "10_crt.ipynb"]
+    assert notebook_sources.out_of_date(tmp_path) == []
+    assert "epochs: int = 2  #" in train_source.read_text()  # the config's CI-sized value is written back
+    built = json.loads((tmp_path / "10_crt.ipynb").read_text())
+    assert "for reading in sorted(readings):" in "".join(built["cells"][-1]["source"])
+
+
+def test_parameters_cell_lines_come_from_the_config():
+    lines = notebook_sources.parameters_source("20_diml").splitlines()
+    config = config_class(NOTEBOOK_CONFIGS["20_diml.ipynb"])
+    assert [line.split(":")[0] for line in lines] == [spec.name for spec in dataclasses.fields(config)]
+    assert lines[0].startswith("study: str = 'notebook-20_diml'  # ")
+    for line, spec in zip(lines, dataclasses.fields(config)):
+        value = line.split(" = ", 1)[1].split("  # ")[0]
+        if spec.name != "study":
+            default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+            assert ast.literal_eval(value) == default, spec.name

@@ -1,5 +1,8 @@
 """Study notebooks' logic: one module per notebook, each with the typed config its ``parameters`` cell
-mirrors and the functions (sweeps, tables) the notebook calls. Notebooks stay thin.
+mirrors and the functions (sweeps, tables) the notebook calls. Notebooks stay thin. What every notebook
+shares is in :mod:`~dmlstudy.experiments.kit`; the papers' numbers are in ``papers.yaml``
+(:mod:`~dmlstudy.experiments.papers`); the notebooks' sources and their build in
+:mod:`~dmlstudy.experiments.notebooks`.
 
 ``NOTEBOOK_CONFIGS`` maps each notebook to the dataclass its ``parameters`` cell mirrors one to one
 (checked by ``tests/test_notebooks.py``).

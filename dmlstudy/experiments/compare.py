@@ -35,7 +35,6 @@ Decisions (stated in the notebook too):
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -49,36 +48,25 @@ import pandas as pd
 
 from dmlstudy.config import load_yaml
 from dmlstudy.data import evaluation_protocol
-from dmlstudy.experiments import cross_attention as cross_attention_study
-from dmlstudy.experiments import crt as crt_study
-from dmlstudy.experiments import dgcrl as dgcrl_study
-from dmlstudy.experiments import diml as diml_study
+from dmlstudy.experiments import kit
+from dmlstudy.experiments.papers import PAPER_DATASET, numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, results_frame, run_grid
-from dmlstudy.methods import list_methods
+from dmlstudy.methods import MethodInfo, list_methods, method_info
 from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
 from dmlstudy.paths import project_root, study_outputs
 from dmlstudy.records import write_json
-from dmlstudy.study import mean_std_text, summarize, write_table
+from dmlstudy.study import summarize, write_table
 from dmlstudy.train import RunResult, TrainConfig, run
 
 RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
-SHARED_VARIANTS = {"softmax": dgcrl_study.NAMED_VARIANTS["softmax"]}  # other notebooks' named runs a table may include
-MAIN_METHODS = (  # every main row the study has (plans/full.yaml)
-    "ms", "crt", RERANK, "diml", "cross_attention", "dgcrl", "softmax")
-CLASSIC_METHODS = (  # every classic baseline of the papers' tables
-    "contrastive", "triplet", "margin", "lifted", "npairs", "proxynca", "proxyanchor", "normsoftmax")
-METHOD_LABELS = {
-    "ms": "MS baseline", "crt": "CRT", RERANK: "MS + DIML re-ranking", "diml": "DIML-trained MS",
-    "cross_attention": "cross-attention", "dgcrl": "DGCRL", "softmax": "softmax (DGCRL head, no N-S)", "contrastive": "contrastive", "triplet": "triplet",
-    "margin": "margin", "lifted": "lifted structure", "npairs": "N-pairs", "proxynca": "ProxyNCA",
-    "proxyanchor": "Proxy-Anchor", "normsoftmax": "normalized softmax",
+EXTRA_ROWS = {  # rows of the comparison that are not registered methods (the others come from the method registry)
+    RERANK: MethodInfo(RERANK, "MS + DIML re-ranking", "paper", "Zhao et al., ICCV 2021 (test-time use)",
+                       "the same ms models; each query's cosine top-K re-ranked by cos + s_struct (optimal transport between G × G local embeddings)"),
+    "softmax": kit.SHARED_ROWS["softmax"],
 }
 RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K
 DECIMALS = 1  # percent, as displayed
 FEWER_SEEDS_MARK = "†"
-MAX_PROJECTION_POINTS = 4095
-TSNE_ITERATIONS = 500  # 250 early-exaggeration + 250 free steps: settled for a few thousand points, half the default cost
-PAPER_DATASET = {"synbirds": "CUB", "glyphs": "Cars"}  # as every method notebook
 DIML_PAPER_DATASET = {"CUB": "CUB-200", "Cars": "Cars196"}
 
 
@@ -86,8 +74,8 @@ DIML_PAPER_DATASET = {"CUB": "CUB-200", "Cars": "Cars196"}
 class CompareStudy(ProtocolConfig):
     """Parameters of ``notebooks/90_compare.ipynb``: the protocol plus which methods enter the table."""
 
-    methods: list = field(default_factory=lambda: ["ms", "crt", RERANK])  # main methods, every seed: ms, crt, diml_rerank (ms re-ranked by DIML), diml, cross_attention, dgcrl, softmax (40_dgcrl's)
-    classic_methods: list = field(default_factory=lambda: ["triplet"])  # classic baselines: contrastive, triplet, margin, lifted, npairs, proxynca, proxyanchor, normsoftmax
+    methods: list = field(default_factory=lambda: ["ms", "crt", RERANK])  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
+    classic_methods: list = field(default_factory=lambda: ["triplet"])  # classic baselines (registry group 'classic'), with classic_seeds
     classic_seeds: list = field(default_factory=lambda: [0])  # seeds of the classic baselines (fewer than seeds: the table says so)
     rerank_top_k: int = 20  # K of DIML re-ranking: the cosine top-K re-ranked by cos + s_struct (the paper: 100)
     rerank_grid: int = 4  # G of DIML re-ranking: G × G local embeddings (DIML's default 4)
@@ -97,7 +85,7 @@ class CompareStudy(ProtocolConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        known = set(list_methods()) | {RERANK, *SHARED_VARIANTS}
+        known = set(list_methods()) | set(EXTRA_ROWS)
         for name, values in (("methods", self.methods), ("classic_methods", self.classic_methods)):
             unknown = [m for m in values if m not in known]
             if unknown:
@@ -128,6 +116,43 @@ class CompareStudy(ProtocolConfig):
 
 
 # ----------------------------------------------------------------------------------------------
+# Rows: the method registry plus the re-ranked and shared rows
+# ----------------------------------------------------------------------------------------------
+def row_info(name: str) -> MethodInfo:
+    """What a row of the comparison is: :data:`EXTRA_ROWS`, else the registry's :func:`method_info`."""
+    if name in EXTRA_ROWS:
+        return EXTRA_ROWS[name]
+    try:
+        return method_info(name)
+    except KeyError:
+        return MethodInfo(name, name, "classic")
+
+
+def method_label(name: str) -> str:
+    """The row label of a method in every table and figure (the registry's ``label``)."""
+    return row_info(name).label
+
+
+def main_rows() -> list[str]:
+    """Every main row the study can show: ``ms``, the registered paper methods, and :data:`EXTRA_ROWS`."""
+    return ["ms", *list_methods(group="paper"), *EXTRA_ROWS]
+
+
+def classic_rows() -> list[str]:
+    """Every classic baseline the registry has (group ``classic``), ``ms`` aside (a main row)."""
+    return [name for name in list_methods(group="classic") if name != "ms"]
+
+
+def rows_markdown(config: CompareStudy) -> str:
+    """The notebook's row table for the methods of ``config``: label (name), what it is, paper; from the registry."""
+    lines = ["| row | what it is | paper |", "|---|---|---|"]
+    for name in [*config.methods, *config.classic_methods]:
+        info = row_info(name)
+        lines.append(f"| {info.label} (`{name}`) | {info.summary} | {info.paper} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
 # Runs
 # ----------------------------------------------------------------------------------------------
 def trained_methods(methods: Sequence[str]) -> list[str]:
@@ -138,9 +163,9 @@ def trained_methods(methods: Sequence[str]) -> list[str]:
 
 def method_grid(methods: Iterable[str]) -> dict[str, dict[str, Any]]:
     """``{name: {"method": name}}``: every method with its defaults, named as the method notebooks name it;
-    the names of :data:`SHARED_VARIANTS` get the spec their notebook gives them (``softmax``: 40_dgcrl's
+    the names of :data:`kit.SHARED_VARIANTS` get the spec their notebook gives them (``softmax``: 40_dgcrl's
     DGCRL head without normalize-scale, margin or decorrelation)."""
-    return {name: dict(SHARED_VARIANTS.get(name, {"method": name})) for name in methods}
+    return {name: dict(kit.SHARED_VARIANTS.get(name, {"method": name})) for name in methods}
 
 
 def run_main(config: CompareStudy) -> list[tuple[str, RunResult]]:
@@ -155,10 +180,6 @@ def run_classic(config: CompareStudy) -> list[tuple[str, RunResult]]:
     return run_grid(config.classic_protocol().grid(method_grid(config.classic_methods)), workers=config.workers)
 
 
-def _cache_key(settings: Mapping[str, Any]) -> str:
-    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: TransportOptions) -> dict[str, Any]:
     ks = tuple(config.recall_ks) or evaluation_protocol(config.dataset).recall_ks
     return {"top_k": top_k, "grid": grid, "ks": list(ks), "epsilon": options.epsilon, "uniform": options.uniform_marginals,
@@ -166,7 +187,7 @@ def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: Tra
 
 
 def _rerank_cache(run_dir: Path, settings: Mapping[str, Any]) -> Path:
-    return run_dir / f"compare_rerank-{_cache_key(settings)}.json"
+    return run_dir / f"compare_rerank-{kit.cache_key(settings)}.json"
 
 
 def _rerank_metrics_in_process(train_config: dict[str, Any], top_k: int, grid: int) -> None:
@@ -178,7 +199,7 @@ def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: Transpo
     Recall@K of the dataset's list, RP, MAP@R) and the seconds it took; cached in the run folder.
 
     ``top_k`` is capped at the number of retrievable items. Uses the run's query (and gallery) sets embedded
-    at ``grid`` × ``grid`` through :func:`dmlstudy.experiments.diml.evaluation_sets`.
+    at ``grid`` × ``grid`` through :func:`dmlstudy.experiments.kit.evaluation_sets`.
     """
     options = options or TransportOptions()
     ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
@@ -187,7 +208,7 @@ def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: Transpo
     if cache.is_file():
         return json.loads(cache.read_text())["metrics"]
     started = time.perf_counter()
-    sets = diml_study.evaluation_sets(result, grid_sizes=[grid])
+    sets = kit.evaluation_sets(result, grid_sizes=[grid])
     query, gallery = sets["query"], sets["gallery"]
     retrievable = len(query.global_) - 1 if gallery is None else len(gallery.global_)
     gallery_kwargs = {} if gallery is None else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
@@ -265,7 +286,7 @@ def comparison_table(frame: pd.DataFrame, *, metrics: Sequence[str] | None = Non
     table.insert(3, "seeds", seeds)
     main_runs = table.loc[table["group"] == "main"].groupby("dataset")["runs"].max()
     fewer = [(g == "classic" and r < main_runs.get(d, 0)) for d, g, r in zip(table["dataset"], table["group"], table["runs"])]
-    labels = [METHOD_LABELS.get(v, v) + (f" {FEWER_SEEDS_MARK}" if f else "") for v, f in zip(table["variant"], fewer)]
+    labels = [method_label(v) + (f" {FEWER_SEEDS_MARK}" if f else "") for v, f in zip(table["variant"], fewer)]
     table.insert(1, "method", labels)
     flags = best_flags(table, metrics, decimals=decimals)
     for metric in metrics:
@@ -353,22 +374,23 @@ class Claim:
 
 
 def _crt_gain(dataset: str) -> float:
-    values = crt_study.PAPER_BASELINE_VS_CRT[dataset]
+    values = numbers("crt", "BASELINE_VS_CRT")[dataset]
     return round(values["crt"] - values["ms"], 2)
 
 
 def _diml_gain(dataset: str) -> float:
     name = DIML_PAPER_DATASET[dataset]
-    return round(diml_study.PAPER_TRUNCATION[("ms", 100)][name][0] - diml_study.PAPER_TRUNCATION[("ms", 0)][name][0], 2)
+    truncation = numbers("diml", "TRUNCATION")
+    return round(truncation[("ms", 100)][name][0] - truncation[("ms", 0)][name][0], 2)
 
 
 def _cross_attention_gain(dataset: str) -> float:
-    values = cross_attention_study.PAPER_TABLE1[dataset]
+    values = numbers("cross_attention", "TABLE1")[dataset]
     return round(values["cross_attention"][0] - values["ms"][0], 2)
 
 
 def _dgcrl_gain(dataset: str, other: str) -> float:
-    values = dgcrl_study.PAPER_TABLE1[dataset]
+    values = numbers("dgcrl", "TABLE1")[dataset]
     return round(values["dgcrl"][0] - values[other][0], 2)
 
 
@@ -388,23 +410,12 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
-def verdict(difference: float, error: float, seeds: int) -> str:
-    """held / did not hold / inconclusive for a claimed positive difference (see the module docstring)."""
-    if seeds >= 2 and abs(difference) < 2 * error:
-        return "inconclusive (|Δ| < 2 s.e.)"
-    suffix = " (1 seed, no noise estimate)" if seeds < 2 else ""
-    if difference > 0:
-        return "held" + suffix
-    if difference < 0:
-        return "did not hold" + suffix
-    return "no difference" + suffix
-
-
 def _stats(table: pd.DataFrame, dataset: str, variant: str, metric: str) -> tuple[float, float, int] | None:
-    row = table[(table["dataset"] == dataset) & (table["variant"] == variant)]
-    if row.empty or pd.isna(row[f"{metric}_mean"].iloc[0]):
+    try:
+        stats = kit.lookup(table, dataset, variant, metric)
+    except KeyError:
         return None
-    return float(row[f"{metric}_mean"].iloc[0]), float(row[f"{metric}_std"].iloc[0]), int(row["runs"].iloc[0])
+    return None if math.isnan(stats[0]) else stats
 
 
 def claims_table(table: pd.DataFrame, *, claims: Sequence[Claim] = CLAIMS, metric: str = "R@1") -> pd.DataFrame:
@@ -425,7 +436,7 @@ def claims_table(table: pd.DataFrame, *, claims: Sequence[Claim] = CLAIMS, metri
             error = math.sqrt(better[1] ** 2 / better[2] + worse[1] ** 2 / worse[2])
             seeds = min(better[2], worse[2])
             rows.append({**row, f"ours Δ{metric}": round(difference, 2), "s.e.": round(error, 2) if seeds >= 2 else math.nan,
-                         "seeds": seeds, "verdict": verdict(difference, error, seeds)})
+                         "seeds": seeds, "verdict": kit.claim_verdict(difference, error, seeds)})
     columns = ["claim", "dataset", f"ours Δ{metric}", "s.e.", "seeds", f"paper Δ{metric}", "paper", "verdict"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -477,146 +488,29 @@ def caveats(config: CompareStudy, frame: pd.DataFrame) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Generalisation: ESD and spectral decay
 # ----------------------------------------------------------------------------------------------
-GEOMETRY = {"ESD": "ESD = π_intra / π_inter (↑ in the CRT paper's reading)", "rho": "ρ, spectral decay, drop_first = 0 (↓)"}
-
-
 def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd.DataFrame:
-    """Rows = methods, columns = datasets: mean ± std over seeds of ``metric`` (``ESD`` or ``rho``) of the test
-    embeddings, the CRT paper's numbers for MS / +CRT beside. The re-ranked row is left out (same embeddings
-    as ``ms``)."""
-    if metric not in ("ESD", "rho"):
-        raise ValueError(f"geometry_table: metric must be 'ESD' or 'rho', got {metric!r}")
-    rows = frame[frame["variant"] != RERANK]
-    grouped = rows.groupby(["variant", "dataset"], sort=False)[metric]
-    stats = grouped.agg(["mean", "std", "count"]).reset_index()
-    stats["std"] = stats["std"].fillna(0.0)
-    variants = list(dict.fromkeys(rows["variant"]))
-    datasets = list(dict.fromkeys(rows["dataset"]))
-    paper = crt_study.PAPER_ESD if metric == "ESD" else crt_study.PAPER_RHO
-    out = []
-    for variant in variants:
-        line: dict[str, Any] = {"method": METHOD_LABELS.get(variant, variant), "variant": variant}
-        for dataset in datasets:
-            cell = stats[(stats["variant"] == variant) & (stats["dataset"] == dataset)]
-            line[dataset] = "–" if cell.empty else mean_std_text(cell["mean"].iloc[0], cell["std"].iloc[0], int(cell["count"].iloc[0]), decimals=decimals)
-            line[f"{dataset}_mean"] = math.nan if cell.empty else float(cell["mean"].iloc[0])
-        for dataset in datasets:
-            pair = paper.get(PAPER_DATASET.get(dataset, ""))
-            line[f"paper ({PAPER_DATASET.get(dataset, '–')})"] = (pair[0] if variant == "ms" else pair[1]) if pair and variant in ("ms", "crt") else "–"
-        out.append(line)
-    return pd.DataFrame(out)
+    """Rows = methods, columns = datasets: :func:`kit.geometry_summary` of ``metric`` (``ESD`` or ``rho``) with the
+    CRT paper's MS / +CRT numbers beside. The re-ranked row is left out (same embeddings as ``ms``)."""
+    paper = numbers("crt", "ESD" if metric == "ESD" else "RHO")
+    return kit.geometry_summary(own_embedding_rows(frame), metric=metric, paper=paper, label=method_label, decimals=decimals)
 
 
-def _rank_correlation(x: pd.Series, y: pd.Series) -> float:
-    """Spearman's ρ as the Pearson correlation of ranks (ties averaged); NaN with fewer than 3 points."""
-    keep = x.notna() & y.notna()
-    if keep.sum() < 3:
-        return math.nan
-    return float(x[keep].rank().corr(y[keep].rank()))
-
-
-WEAK_CORRELATION = 0.3  # |rank correlation| below this: no clear relation (few methods, noisy means)
-
-
-def _agreement(correlation: float, *, expected: int) -> str:
-    """"agrees" / "disagrees" with the expected sign, or "shows no clear relation" when |r| < :data:`WEAK_CORRELATION`."""
-    if math.isnan(correlation) or abs(correlation) < WEAK_CORRELATION:
-        return "shows no clear relation"
-    return "agrees" if np.sign(correlation) == expected else "disagrees"
-
-
-def geometry_readings(frame: pd.DataFrame) -> list[str]:
-    """Per dataset: did CRT raise ESD and lower ρ against MS (the CRT paper's claim), and how do ESD and ρ rank
-    with R@1 across all methods (Roth et al.: denser, flatter-spectrum embeddings generalise better)?"""
-    rows = frame[frame["variant"] != RERANK]
-    means = rows.groupby(["dataset", "variant"], sort=False)[["ESD", "rho", "R@1"]].mean()
-    sentences = []
-    for dataset in dict.fromkeys(rows["dataset"]):
-        group = means.loc[dataset]
-        if {"ms", "crt"} <= set(group.index):
-            esd = group.loc["crt", "ESD"] - group.loc["ms", "ESD"]
-            rho = group.loc["crt", "rho"] - group.loc["ms", "rho"]
-            held = [name for name, ok in (("ESD up", esd > 0), ("ρ down", rho < 0)) if ok]
-            sentences.append(f"{dataset}: CRT − MS: ESD {esd:+.3f}, ρ {rho:+.3f}; the CRT paper has ESD up and ρ down on all four of its datasets → "
-                             + ("both held." if len(held) == 2 else f"only {held[0]} held." if held else "neither held."))
-        if len(group) >= 3:
-            esd_r1, rho_r1 = _rank_correlation(group["ESD"], group["R@1"]), _rank_correlation(group["rho"], group["R@1"])
-            sentences.append(f"{dataset}, across {len(group)} methods: rank correlation with R@1 is {esd_r1:+.2f} for ESD and {rho_r1:+.2f} for ρ "
-                             f"(generalisation by density and spectral decay predicts > 0 for ESD and < 0 for ρ → "
-                             f"ESD {_agreement(esd_r1, expected=1)}, ρ {_agreement(rho_r1, expected=-1)}).")
-    return sentences
-
-
-def first_seed_embeddings(results: Sequence[tuple[str, RunResult]], *, dataset: str, variants: Sequence[str] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Method → (test embeddings, labels) of its first run on ``dataset`` (the lowest seed), for ``variants``
-    only when given (e.g. the table's rows: an ``ms`` run trained only for re-ranking is then left out)."""
-    chosen: dict[str, RunResult] = {}
-    for variant, result in results:
-        if variants is not None and variant not in variants:
-            continue
-        if result.config.dataset == dataset and (variant not in chosen or result.config.seed < chosen[variant].config.seed):
-            chosen[variant] = result
-    return {variant: (result.embeddings["embeddings"], result.embeddings["labels"]) for variant, result in chosen.items()}
+def own_embedding_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows with embeddings of their own: every row but the re-ranked one (its embeddings are the ``ms`` runs')."""
+    return frame[frame["variant"] != RERANK]
 
 
 def spectrum_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, dataset: str) -> plt.Figure:
     """Normalised singular-value spectra (drop_first = 0) of every method's test embeddings on one dataset."""
     from dmlstudy import plots
 
-    named = {METHOD_LABELS.get(v, v): e for v, (e, _) in embeddings.items()}
+    named = {method_label(v): e for v, (e, _) in embeddings.items()}
     return plots.spectrum(named, drop_first=0, title=f"{dataset}: test-embedding spectra (drop_first = 0, first seed)")
 
 
 # ----------------------------------------------------------------------------------------------
 # Projections and cost
 # ----------------------------------------------------------------------------------------------
-def projection_subset(labels: np.ndarray, *, classes: int, max_points: int = MAX_PROJECTION_POINTS, seed: int = 0) -> np.ndarray:
-    """Sorted indices of every image of the first ``classes`` classes (by label value), seeded-subsampled to at
-    most ``max_points``: the same points in every panel."""
-    labels = np.asarray(labels)
-    keep = np.flatnonzero(np.isin(labels, np.unique(labels)[:classes]))
-    if len(keep) > max_points:
-        keep = np.sort(np.random.default_rng(seed).choice(keep, size=max_points, replace=False))
-    return keep
-
-
-def project(embeddings: np.ndarray, *, kind: str, seed: int = 0) -> np.ndarray:
-    """2-D UMAP (cosine metric, 15 neighbours) or t-SNE (PCA init, cosine metric, :data:`TSNE_ITERATIONS` steps)
-    of ``N × d`` embeddings, ``random_state=seed``."""
-    n = len(embeddings)
-    if kind == "umap":
-        import umap
-
-        return umap.UMAP(n_components=2, n_neighbors=min(15, n - 1), metric="cosine", random_state=seed, n_jobs=1).fit_transform(embeddings)
-    if kind == "tsne":
-        from sklearn.manifold import TSNE
-
-        return TSNE(n_components=2, init="pca", metric="cosine", perplexity=min(30.0, (n - 1) / 3), max_iter=TSNE_ITERATIONS,
-                    random_state=seed).fit_transform(embeddings)
-    raise ValueError(f"project: kind must be 'umap' or 'tsne', got {kind!r}")
-
-
-def projection_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, kind: str, classes: int, seed: int = 0, dataset: str = "") -> plt.Figure:
-    """One panel per method: the 2-D ``kind`` projection of the same subset of test images, coloured by class."""
-    names = list(embeddings)
-    columns = min(4, max(len(names), 1))
-    rows = int(math.ceil(max(len(names), 1) / columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.4 * rows), squeeze=False)
-    for axis in axes.flat:
-        axis.axis("off")
-    for axis, name in zip(axes.flat, names):
-        vectors, labels = embeddings[name]
-        keep = projection_subset(labels, classes=classes, seed=seed)
-        points = project(np.asarray(vectors)[keep], kind=kind, seed=seed)
-        codes = np.searchsorted(np.unique(labels[keep]), labels[keep])
-        axis.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab20" if classes > 10 else "tab10", s=5, linewidths=0)
-        axis.set_title(METHOD_LABELS.get(name, name), fontsize=9)
-    shown = len(projection_subset(next(iter(embeddings.values()))[1], classes=classes, seed=seed)) if names else 0
-    figure.suptitle(f"{'UMAP' if kind == 'umap' else 't-SNE'} of {dataset} test embeddings: {shown} images of the first {classes} classes, first seed")
-    figure.tight_layout()
-    return figure
-
-
 def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per dataset and method: parameters (M), training seconds and seconds per epoch (mean ± std over seeds),
     and, for the re-ranked row, the re-ranking seconds."""
@@ -624,7 +518,7 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
     table = summarize(frame, by=["dataset", "variant"], metrics=metrics, percent=False, decimals=1)
     parameters = frame.groupby(["dataset", "variant"], sort=False)["parameters"].first() / 1e6
     table.insert(2, "parameters (M)", [round(float(parameters.loc[(d, v)]), 3) for d, v in zip(table["dataset"], table["variant"])])
-    table.insert(1, "method", [METHOD_LABELS.get(v, v) for v in table["variant"]])
+    table.insert(1, "method", [method_label(v) for v in table["variant"]])
     if "rerank_seconds" in table:
         table["rerank_seconds"] = [text if v == RERANK else "–" for text, v in zip(table["rerank_seconds"], table["variant"])]
     return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
@@ -641,8 +535,8 @@ def time_figure(frame: pd.DataFrame) -> plt.Figure:
             x, y = group["train_seconds"], 100 * group["R@1"]
             marker = "s" if group["group"].iloc[0] == "classic" else ("D" if variant == RERANK else "o")
             axis.errorbar(x.mean(), y.mean(), xerr=x.std() if len(group) > 1 else None, yerr=y.std() if len(group) > 1 else None,
-                          marker=marker, color=f"C{index % 10}", capsize=3, linestyle="none", label=METHOD_LABELS.get(variant, variant))
-            axis.annotate(METHOD_LABELS.get(variant, variant), (x.mean(), y.mean()), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                          marker=marker, color=f"C{index % 10}", capsize=3, linestyle="none", label=method_label(variant))
+            axis.annotate(method_label(variant), (x.mean(), y.mean()), textcoords="offset points", xytext=(4, 4), fontsize=7)
         axis.set(xlabel="training seconds (whole run)", ylabel="R@1 (%)", title=dataset)
         axis.grid(alpha=0.3)
     axes[0, -1].legend(fontsize=7, loc="best")

@@ -28,41 +28,36 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dmlstudy import metrics as metric_functions
-from dmlstudy.data import denormalize
-from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
+from dmlstudy.experiments.kit import (
+    arrow, as_grid, box, device_of, difference, effect_sentence, lookup, paper_column, paper_dataset, run_variants, without_numbers,
+)
+from dmlstudy.experiments.papers import numbers
+from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame
 from dmlstudy.methods.cross_attention import AttentionRecorder, CrossAttention, conditional_retrieval, feature_maps, subset_indices
-from dmlstudy.plots import CORRECT, WRONG
+from dmlstudy.plots import CORRECT, WRONG, seen_image
 from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, load_datasets
 
 # ----------------------------------------------------------------------------------------------
-# The paper's numbers (Kotovenko et al., CVPR 2023; transcribed from seed 003), in %.
+# The paper's numbers (Kotovenko et al., CVPR 2023), from papers.yaml, in %.
 # ----------------------------------------------------------------------------------------------
-PAPER_DATASET = {"synbirds": "CUB", "glyphs": "Cars"}  # which paper dataset each embedded set stands beside
-PAPER_TABLE1 = {  # Table 1: (R@1, R@2, NMI); MS is the original MS paper's BN-Inception, "ours" ResNet-50, d = 512
-    "CUB": {"ms": (65.7, 77.0, None), "cross_attention": (74.6, 83.7, 76.9)},
-    "Cars": {"ms": (84.1, 90.4, None), "cross_attention": (91.2, 94.4, 77.3)},
-}
-PAPER_PARAMETERS = {  # Sec. 4.1.2: model → (parameters in millions, R@1 CUB, R@1 Cars)
-    "ResNet-50 + 6 blocks": (27.7, 74.6, 91.2),
-    "ResNet-101, MS, no blocks": (45.3, 67.4, 83.7),
-}
-PAPER_OVERHEAD_AT_128 = 1.11  # Sec. 4.4: training time per batch of 128, with blocks / without
-PAPER_BLOCKS = 6  # N of every experiment in the paper
-PAPER_FIGURE3_CAPTION = "using higher similarities sⁿ for inference degrades the performance"
-PAPER_FIGURE3_TEXT = "using the later similarities sⁿ for n > 0 we get a slight improvement"
+PAPER_TABLE1 = numbers("cross_attention", "TABLE1")  # paper dataset → variant → (R@1, R@2, NMI)
+PAPER_PARAMETERS = numbers("cross_attention", "PARAMETERS")  # model → (parameters in millions, R@1 CUB, R@1 Cars)
+PAPER_OVERHEAD_AT_128 = numbers("cross_attention", "OVERHEAD_AT_128")  # training time per batch of 128, with blocks / without
+PAPER_BLOCKS = numbers("cross_attention", "BLOCKS")  # N of every experiment in the paper
+PAPER_FIGURE3_CAPTION = numbers("cross_attention", "FIGURE3_CAPTION")
+PAPER_FIGURE3_TEXT = numbers("cross_attention", "FIGURE3_TEXT")
 
 
 @dataclass
@@ -116,11 +111,6 @@ def variant(**method_kwargs: Any) -> tuple[str, dict[str, Any]]:
     return "-".join(["cross_attention", *(f"{key}={value}" for key, value in kwargs.items())]), spec
 
 
-def main_variants() -> dict[str, dict]:
-    """The shared pair: ``ms`` and ``cross_attention`` (every default)."""
-    return dict([("ms", {"method": "ms"}), variant()])
-
-
 def grid_variants(block_counts: Sequence[int]) -> dict[int, tuple[str, dict]]:
     """Trained N → variant; N = 6 is the ``cross_attention`` run and N = 0 the ``ms`` run."""
     counts = sorted({int(n) for n in block_counts})
@@ -145,69 +135,26 @@ def larger_backbone_variant(name: str) -> tuple[str, dict]:
     return f"ms-backbone={name}", {"method": "ms", **overrides}
 
 
-def as_grid(variants: Mapping[Any, tuple[str, dict]]) -> dict[str, dict]:
-    """``{name: spec}`` for :meth:`ProtocolConfig.grid` from ``{key: (name, spec)}``.
+def ablation_grid(variants: Mapping[Any, tuple[str, dict]]) -> dict[str, dict]:
+    """:func:`~dmlstudy.experiments.kit.as_grid`, with the ablation-only runs evaluated once.
 
     Runs only the ablations use (not ``ms`` / ``cross_attention``) are evaluated after their last epoch only:
     evaluation does not change training, so their final metrics are the same, and on 2 CPU cores a test-set
     evaluation per epoch costs about as much as the epoch itself.
     """
-    return {name: spec if name in SHARED_RUNS else {**spec, **FINAL_EVALUATION_ONLY} for name, spec in variants.values()}
+    return {name: spec if name in SHARED_RUNS else {**spec, **FINAL_EVALUATION_ONLY} for name, spec in as_grid(variants).items()}
 
 
 def parameter_variants(larger_backbone: str) -> dict[str, dict]:
     """MS, MS + blocks (``cross_attention``) and MS on ``larger_backbone``, ready for :meth:`ProtocolConfig.grid`."""
-    return as_grid({"ms": ("ms", {"method": "ms"}), "cross_attention": variant(), "larger": larger_backbone_variant(larger_backbone)})
-
-
-def run_variants(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, RunResult]]:
-    """Train (or load) every variant × dataset × seed of ``protocol``."""
-    return run_grid(protocol.grid(variants, datasets=datasets), workers=protocol.workers)
+    return ablation_grid({"ms": ("ms", {"method": "ms"}), "cross_attention": variant(), "larger": larger_backbone_variant(larger_backbone)})
 
 
 def run_block_grid(protocol: ProtocolConfig, block_counts: Sequence[int], *, dataset: str) -> dict[int, list[RunResult]]:
     """Train (or load) one model per trained N (and seed of ``protocol``) on ``dataset``: ``{N: [runs]}``."""
     variants = grid_variants(block_counts)
-    results = run_variants(protocol, as_grid(variants), datasets=[dataset])
+    results = run_variants(protocol, ablation_grid(variants), datasets=[dataset])
     return {count: [result for name, result in results if name == variants[count][0]] for count in variants}
-
-
-def pick_run(results: list[tuple[str, RunResult]], name: str, *, dataset: str | None = None) -> RunResult:
-    """The first run of variant ``name`` (on ``dataset`` when given)."""
-    for variant_name, result in results:
-        if variant_name == name and (dataset is None or result.config.dataset == dataset):
-            return result
-    raise KeyError(f"no run of variant {name!r}{f' on {dataset!r}' if dataset else ''} among {sorted({v for v, _ in results})}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Tables and their computed readings
-# ----------------------------------------------------------------------------------------------
-def _lookup(table: pd.DataFrame, dataset: str, name: str, metric: str = "R@1") -> tuple[float, float, int]:
-    row = table[(table["dataset"] == dataset) & (table["variant"] == name)]
-    if row.empty:
-        raise KeyError(f"no runs of variant {name!r} on {dataset!r}")
-    row = row.iloc[0]
-    return float(row[f"{metric}_mean"]), float(row[f"{metric}_std"]), int(row["runs"])
-
-
-def effect_sentence(what: str, *, ours: tuple[float, float], paper: float | None, seeds: int, unit: str = "R@1 points") -> str:
-    """One sentence: our difference (mean ± standard error) against the paper's, and the verdict, computed."""
-    difference, error = ours
-    noise = f" ± {error:.2f} s.e." if seeds >= 2 else " (1 seed: no noise estimate)"
-    text = f"{what}: ours {difference:+.2f} {unit}{noise}"
-    if paper is None:
-        return text + "; the paper reports no number for this."
-    verdict = "direction held" if np.sign(difference) == np.sign(paper) and difference != 0 else "direction NOT reproduced"
-    if seeds >= 2 and abs(difference) < 2 * error:
-        verdict += " (but within seed noise, |Δ| < 2 s.e.)"
-    return text + f"; paper {paper:+.2f} → {verdict}."
-
-
-def _difference(table: pd.DataFrame, dataset: str, first: str, second: str, metric: str = "R@1") -> tuple[tuple[float, float], int]:
-    m1, s1, n1 = _lookup(table, dataset, first, metric)
-    m2, s2, n2 = _lookup(table, dataset, second, metric)
-    return (m1 - m2, math.sqrt(s1 ** 2 / n1 + s2 ** 2 / n2)), min(n1, n2)
 
 
 def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
@@ -215,27 +162,23 @@ def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list
     the paper's Table 1 numbers beside, and one computed sentence per dataset."""
     frame = results_frame(results)
     table = mean_std_table(frame, metrics=["R@1", "R@2", "NMI", "seconds_per_epoch"])
-    rows, sentences = [], []
+    sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
-        paper_name = PAPER_DATASET.get(dataset, "")
-        paper = PAPER_TABLE1.get(paper_name, {})
-        shown = table[table["dataset"] == dataset].copy()
-        shown[f"paper R@1 / R@2 / NMI ({paper_name or '–'})"] = [
-            " / ".join("–" if v is None else f"{v:.1f}" for v in paper[v]) if v in paper else "–" for v in shown["variant"]]
-        rows.append(shown)
+        paper = PAPER_TABLE1.get(paper_dataset(dataset), {})
         for metric, index in (("R@1", 0), ("NMI", 2)):
-            ours, seeds = _difference(table, dataset, "cross_attention", "ms", metric)
+            ours, seeds = difference(table, dataset, "cross_attention", "ms", metric)
             values = [paper.get(v, (None,) * 3)[index] for v in ("cross_attention", "ms")] if paper else [None, None]
             gain = values[0] - values[1] if None not in values else None
             sentences.append(effect_sentence(f"{dataset}: cross-attention − MS, {metric}", ours=ours, paper=gain, seeds=seeds,
                                              unit=f"{metric} points"))
-        (slow, _), _ = _difference(table, dataset, "cross_attention", "ms", "seconds_per_epoch")
-        base = _lookup(table, dataset, "ms", "seconds_per_epoch")[0]
+        (slow, _), _ = difference(table, dataset, "cross_attention", "ms", "seconds_per_epoch")
+        base = lookup(table, dataset, "ms", "seconds_per_epoch")[0]
         sentences.append(f"{dataset}: training seconds per epoch (data loading included) with the blocks / without = "
                          f"{(base + slow) / base:.2f} (the paper: {PAPER_OVERHEAD_AT_128:.2f} per batch of 128 with a ResNet-50, "
                          f"whose backbone dominates the step; ours is small and the machine may be shared).")
-    shown = pd.concat(rows, ignore_index=True)
-    return shown[[c for c in shown.columns if not c.endswith(("_mean", "_std"))]], sentences
+    shown = paper_column(table, PAPER_TABLE1, label=lambda name: f"paper R@1 / R@2 / NMI ({name})",
+                         show=lambda values: " / ".join("–" if v is None else f"{v:.1f}" for v in values))
+    return without_numbers(shown), sentences
 
 
 def rescoring_grid(results: Mapping[int, list[RunResult]], *, subset: int, seed: int = 0, ks: Sequence[int] = (1,)) -> pd.DataFrame:
@@ -267,7 +210,7 @@ def level_recalls(result: RunResult, *, subset: int, seed: int = 0, ks: Sequence
         values = metric_functions.retrieval_metrics(result.embeddings["embeddings"][chosen], labels[chosen], ks=ks)
         return {0: values["R@1"]}
     test = load_datasets(result.config)["query"]
-    maps = feature_maps(method, torch.utils.data.Subset(test, chosen.tolist()), device=_device_of(method))
+    maps = feature_maps(method, torch.utils.data.Subset(test, chosen.tolist()), device=device_of(method))
     return {level: values["R@1"] for level, values in conditional_retrieval(method, maps, labels[chosen], ks=ks).items()}
 
 
@@ -327,7 +270,7 @@ def options_table(results: list[tuple[str, RunResult]], variants: Mapping[str, t
     for dataset in dict.fromkeys(table["dataset"]):
         for label, (name, _) in variants.items():
             if name != default:
-                ours, seeds = _difference(table, dataset, name, default)
+                ours, seeds = difference(table, dataset, name, default)
                 sentences.append(effect_sentence(f"{dataset}: {label} − default", ours=ours, paper=None, seeds=seeds))
     return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]], sentences
 
@@ -347,16 +290,16 @@ def parameter_table(results: list[tuple[str, RunResult]], *, larger: str) -> tup
         total = sum(p.numel() for p in method.parameters())
         row = {"model": label, "backbone": result.config.backbone, "parameters (training)": total, "parameters (inference)": total - blocks}
         for dataset in dict.fromkeys(table["dataset"]):
-            row[f"R@1 {dataset}"] = mean_std_text(*_lookup(table, dataset, name))
+            row[f"R@1 {dataset}"] = mean_std_text(*lookup(table, dataset, name))
         rows.append(row)
     shown = pd.DataFrame(rows)
     sentences = []
     if len(rows) == 3:
         ca_params, big_params = rows[1]["parameters (training)"], rows[2]["parameters (training)"]
         for dataset in dict.fromkeys(table["dataset"]):
-            (gain, error), seeds = _difference(table, dataset, "cross_attention", larger)
-            paper = PAPER_PARAMETERS["ResNet-50 + 6 blocks"][1 if PAPER_DATASET.get(dataset) == "CUB" else 2] - \
-                PAPER_PARAMETERS["ResNet-101, MS, no blocks"][1 if PAPER_DATASET.get(dataset) == "CUB" else 2]
+            (gain, error), seeds = difference(table, dataset, "cross_attention", larger)
+            paper = PAPER_PARAMETERS["ResNet-50 + 6 blocks"][1 if paper_dataset(dataset) == "CUB" else 2] - \
+                PAPER_PARAMETERS["ResNet-101, MS, no blocks"][1 if paper_dataset(dataset) == "CUB" else 2]
             sentences.append(effect_sentence(
                 f"{dataset}: MS + blocks ({ca_params / 1e6:.2f}M) − larger backbone ({big_params / 1e6:.2f}M)",
                 ours=(gain, error), paper=paper, seeds=seeds))
@@ -415,26 +358,6 @@ def gradient_reading(table: pd.DataFrame) -> str:
 # ----------------------------------------------------------------------------------------------
 # Figures
 # ----------------------------------------------------------------------------------------------
-def _device_of(module: torch.nn.Module) -> torch.device:
-    return next(module.parameters()).device
-
-
-def _box(axis, centre, text, *, width=1.6, height=0.55, colour="#deebf7"):
-    x, y = centre
-    axis.add_patch(FancyBboxPatch((x - width / 2, y - height / 2), width, height, boxstyle="round,pad=0.05", facecolor=colour, edgecolor="0.3"))
-    axis.text(x, y, text, ha="center", va="center", fontsize=8)
-    return centre, width, height
-
-
-def _arrow(axis, start, end, *, colour="0.25", style="-|>", rad=0.0, label="", **kwargs):
-    (x0, y0), (x1, y1) = start, end
-    axis.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle=style, mutation_scale=9, color=colour,
-                                   connectionstyle=f"arc3,rad={rad}", linewidth=1.0, **kwargs))
-    if label:
-        axis.text((x0 + x1) / 2, (y0 + y1) / 2, label, fontsize=7, color=colour, ha="center", va="center",
-                  bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
-
-
 def hierarchy_diagram(*, levels: int = 3, channels: int = 128, grid: int = 4, embedding_dim: int = 128) -> plt.Figure:
     """The hierarchy of Eq. 4 for one pair (i, j): each level of image i attends over E_i (keys/values, blue)
     with the previous level of image j as its query (orange), and vice versa; sᴺ compares the last pair."""
@@ -450,19 +373,19 @@ def hierarchy_diagram(*, levels: int = 3, channels: int = 128, grid: int = 4, em
         side = memories[name]
         axis.add_patch(FancyBboxPatch((side - 0.55, 0.45), 1.1, top - 0.45, boxstyle="round,pad=0.05", facecolor="#c6dbef", edgecolor="0.3"))
         axis.text(side, (top + 0.45) / 2, f"E_{name}\n{grid}×{grid}×{channels}\n\nLN,\nthen\nK, V\n(once)", ha="center", va="center", fontsize=8)
-        _box(axis, (x, 0.9), f"φ⁰({name}) = Linear(avgpool E_{name})", width=width, colour="#e5f5e0")
+        box(axis, (x, 0.9), f"φ⁰({name}) = Linear(avgpool E_{name})", width=width, height=0.55, colour="#e5f5e0")
         start, edge = (side + 0.55, x - width / 2) if name == "i" else (side - 0.55, x + width / 2)
-        _arrow(axis, (start, 0.9), (edge, 0.9), colour="0.35")
+        arrow(axis, (start, 0.9), (edge, 0.9), colour="0.35")
         for level in range(1, levels + 1):
             y = 0.9 + level
-            _box(axis, (x, y), f"φ{_sup(level)}({name}|{other}) = CA(φ{_sup(level - 1)}({other}|{name}), E_{name}, E_{name})", width=width)
+            box(axis, (x, y), f"φ{_sup(level)}({name}|{other}) = CA(φ{_sup(level - 1)}({other}|{name}), E_{name}, E_{name})", width=width, height=0.55)
             edge = x - width / 2 if name == "i" else x + width / 2
-            _arrow(axis, (side + (0.55 if name == "i" else -0.55), y), (edge, y), colour="#3182bd", linestyle=":")
+            arrow(axis, (side + (0.55 if name == "i" else -0.55), y), (edge, y), colour="#3182bd", linestyle=":")
     inner_i, inner_j = columns["i"] + width / 2, columns["j"] - width / 2
     for level in range(1, levels + 1):  # queries cross over: level n of i is conditioned on level n − 1 of j
         y = 0.9 + level
-        _arrow(axis, (inner_j, y - 1.0), (inner_i, y), colour="#e6550d")
-        _arrow(axis, (inner_i, y - 1.0), (inner_j, y), colour="#e6550d")
+        arrow(axis, (inner_j, y - 1.0), (inner_i, y), colour="#e6550d")
+        arrow(axis, (inner_i, y - 1.0), (inner_j, y), colour="#e6550d")
     axis.text(5.0, top + 0.55, f"s{_sup(levels)}(i, j) = cos(φ{_sup(levels)}(i|j), φ{_sup(levels)}(j|i))  →  Multi-Similarity loss",
               ha="center", fontsize=9.5, color="#a50f15")
     axis.text(5.0, -0.3, "grey: average pooling;  orange: the query q̂ = the OTHER image's previous level, normalised;  "
@@ -473,11 +396,6 @@ def hierarchy_diagram(*, levels: int = 3, channels: int = 128, grid: int = 4, em
 
 def _sup(number: int) -> str:
     return str(number).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
-
-
-def _picture(dataset, index: int) -> np.ndarray:
-    """The test-transformed image the network saw, H × W × 3 in [0, 1]."""
-    return denormalize(dataset[index][0]).permute(1, 2, 0).numpy()
 
 
 def attention_triples(labels: np.ndarray, count: int, *, seed: int = 0) -> list[tuple[int, int, int]]:
@@ -503,7 +421,7 @@ def attention_figure(method: CrossAttention, dataset, triples: Sequence[tuple[in
     if not blocks:
         raise ValueError(f"attention_figure: none of the blocks is in 1..{method.num_blocks}")
     figure, axes = plt.subplots(3 * len(triples), len(blocks) + 1, figsize=(1.7 * (len(blocks) + 1), 1.75 * 3 * len(triples)), squeeze=False)
-    device = _device_of(method)
+    device = device_of(method)
     for example, (x, a, b) in enumerate(triples):
         images = torch.stack([dataset[i][0] for i in (x, a, b)]).to(device)
         was_training = method.training
@@ -513,11 +431,11 @@ def attention_figure(method: CrossAttention, dataset, triples: Sequence[tuple[in
             method.conditional_embeddings(maps, num_levels=max(blocks))
         method.train(was_training)
         height, width = maps.shape[-2:]
-        picture = _picture(dataset, x)
+        picture = seen_image(dataset, x)
         rows = 3 * example
         for offset, (index, label) in enumerate(((a, "conditioned on a\n(same class)"), (x, "image x"), (b, "conditioned on b\n(other class)"))):
             axis = axes[rows + offset, 0]
-            axis.imshow(_picture(dataset, index))
+            axis.imshow(seen_image(dataset, index))
             axis.set_ylabel(label, fontsize=7)
         for column, level in enumerate(blocks, start=1):
             weights = recorder.maps[level - 1]  # 3 × 3 × T; [0, j] = x conditioned on image j
@@ -540,7 +458,7 @@ def attention_figure(method: CrossAttention, dataset, triples: Sequence[tuple[in
 def attention_statistics(method: CrossAttention, dataset, triples: Sequence[tuple[int, int, int]]) -> pd.DataFrame:
     """Per block: mean entropy of the attention (nats; uniform = log T) and mean total-variation distance
     between x's maps conditioned on a and on b — numbers behind the figure's "deeper blocks focus"."""
-    device = _device_of(method)
+    device = device_of(method)
     rows: dict[int, dict[str, list[float]]] = {}
     was_training = method.training
     method.eval()
@@ -563,7 +481,7 @@ def part_discovery(method: CrossAttention, dataset, *, queries: int = 2, neighbo
     """Local parts (the paper's Sec. 4.3.2, Fig. 5): for the most activated location of a query image, the
     test images whose best-matching location (cosine of backbone features) is most similar, drawn as crops
     framed green (same class as the query) or red; with the share of same-class matches per query."""
-    device = _device_of(method)
+    device = device_of(method)
     maps = feature_maps(method, dataset, batch_size=batch_size, device=device)  # N × C × H × W
     count, channels, height, width = maps.shape
     locations = F.normalize(maps.flatten(2).transpose(1, 2), dim=-1)  # N × T × C
@@ -582,13 +500,13 @@ def part_discovery(method: CrossAttention, dataset, *, queries: int = 2, neighbo
         best, where = similarity.max(dim=1)
         best[query] = float("-inf")
         order = best.argsort(descending=True)[:neighbours].cpu().numpy()
-        picture = _picture(dataset, query)
+        picture = seen_image(dataset, query)
         _crop_axis(axes[row, 0], picture, cell, (height, width), frame="#ff7f00", title="query part")
         same = 0
         for column, other in enumerate(order, start=1):
             colour = CORRECT if labels[other] == labels[query] else WRONG
             same += int(labels[other] == labels[query])
-            _crop_axis(axes[row, column], _picture(dataset, int(other)), int(where[other]), (height, width), frame=colour,
+            _crop_axis(axes[row, column], seen_image(dataset, int(other)), int(where[other]), (height, width), frame=colour,
                        title=f"cos {float(best[other]):.2f}", crop=True)
         rows.append({"query image": int(query), "location (row, col)": divmod(cell, width), "same class among top": f"{same}/{len(order)}",
                      "chance": f"{(np.sum(labels == labels[query]) - 1) / (count - 1):.3f}"})

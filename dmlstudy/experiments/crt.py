@@ -25,60 +25,49 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 from torch.utils.data import Subset
 from torch.utils.flop_counter import FlopCounterMode
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms, evaluation_protocol
-from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
+from dmlstudy.experiments.kit import (
+    box, device_of, difference, effect_sentence, link, lookup, paper_dataset, paper_column, projection_figure, summary,
+    variant_name, with_reference, without_numbers,
+)
+from dmlstudy.experiments.papers import numbers
+from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
 from dmlstudy.methods import build_method
-from dmlstudy.methods.crt import CRT, BranchEmbedder, code_maps, prototype_correlation
+from dmlstudy.methods.crt import CRT, BranchEmbedder
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
-from dmlstudy.plots import source_image
 from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, TrainConfig, embed
 
 # ----------------------------------------------------------------------------------------------
-# The paper's numbers (Kan et al., NeurIPS 2022; transcribed from seed 001). Recall@1 in %.
+# The paper's numbers (Kan et al., NeurIPS 2022), from papers.yaml. Recall@1 in %.
 # ----------------------------------------------------------------------------------------------
-PAPER_DATASET = {"synbirds": "CUB", "glyphs": "Cars"}  # which paper dataset each embedded set stands beside
-PAPER_BASELINE_VS_CRT = {"CUB": {"ms": 72.25, "crt": 75.95}, "Cars": {"ms": 87.36, "crt": 89.60}}  # MiT-B1
-PAPER_COMPONENTS = {"crt": 75.95, "−CRT": 73.97, "−CRT−Consistency": 72.25}  # CUB, MiT-B1
-PAPER_K1 = {1: 75.76, 4: 75.57, 16: 75.44, 64: 75.96}
-PAPER_K2 = {1: 74.26, 4: 74.54, 16: 74.63, 64: 75.95, 100: 75.15}
-PAPER_MULTI_PERSPECTIVE = {"w/o (K1 = K2 = 1)": 74.34, "w (K1 = K2 = 64)": 75.95}
-PAPER_SHARED = {"w (shared)": 75.95, "w/o (separate)": 75.96}
-PAPER_LAMBDA2 = {0.0: 73.09, 0.1: 73.87, 0.3: 74.93, 0.5: 74.22, 0.7: 75.14, 0.9: 75.95, 1.0: 75.07}
-PAPER_BATCH = {32: 73.38, 64: 75.19, 80: 75.95, 120: 75.79, 150: 75.78, 180: 75.32}
-PAPER_DIMS = {(64, 1024): (72.57, 75.74), (128, 1024): (75.95, 76.52), (256, 1024): (76.16, 76.82),
-              (512, 1024): (76.18, 75.66), (1024, 2048): (77.09, 76.40)}  # (d, D) → (branch 1, branch 2)
-PAPER_BACKBONES = {  # backbone → dataset → (MS, +CRT)
-    "GoogLeNet": {"CUB": (56.53, 59.23), "Cars": (76.49, 78.50)},
-    "BN-Inception": {"CUB": (61.95, 65.78), "Cars": (80.59, 81.38)},
-    "ResNet-50": {"CUB": (62.64, 64.20), "Cars": (79.92, 83.29)},
-    "DeiT-S": {"CUB": (72.32, 74.71), "Cars": (82.20, 84.26)},
-    "MiT-B1": {"CUB": (72.25, 75.95), "Cars": (87.36, 89.60)},
-}
-PAPER_COMPLEXITY = {  # backbone → (params M, FLOPs G) at 227 px
-    "GoogLeNet": (5.60, 1.52), "BN-Inception": (10.27, 2.06), "ResNet-50": (23.51, 4.65), "DeiT-S": (21.96, 4.24),
-    "MiT-B0": (3.31, 0.47), "MiT-B1": (13.14, 1.83), "MiT-B2": (24.17, 3.55),
-}
+PAPER_BASELINE_VS_CRT = numbers("crt", "BASELINE_VS_CRT")  # paper dataset → {ms, crt}, MiT-B1
+PAPER_COMPONENTS = numbers("crt", "COMPONENTS")  # CUB, MiT-B1
+PAPER_K1 = numbers("crt", "K1")
+PAPER_K2 = numbers("crt", "K2")
+PAPER_MULTI_PERSPECTIVE = numbers("crt", "MULTI_PERSPECTIVE")
+PAPER_SHARED = numbers("crt", "SHARED")
+PAPER_LAMBDA2 = numbers("crt", "LAMBDA2")
+PAPER_BATCH = numbers("crt", "BATCH")
+PAPER_DIMS = numbers("crt", "DIMS")  # (d, D) → (branch 1, branch 2)
+PAPER_BACKBONES = numbers("crt", "BACKBONES")  # backbone → dataset → (MS, +CRT)
+PAPER_COMPLEXITY = numbers("crt", "COMPLEXITY")  # backbone → (params M, FLOPs G) at 227 px
 PAPER_NAME_OF_BACKBONE = {"resnet50": "ResNet-50", "deit_small_patch16_224": "DeiT-S"}  # timm name → the paper's
-PAPER_ESD = {"CUB": (0.72, 0.90), "Cars": (0.79, 1.01), "SOP": (0.38, 0.40), "In-Shop": (0.28, 0.33)}  # (Baseline, +CRT), ↑
-PAPER_RHO = {"CUB": (0.27, 0.19), "Cars": (0.24, 0.15), "SOP": (0.31, 0.13), "In-Shop": (0.23, 0.10)}  # (Baseline, +CRT), ↓
+PAPER_ESD = numbers("crt", "ESD")  # paper dataset → (Baseline, +CRT), ↑
+PAPER_RHO = numbers("crt", "RHO")  # paper dataset → (Baseline, +CRT), ↓
 
 PROTOTYPE_DEFAULT = 64  # K1 = K2 of the paper and of ``crt``
 HIGH_DIM_DEFAULT = 1024  # D of the paper and of ``crt``
@@ -134,23 +123,20 @@ def crt_variant(*, overrides: Mapping[str, Any] | None = None, **method_kwargs: 
         raise KeyError(f"crt_variant: unknown CRT arguments {unknown}; valid: {sorted(defaults)}")
     kwargs = {key: value for key, value in sorted(method_kwargs.items()) if defaults[key] != value}
     overrides = dict(overrides or {})
-    tags = [f"{_SHORT.get(key, key)}={value}" for key, value in overrides.items() if key not in _SILENT]
-    tags += [f"{key}={value}" for key, value in kwargs.items()]
     spec: dict[str, Any] = {"method": "crt", **overrides}
     if kwargs:
         spec["method_kwargs"] = kwargs
-    return "-".join(["crt", *tags]), spec
+    return variant_name("crt", {**overrides, **kwargs}, short=OVERRIDE_TAGS, silent=SILENT_OVERRIDES), spec
 
 
 def ms_variant(*, overrides: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """``(name, spec)`` of the MS baseline (``ms`` when there are no overrides)."""
     overrides = dict(overrides or {})
-    tags = [f"{_SHORT.get(key, key)}={value}" for key, value in overrides.items() if key not in _SILENT]
-    return "-".join(["ms", *tags]), {"method": "ms", **overrides}
+    return variant_name("ms", overrides, short=OVERRIDE_TAGS, silent=SILENT_OVERRIDES), {"method": "ms", **overrides}
 
 
-_SHORT = {"classes_per_batch": "P", "embedding_dim": "d", "backbone": "backbone"}
-_SILENT = {"output_stride"}  # implied by the backbone name
+OVERRIDE_TAGS = {"classes_per_batch": "P", "embedding_dim": "d"}  # TrainConfig overrides abbreviated in run names
+SILENT_OVERRIDES = {"output_stride"}  # implied by the backbone name
 
 
 def backbone_overrides(name: str, protocol: ProtocolConfig) -> dict[str, Any]:
@@ -163,16 +149,6 @@ def backbone_overrides(name: str, protocol: ProtocolConfig) -> dict[str, Any]:
     return overrides
 
 
-def _with_reference(values: Iterable[Any], reference: Any) -> list[Any]:
-    out = [reference] if reference not in values else []
-    return sorted({*values, *out}, key=lambda v: (v if not isinstance(v, (list, tuple)) else tuple(v)))
-
-
-def main_variants() -> dict[str, dict]:
-    """The shared pair: plain MS (``ms``) and CRT with the paper's defaults (``crt``)."""
-    return dict([ms_variant(), crt_variant()])
-
-
 def component_variants() -> dict[str, dict]:
     """Full CRT, "−CRT" (pooled heads, L_CON kept), "−CRT−Consistency" (= ``ms``)."""
     return dict([crt_variant(), crt_variant(use_crt=False), ms_variant()])
@@ -181,12 +157,12 @@ def component_variants() -> dict[str, dict]:
 def k_sweep_variants(values: Sequence[int], *, branch: int) -> dict[int, tuple[str, dict]]:
     """K1 (branch 1) or K2 (branch 2) sweep with separate banks, the other K at 64; 64 always included."""
     key = f"K{branch}"
-    return {k: crt_variant(shared=False, **{key: int(k)}) for k in _with_reference(values, PROTOTYPE_DEFAULT)}
+    return {k: crt_variant(shared=False, **{key: int(k)}) for k in with_reference(values, PROTOTYPE_DEFAULT)}
 
 
 def lambda2_variants(values: Sequence[float]) -> dict[float, tuple[str, dict]]:
     """λ2 sweep; the default 0.9 (the ``crt`` run) always included."""
-    return {float(v): crt_variant(lambda_con=float(v)) for v in _with_reference([float(v) for v in values], 0.9)}
+    return {float(v): crt_variant(lambda_con=float(v)) for v in with_reference([float(v) for v in values], 0.9)}
 
 
 def batch_variants(batch_sizes: Sequence[int], protocol: ProtocolConfig) -> dict[int, tuple[str, dict]]:
@@ -194,7 +170,7 @@ def batch_variants(batch_sizes: Sequence[int], protocol: ProtocolConfig) -> dict
     m = protocol.samples_per_class
     reference = protocol.classes_per_batch * m
     out = {}
-    for n in _with_reference([int(n) for n in batch_sizes], reference):
+    for n in with_reference([int(n) for n in batch_sizes], reference):
         if n % m or n < 2 * m:
             raise ValueError(f"batch_sizes: {n} is not a multiple P·M of samples_per_class M = {m} with P ≥ 2")
         overrides = {} if n == reference else {"classes_per_batch": n // m}
@@ -205,7 +181,7 @@ def batch_variants(batch_sizes: Sequence[int], protocol: ProtocolConfig) -> dict
 def dim_variants(pairs: Sequence[Sequence[int]], protocol: ProtocolConfig) -> dict[tuple[int, int], tuple[str, dict]]:
     """(d, D) pairs; (protocol d, 1024) — the ``crt`` run — always included."""
     out = {}
-    for d, high in _with_reference([tuple(int(v) for v in p) for p in pairs], (protocol.embedding_dim, HIGH_DIM_DEFAULT)):
+    for d, high in with_reference([tuple(int(v) for v in p) for p in pairs], (protocol.embedding_dim, HIGH_DIM_DEFAULT)):
         overrides = {} if d == protocol.embedding_dim else {"embedding_dim": d}
         out[(d, high)] = crt_variant(overrides=overrides, high_dim=high)
     return out
@@ -218,73 +194,9 @@ def backbone_variants(backbones: Sequence[str], protocol: ProtocolConfig) -> dic
                    "crt": crt_variant(overrides=backbone_overrides(name, protocol))} for name in names}
 
 
-def as_grid(variants: Mapping[Any, tuple[str, dict]]) -> dict[str, dict]:
-    """``{value: (name, spec)}`` of a sweep → ``{name: spec}`` for :meth:`ProtocolConfig.grid`."""
-    return dict(variants.values())
-
-
-def run_variants(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, RunResult]]:
-    """Train (or load) every variant × dataset × seed of ``protocol``."""
-    return run_grid(protocol.grid(variants, datasets=datasets), workers=protocol.workers)
-
-
 # ----------------------------------------------------------------------------------------------
 # Tables and their one-line readings
 # ----------------------------------------------------------------------------------------------
-def recall_columns(frame: pd.DataFrame, *, count: int = 4) -> list[str]:
-    """The first ``count`` Recall@K columns present, by K."""
-    ks = sorted(int(c[2:]) for c in frame.columns if c.startswith("R@") and c[2:].isdigit() and frame[c].notna().any())
-    return [f"R@{k}" for k in ks[:count]]
-
-
-def summary(results: list[tuple[str, RunResult]], *, metrics: Sequence[str] | None = None) -> pd.DataFrame:
-    """Mean ± std over seeds per (dataset, variant), metrics in % (see ``dmlstudy.study.summarize``)."""
-    frame = results_frame(results)
-    metrics = list(metrics or [*recall_columns(frame), "MAP@R"])
-    return mean_std_table(frame, metrics=metrics)
-
-
-def _lookup(table: pd.DataFrame, dataset: str, variant: str) -> tuple[float, float, int]:
-    row = table[(table["dataset"] == dataset) & (table["variant"] == variant)]
-    if row.empty:
-        raise KeyError(f"no runs of variant {variant!r} on {dataset!r}")
-    row = row.iloc[0]
-    return float(row["R@1_mean"]), float(row["R@1_std"]), int(row["runs"])
-
-
-def effect_sentence(what: str, *, ours: tuple[float, float], paper: float | None, seeds: int, unit: str = "R@1 points") -> str:
-    """One sentence comparing our difference (mean, standard error) with the paper's difference, computed.
-
-    Verdicts: "direction held" / "direction NOT reproduced" (signs of ours and the paper's), flagged "within
-    seed noise" when |Δ| < 2 s.e. with ≥ 2 seeds; where the paper's own difference is below ``NO_EFFECT``
-    points, the question is whether ours is consistent with no effect.
-    """
-    difference, error = ours
-    noise = f" ± {error:.2f} s.e." if seeds >= 2 else " (1 seed: no noise estimate)"
-    text = f"{what}: ours {difference:+.2f} {unit}{noise}"
-    if paper is None or (isinstance(paper, float) and math.isnan(paper)):
-        return text + "; the paper reports no number for this."
-    if abs(paper) < NO_EFFECT:
-        if seeds < 2:
-            return text + f"; the paper found no effect ({paper:+.2f}) → with one seed we cannot tell whether ours is noise."
-        verdict = "consistent (within seed noise)" if abs(difference) < 2 * error else "NOT consistent (|Δ| ≥ 2 s.e.)"
-        return text + f"; the paper found no effect ({paper:+.2f}) → {verdict}."
-    verdict = "direction held" if np.sign(difference) == np.sign(paper) and difference != 0 else "direction NOT reproduced"
-    if seeds >= 2 and abs(difference) < 2 * error:
-        verdict += " (but within seed noise, |Δ| < 2 s.e.)"
-    return text + f"; paper {paper:+.2f} → {verdict}."
-
-
-NO_EFFECT = 0.25  # |paper difference| below this many R@1 points is read as "no effect" (e.g. shared vs separate: −0.01)
-
-
-def _difference(table: pd.DataFrame, dataset: str, better: str, worse: str) -> tuple[tuple[float, float], int]:
-    """(mean of better − mean of worse, its standard error) and the smaller seed count."""
-    m1, s1, n1 = _lookup(table, dataset, better)
-    m2, s2, n2 = _lookup(table, dataset, worse)
-    return (m1 - m2, math.sqrt(s1 ** 2 / n1 + s2 ** 2 / n2)), min(n1, n2)
-
-
 def _display(table: pd.DataFrame, labels: Mapping[str, Any], paper: Mapping[Any, Any], *, label: str = "setting", paper_label: str = "paper R@1") -> pd.DataFrame:
     """``table`` with a readable setting column and the paper's number per setting, in ``labels`` order."""
     order = {variant: i for i, variant in enumerate(labels)}
@@ -300,17 +212,13 @@ def _display(table: pd.DataFrame, labels: Mapping[str, Any], paper: Mapping[Any,
 def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
     """MS vs +CRT per dataset (mean ± std), the paper's MiT-B1 numbers beside, and one sentence per dataset."""
     table = summary(results)
-    sentences, rows = [], []
+    sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
-        paper = PAPER_BASELINE_VS_CRT.get(PAPER_DATASET.get(dataset, ""), {})
-        shown = table[table["dataset"] == dataset].copy()
-        shown[f"paper R@1 ({PAPER_DATASET.get(dataset, '–')}, MiT-B1)"] = [paper.get(v, "–") for v in shown["variant"]]
-        rows.append(shown)
-        ours, seeds = _difference(table, dataset, "crt", "ms")
-        paper_gain = paper["crt"] - paper["ms"] if paper else None
-        sentences.append(effect_sentence(f"{dataset}: +CRT − MS", ours=ours, paper=paper_gain, seeds=seeds))
-    shown = pd.concat(rows, ignore_index=True)
-    return shown[[c for c in shown.columns if not c.endswith(("_mean", "_std"))]], sentences
+        paper = PAPER_BASELINE_VS_CRT.get(paper_dataset(dataset), {})
+        ours, seeds = difference(table, dataset, "crt", "ms")
+        sentences.append(effect_sentence(f"{dataset}: +CRT − MS", ours=ours, paper=paper["crt"] - paper["ms"] if paper else None, seeds=seeds))
+    shown = paper_column(table, PAPER_BASELINE_VS_CRT, label=lambda name: f"paper R@1 ({name}, MiT-B1)")
+    return without_numbers(shown), sentences
 
 
 def components_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
@@ -321,10 +229,10 @@ def components_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame
     labels = {full: "crt", minus_crt: "−CRT", plain: "−CRT−Consistency"}
     sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
-        ours, seeds = _difference(table, dataset, full, minus_crt)
+        ours, seeds = difference(table, dataset, full, minus_crt)
         sentences.append(effect_sentence(f"{dataset}: full − (−CRT) (the coded residual transform)", ours=ours, seeds=seeds,
                                          paper=PAPER_COMPONENTS["crt"] - PAPER_COMPONENTS["−CRT"]))
-        ours, seeds = _difference(table, dataset, minus_crt, plain)
+        ours, seeds = difference(table, dataset, minus_crt, plain)
         sentences.append(effect_sentence(f"{dataset}: (−CRT) − (−CRT−Consistency) (two branches + L_CON)", ours=ours, seeds=seeds,
                                          paper=PAPER_COMPONENTS["−CRT"] - PAPER_COMPONENTS["−CRT−Consistency"]))
     return _display(table, labels, PAPER_COMPONENTS), sentences
@@ -336,7 +244,7 @@ def pair_table(results: list[tuple[str, RunResult]], *, labels: Mapping[str, str
     (first, first_label), (second, second_label) = list(labels.items())
     sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
-        ours, seeds = _difference(table, dataset, first, second)
+        ours, seeds = difference(table, dataset, first, second)
         sentences.append(effect_sentence(f"{dataset}: {what}", ours=ours, seeds=seeds, paper=paper[first_label] - paper[second_label]))
     return _display(table, labels, paper), sentences
 
@@ -354,7 +262,7 @@ def sweep_table(results: list[tuple[str, RunResult]], *, variants: Mapping[Any, 
             sentences.append(f"{dataset}: fewer than two swept {name} values have a paper number; no direction to check.")
             continue
         best, worst = max(common, key=paper.get), min(common, key=paper.get)
-        ours, seeds = _difference(table, dataset, variants[best][0], variants[worst][0])
+        ours, seeds = difference(table, dataset, variants[best][0], variants[worst][0])
         sentences.append(effect_sentence(f"{dataset}: {name} = {best} − {name} = {worst} (the paper's best − worst of ours)",
                                          ours=ours, seeds=seeds, paper=paper[best] - paper[worst]))
     return shown, sentences
@@ -365,7 +273,7 @@ def branch_scores(result: RunResult, *, branch: int) -> dict[str, float]:
     if branch == 1:
         return dict(result.metrics)
     query = evaluation_split(result.config, "test")
-    embeddings = embed(BranchEmbedder(result.method, branch), query, batch_size=result.config.eval_batch_size, device=_device_of(result.method))
+    embeddings = embed(BranchEmbedder(result.method, branch), query, batch_size=result.config.eval_batch_size, device=device_of(result.method))
     ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
     return metric_functions.retrieval_metrics(embeddings, np.asarray(query.labels), ks=ks)
 
@@ -418,15 +326,15 @@ def backbone_table(results: list[tuple[str, RunResult]], variants: Mapping[str, 
     for dataset in dict.fromkeys(table["dataset"]):
         wins = 0
         for backbone, pair in variants.items():
-            ms_stats, crt_stats = _lookup(table, dataset, pair["ms"][0]), _lookup(table, dataset, pair["crt"][0])
-            (gain, error), _ = _difference(table, dataset, pair["crt"][0], pair["ms"][0])
+            ms_stats, crt_stats = lookup(table, dataset, pair["ms"][0]), lookup(table, dataset, pair["crt"][0])
+            (gain, error), _ = difference(table, dataset, pair["crt"][0], pair["ms"][0])
             wins += gain > 0
             rows.append({"dataset": dataset, "backbone": backbone, "runs": ms_stats[2], "MS R@1": mean_std_text(*ms_stats),
                          "+CRT R@1": mean_std_text(*crt_stats), "gain": f"{gain:+.2f}"})
-        paper_dataset = PAPER_DATASET.get(dataset, "CUB")
-        paper_wins = sum(values[paper_dataset][1] > values[paper_dataset][0] for values in PAPER_BACKBONES.values())
+        stand_in = paper_dataset(dataset, "CUB")
+        paper_wins = sum(values[stand_in][1] > values[stand_in][0] for values in PAPER_BACKBONES.values())
         sentences.append(f"{dataset}: +CRT beat MS on {wins}/{len(variants)} of our backbones; the paper's +CRT beat MS on "
-                         f"{paper_wins}/{len(PAPER_BACKBONES)} backbones ({paper_dataset}) → "
+                         f"{paper_wins}/{len(PAPER_BACKBONES)} backbones ({stand_in}) → "
                          f"{'direction held' if wins == len(variants) else 'direction held on some backbones only' if wins else 'direction NOT reproduced'}.")
     return pd.DataFrame(rows), sentences
 
@@ -459,19 +367,15 @@ def evaluation_split(config: TrainConfig, split: str):
     return dataset
 
 
-def _device_of(module: torch.nn.Module) -> torch.device:
-    return next(module.parameters()).device
-
-
 def split_embeddings(result: RunResult, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Branch-1 embeddings and labels of a run on ``split`` (test: the stored ones; train: computed now)."""
     if split == "test":
         return result.embeddings["embeddings"], result.embeddings["labels"]
     dataset = evaluation_split(result.config, split)
-    return embed(result.method, dataset, batch_size=result.config.eval_batch_size, device=_device_of(result.method)), np.asarray(dataset.labels)
+    return embed(result.method, dataset, batch_size=result.config.eval_batch_size, device=device_of(result.method)), np.asarray(dataset.labels)
 
 
-def geometry_table(results: list[tuple[str, RunResult]], *, splits: Sequence[str], drop_first: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
+def split_geometry_table(results: list[tuple[str, RunResult]], *, splits: Sequence[str], drop_first: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
     """ESD (π_intra/π_inter) and ρ (spectral decay, per ``drop_first``) of MS vs +CRT, per split, mean ± std."""
     rows = []
     for variant, result in results:
@@ -496,8 +400,8 @@ def geometry_table(results: list[tuple[str, RunResult]], *, splits: Sequence[str
         group = group.droplevel(["dataset", "split"])
         if not {"ms", "crt"} <= set(group.index):
             continue
-        paper = PAPER_ESD.get(PAPER_DATASET.get(dataset, ""))
-        paper_rho = PAPER_RHO.get(PAPER_DATASET.get(dataset, ""))
+        paper = PAPER_ESD.get(paper_dataset(dataset))
+        paper_rho = PAPER_RHO.get(paper_dataset(dataset))
         esd = group.loc["crt", "ESD"] - group.loc["ms", "ESD"]
         text = [f"{dataset} ({split} split): ESD +CRT − MS = {esd:+.3f}" + (f" (paper {paper[1] - paper[0]:+.2f}: {'held' if np.sign(esd) == np.sign(paper[1] - paper[0]) else 'NOT reproduced'})" if paper else "")]
         for column in values[1:]:
@@ -508,7 +412,7 @@ def geometry_table(results: list[tuple[str, RunResult]], *, splits: Sequence[str
 
 
 def _paper_geometry(values: Mapping[str, tuple[float, float]], dataset: str, variant: str) -> Any:
-    pair = values.get(PAPER_DATASET.get(dataset, ""))
+    pair = values.get(paper_dataset(dataset))
     if not pair or variant not in ("ms", "crt"):
         return "–"
     return pair[0] if variant == "ms" else pair[1]
@@ -594,49 +498,30 @@ def complexity_table(backbones: Sequence[str], *, image_size: int = 227, embeddi
 # ----------------------------------------------------------------------------------------------
 # Figures
 # ----------------------------------------------------------------------------------------------
-Box = tuple[float, float, float, float]  # centre x, centre y, width, height
-
-
-def _box(axis: plt.Axes, xy: tuple[float, float], text: str, *, width: float = 1.7, height: float = 0.8, colour: str = "#deebf7") -> Box:
-    x, y = xy
-    axis.add_patch(FancyBboxPatch((x - width / 2, y - height / 2), width, height, boxstyle="round,pad=0.05", facecolor=colour, edgecolor="#333333"))
-    axis.text(x, y, text, ha="center", va="center", fontsize=8)
-    return x, y, width, height
-
-
-def _arrow(axis: plt.Axes, start: Box, end: Box, text: str = "", *, shift: tuple[float, float] = (0.0, 0.18)) -> None:
-    """An arrow from the right edge of ``start`` to the left edge of ``end``, labelled at its middle + ``shift``."""
-    (x0, y0, w0, _), (x1, y1, w1, _) = start, end
-    tail, head = (x0 + w0 / 2 + 0.08, y0), (x1 - w1 / 2 - 0.08, y1)
-    axis.add_patch(FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, color="#333333"))
-    if text:
-        axis.text((tail[0] + head[0]) / 2 + shift[0], (tail[1] + head[1]) / 2 + shift[1], text, ha="center", va="bottom", fontsize=7, color="#555555")
-
-
 def transform_figure(method: CRT, *, image_size: int = 64) -> plt.Figure:
     """An annotated diagram of the coded residual transform with the real sizes of ``method``."""
     with torch.no_grad():
         was_training = method.training
         method.eval()
-        feature_map = method.backbone(torch.zeros(1, 3, image_size, image_size, device=_device_of(method)))
+        feature_map = method.backbone(torch.zeros(1, 3, image_size, image_size, device=device_of(method)))
         method.train(was_training)
     channels, height, width = feature_map.shape[1:]
     d, high = method.branch_dims
     figure, axis = plt.subplots(figsize=(13, 4.4))
     axis.set(xlim=(0, 14), ylim=(0, 5.2))
     axis.axis("off")
-    image = _box(axis, (0.75, 2.5), f"image\n3×{image_size}×{image_size}", width=1.3)
-    features = _box(axis, (3.3, 2.5), f"backbone map X\n{channels}×{height}×{width}\n= {height * width} tokens x_j", width=1.9, height=1.1)
-    _arrow(axis, image, features, "backbone")
+    image = box(axis, (0.75, 2.5), f"image\n3×{image_size}×{image_size}", width=1.3)
+    features = box(axis, (3.3, 2.5), f"backbone map X\n{channels}×{height}×{width}\n= {height * width} tokens x_j", width=1.9, height=1.1)
+    link(axis, image, features, "backbone")
     bank = "one shared bank" if method.shared else "a bank per branch"
-    codes = _box(axis, (6.3, 2.5), f"codes a_jk =\nsoftplus(x_jᵀc_k)\n{height * width}×{method.K1}\n(K = {method.K1} prototypes c_k,\n{bank})", width=2.1, height=1.5, colour="#fee6ce")
-    _arrow(axis, features, codes)
-    residual = _box(axis, (9.1, 2.5), f"r_k = Σ_j a_jk (x_j − c_k)\n{method.K1}×{channels}", width=2.3, colour="#fee6ce")
-    _arrow(axis, codes, residual)
-    first = _box(axis, (12.3, 4.0), f"f¹ = (1/K) Σ_k Γ¹_k r_k\nd = {d} (test time)", width=2.5, colour="#e5f5e0")
-    second = _box(axis, (12.3, 1.0), f"f² = (1/K) Σ_k Γ²_k r_k\nD = {high}", width=2.5, colour="#e5f5e0")
-    _arrow(axis, residual, first, "Γ¹_k: C → d", shift=(-0.75, 0.0))
-    _arrow(axis, residual, second, "Γ²_k: C → D", shift=(-0.75, -0.3))
+    codes = box(axis, (6.3, 2.5), f"codes a_jk =\nsoftplus(x_jᵀc_k)\n{height * width}×{method.K1}\n(K = {method.K1} prototypes c_k,\n{bank})", width=2.1, height=1.5, colour="#fee6ce")
+    link(axis, features, codes)
+    residual = box(axis, (9.1, 2.5), f"r_k = Σ_j a_jk (x_j − c_k)\n{method.K1}×{channels}", width=2.3, colour="#fee6ce")
+    link(axis, codes, residual)
+    first = box(axis, (12.3, 4.0), f"f¹ = (1/K) Σ_k Γ¹_k r_k\nd = {d} (test time)", width=2.5, colour="#e5f5e0")
+    second = box(axis, (12.3, 1.0), f"f² = (1/K) Σ_k Γ²_k r_k\nD = {high}", width=2.5, colour="#e5f5e0")
+    link(axis, residual, first, "Γ¹_k: C → d", shift=(-0.75, 0.0))
+    link(axis, residual, second, "Γ²_k: C → D", shift=(-0.75, -0.3))
     axis.text(12.3, 2.5, "L_CON = mean |S¹ − S²|\n(batch cosine matrices)", ha="center", va="center", fontsize=8, color="#a50f15")
     axis.text(12.3, 4.75, "L_MS(f¹)", ha="center", fontsize=8, color="#a50f15")
     axis.text(12.3, 0.1, "L_MS(f²)", ha="center", fontsize=8, color="#a50f15")
@@ -645,92 +530,17 @@ def transform_figure(method: CRT, *, image_size: int = 64) -> plt.Figure:
     return figure
 
 
-def selective_prototypes(maps: torch.Tensor, count: int) -> list[int]:
-    """The ``count`` prototypes whose code maps vary most over the grid (coefficient of variation, averaged over images)."""
-    flat = maps.flatten(2)  # B × K × HW
-    variation = (flat.std(dim=2) / flat.mean(dim=2).clamp_min(1e-12)).mean(dim=0)
-    return variation.argsort(descending=True)[:count].tolist()
-
-
-def heatmap_figure(method: CRT, dataset, indices: Sequence[int], *, prototypes: int = 8, branch: int = 1) -> plt.Figure:
-    """Code maps a_jk of ``prototypes`` prototypes (the most spatially selective) upsampled and overlaid on images.
-
-    Each map is min–max scaled per image and prototype (the colour shows where a prototype fires, not how
-    strongly in absolute terms); the title gives the map's mean code.
-    """
-    images = torch.stack([dataset[i][0] for i in indices]).to(_device_of(method))
-    maps = code_maps(method, images, branch=branch)  # B × K × h × w
-    chosen = selective_prototypes(maps, min(prototypes, maps.shape[1]))
-    upsampled = F.interpolate(maps[:, chosen], size=images.shape[-2:], mode="bilinear", align_corners=False).cpu()
-    figure, axes = plt.subplots(len(indices), len(chosen) + 1, figsize=(1.5 * (len(chosen) + 1), 1.6 * len(indices)), squeeze=False)
-    for row, index in enumerate(indices):
-        picture = source_image(dataset, index)
-        axes[row, 0].imshow(picture)
-        axes[row, 0].set_title("image", fontsize=8)
-        for column, prototype in enumerate(chosen, start=1):
-            heat = upsampled[row, column - 1].numpy()
-            scaled = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
-            axes[row, column].imshow(picture)
-            axes[row, column].imshow(np.asarray(scaled), cmap="jet", alpha=0.5, extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5))
-            axes[row, column].set_title(f"c_{prototype} (ā={float(maps[row, prototype].mean()):.2f})", fontsize=7)
-    for axis in axes.flat:
-        axis.set_xticks([])
-        axis.set_yticks([])
-    figure.tight_layout()
-    return figure
-
-
-def correlation_figure(method: CRT, *, branch: int = 1) -> plt.Figure:
-    """The K × K |cos| matrix between the learned prototypes (L_DIV pushes its off-diagonal towards 0)."""
-    matrix = prototype_correlation(method, branch=branch).cpu().numpy()
-    count = len(matrix)
-    off = matrix[~np.eye(count, dtype=bool)]
-    figure, axis = plt.subplots(figsize=(4.2, 3.6))
-    image = axis.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
-    figure.colorbar(image, ax=axis)
-    title = f"|cos(c_k, c_j)|, K = {count}" + (f"; off-diagonal mean {off.mean():.3f}" if count > 1 else "")
-    axis.set(title=title, xlabel="prototype j", ylabel="prototype k")
-    figure.tight_layout()
-    return figure
-
-
-def tsne_figure(result: RunResult, *, classes: int = 10, seed: int = 0) -> plt.Figure:
-    """t-SNE of branch-2 (D) and branch-1 (d) test embeddings of the first ``classes`` test classes."""
-    from sklearn.manifold import TSNE
-
+def branch_tsne_figure(result: RunResult, *, classes: int = 10, seed: int = 0) -> plt.Figure:
+    """t-SNE (:func:`dmlstudy.experiments.kit.projection_figure`) of branch-2 (D) and branch-1 (d) test
+    embeddings of the first ``classes`` test classes of one CRT run."""
     query = evaluation_split(result.config, "test")
     labels = np.asarray(query.labels)
     keep = np.flatnonzero(np.isin(labels, np.unique(labels)[:classes]))
     subset = Subset(query, keep.tolist())
-    figure, axes = plt.subplots(1, 2, figsize=(9, 4))
-    for axis, branch in zip(axes, (2, 1)):
-        embeddings = embed(BranchEmbedder(result.method, branch), subset, batch_size=result.config.eval_batch_size, device=_device_of(result.method))
-        method = "exact" if len(keep) <= 1000 else "barnes_hut"  # Barnes-Hut is ~10× slower here for a few hundred points
-        points = TSNE(n_components=2, init="pca", method=method, perplexity=min(30.0, (len(keep) - 1) / 3), random_state=seed).fit_transform(embeddings)
-        axis.scatter(points[:, 0], points[:, 1], c=labels[keep], cmap="tab10" if classes <= 10 else "tab20", s=8)
-        axis.set(title=f"branch {branch}: {'D' if branch == 2 else 'd'} = {embeddings.shape[1]}", xticks=[], yticks=[])
-    figure.suptitle(f"t-SNE of {result.config.dataset} test embeddings ({len(np.unique(labels[keep]))} classes)")
-    figure.tight_layout()
-    return figure
+    panels = {}
+    for branch in (2, 1):
+        embeddings = embed(BranchEmbedder(result.method, branch), subset, batch_size=result.config.eval_batch_size, device=device_of(result.method))
+        panels[f"branch {branch}: {'D' if branch == 2 else 'd'} = {embeddings.shape[1]}"] = (embeddings, labels[keep])
+    return projection_figure(panels, kind="tsne", classes=classes, seed=seed, title=f"{result.config.dataset}, CRT's two branches")
 
 
-def find_result(results: list[tuple[str, RunResult]], *, variant: str, dataset: str | None = None) -> RunResult:
-    """The first run of ``variant`` (on ``dataset`` if given)."""
-    for name, result in results:
-        if name == variant and (dataset is None or result.config.dataset == dataset):
-            return result
-    raise KeyError(f"no run of variant {variant!r}{' on ' + dataset if dataset else ''}; have {sorted({n for n, _ in results})}")
-
-
-def kwargs_json(spec: Mapping[str, Any]) -> str:
-    """A variant's method kwargs and overrides as one JSON line (for the notebook's variant listing)."""
-    return json.dumps({k: v for k, v in spec.items() if k != "method"}, sort_keys=True)
-
-
-def report(protocol: ProtocolConfig, table: pd.DataFrame, sentences: Sequence[str], *, title: str) -> list[str]:
-    """Print a table under its title and protocol line, then its computed readings; return the readings."""
-    print(f"{title}\nprotocol: {protocol.protocol_text()}, datasets {list(dict.fromkeys(table['dataset']))}" if "dataset" in table else f"{title}\nprotocol: {protocol.protocol_text()}")
-    print(table.to_string(index=False))
-    for sentence in sentences:
-        print("→", sentence)
-    return [f"{title} — {sentence}" for sentence in sentences]

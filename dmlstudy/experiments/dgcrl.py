@@ -43,7 +43,12 @@ from torch.utils.data import Subset
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms
-from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
+from dmlstudy.experiments.kit import (
+    SHARED_VARIANTS,
+    first_seed_embeddings, judge, lookup, paper_dataset, projection_figure, variant_name, with_reference, without_numbers,
+)
+from dmlstudy.experiments.papers import numbers
+from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
     DGCRL,
@@ -61,30 +66,18 @@ from dmlstudy.records import seed_everything
 from dmlstudy.study import mean_std_text
 
 # ----------------------------------------------------------------------------------------------
-# The paper's numbers (Zheng et al., AAAI 2019; transcribed from seed 004). Recall@K in %, K = 1 … 32.
+# The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.
 # ----------------------------------------------------------------------------------------------
-PAPER_KS = (1, 2, 4, 8, 16, 32)
-PAPER_DATASET = {"synbirds": "CUB", "glyphs": "Cars"}  # which paper dataset each embedded set stands beside
-PAPER_TABLE1 = {  # Table 1, ResNet-50 (ImageNet), R@1 … R@32
-    "CUB": {"triplet": (36.1, 48.6, 59.3, 70.0, 80.2, 88.4), "lifted": (47.2, 58.9, 70.2, 80.2, 89.3, 93.2),
-            "dgcrl": (67.9, 79.1, 86.2, 91.8, 94.8, 97.1)},
-    "Cars": {"triplet": (39.1, 50.4, 63.3, 74.5, 84.1, 89.8), "lifted": (49.0, 60.3, 72.1, 81.5, 89.2, 92.8),
-             "dgcrl": (75.9, 83.9, 89.7, 94.0, 96.6, 98.0)},
-}
-PAPER_LAMBDA = {  # Table 2 (CUB): λ → R@1 … R@32
-    0.0: (66.7, 76.7, 85.0, 90.4, 93.8, 96.4), 0.1: (67.9, 79.1, 86.2, 91.8, 94.8, 97.1),
-    0.2: (67.0, 77.1, 84.9, 90.5, 93.9, 96.4), 0.4: (65.9, 76.3, 84.5, 90.2, 93.8, 96.5),
-}
-PAPER_LOSSES = {  # Table 3 (CUB): loss → (training epochs, R@1 … R@32); "CRL" is the distance form, our ``gcrl``
-    "triplet-ns": (100, (64.4, 75.5, 84.2, 90.3, 94.5, 96.9)), "lifted-ns": (56, (60.2, 72.9, 82.4, 89.5, 94.4, 97.0)),
-    "gcrl": (96, (65.8, 76.8, 85.0, 90.6, 94.5, 97.2)), "dgcrl": (20, (67.9, 79.1, 86.2, 91.8, 94.8, 97.1)),
-}
-PAPER_SPEEDUP_OVER_TRIPLET = 5.0  # abstract: "5× speedup over triplet loss"
-PAPER_ALPHA = "Fig. 3 (no numbers printed): R@K poor for small α, stable for α ≥ 16, flat beyond 128"
+PAPER_KS = numbers("dgcrl", "KS")
+PAPER_TABLE1 = numbers("dgcrl", "TABLE1")  # Table 1, ResNet-50 (ImageNet): paper dataset → variant → R@1 … R@32
+PAPER_LAMBDA = numbers("dgcrl", "LAMBDA")  # Table 2 (CUB): λ → R@1 … R@32
+PAPER_LOSSES = numbers("dgcrl", "LOSSES")  # Table 3 (CUB): loss → (training epochs, R@1 … R@32)
+PAPER_SPEEDUP_OVER_TRIPLET = numbers("dgcrl", "SPEEDUP_OVER_TRIPLET")
+PAPER_ALPHA = numbers("dgcrl", "ALPHA")
 
 NAMED_VARIANTS: dict[str, dict[str, Any]] = {
     "ms": {"method": "ms"},
-    "softmax": {"method": "dgcrl", "method_kwargs": {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}},
+    "softmax": SHARED_VARIANTS["softmax"],
     "dgcrl": {"method": "dgcrl"},
     "gcrl": {"method": "gcrl"},
     "triplet-ns": {"method": "dgcrl", "method_kwargs": {"loss": "triplet"}},
@@ -94,7 +87,7 @@ VARIANT_LABELS = {
     "ms": "MS baseline", "softmax": "softmax without N-S", "dgcrl": "DGCRL", "gcrl": "GCRL (Eq. 2)",
     "triplet-ns": "triplet (N-S head)", "lifted-ns": "lifted structure (N-S head)",
 }
-_SHORT = {"decorrelation_weight": "lambda", "decorrelation": "decor"}
+KWARG_TAGS = {"decorrelation_weight": "lambda", "decorrelation": "decor"}  # DGCRL arguments abbreviated in run names
 
 
 @dataclass
@@ -161,11 +154,10 @@ def dgcrl_variant(**method_kwargs: Any) -> tuple[str, dict[str, Any]]:
     if unknown:
         raise KeyError(f"dgcrl_variant: unknown DGCRL arguments {unknown}; valid: {sorted(defaults)}")
     kwargs = {key: value for key, value in sorted(method_kwargs.items()) if defaults[key] != value}
-    tags = [f"{_SHORT.get(key, key)}={_format(value)}" for key, value in kwargs.items()]
     spec: dict[str, Any] = {"method": "dgcrl"}
     if kwargs:
         spec["method_kwargs"] = kwargs
-    return "-".join(["dgcrl", *tags]), spec
+    return variant_name("dgcrl", kwargs, short=KWARG_TAGS, show=_format), spec
 
 
 def named_variants(names: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -176,17 +168,12 @@ def named_variants(names: Iterable[str]) -> dict[str, dict[str, Any]]:
     return {name: NAMED_VARIANTS[name] for name in names}
 
 
-def _with_reference(values: Iterable[Any], reference: Any) -> list[Any]:
-    """The swept values with the default added, sorted, without duplicates."""
-    return sorted({*values, reference})
-
-
 def alpha_variants(alphas: Sequence[float]) -> dict[float, tuple[str, dict]]:
-    return {alpha: dgcrl_variant(alpha=float(alpha)) for alpha in _with_reference([float(a) for a in alphas], 128.0)}
+    return {alpha: dgcrl_variant(alpha=float(alpha)) for alpha in with_reference([float(a) for a in alphas], 128.0)}
 
 
 def lambda_variants(lambdas: Sequence[float]) -> dict[float, tuple[str, dict]]:
-    return {value: dgcrl_variant(decorrelation_weight=float(value)) for value in _with_reference([float(v) for v in lambdas], 0.1)}
+    return {value: dgcrl_variant(decorrelation_weight=float(value)) for value in with_reference([float(v) for v in lambdas], 0.1)}
 
 
 def decorrelation_variants(decorrelations: Sequence[str]) -> dict[str, tuple[str, dict]]:
@@ -200,15 +187,6 @@ def loss_variants(losses: Sequence[str]) -> dict[str, dict]:
     if unknown:
         raise KeyError(f"unknown losses {unknown}; valid: triplet-ns, lifted-ns, gcrl (dgcrl is always added)")
     return named_variants([*order, "dgcrl"])
-
-
-def as_grid(variants: Mapping[Any, tuple[str, dict]]) -> dict[str, dict]:
-    return {name: spec for name, spec in variants.values()}
-
-
-def run_variants(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, RunResult]]:
-    """Train (or load) every variant × dataset × seed of ``protocol``."""
-    return run_grid(protocol.grid(variants, datasets=datasets), workers=protocol.workers)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,20 +243,16 @@ def _rows(results: list[tuple[str, RunResult]], ks: Sequence[int], extra=None) -
     return pd.DataFrame(rows)
 
 
-DECIMALS = {"best R@1 (%)": 1, "centre |cos|": 3, "train accuracy": 3, "s/epoch (run)": 2, "s/epoch (side by side)": 2, "s to best": 1}
+COLUMN_DECIMALS = {"best R@1 (%)": 1, "centre |cos|": 3, "train accuracy": 3, "s/epoch (run)": 2, "s/epoch (side by side)": 2, "s to best": 1}
 
 
 def _mean_table(frame: pd.DataFrame, metrics: Sequence[str], *, by: Sequence[str] = ("dataset", "variant")) -> pd.DataFrame:
-    """:func:`mean_std_table`, with the non-retrieval columns of :data:`DECIMALS` shown at their own precision."""
+    """:func:`mean_std_table`, with the non-retrieval columns of :data:`COLUMN_DECIMALS` shown at their own precision."""
     table = mean_std_table(frame, metrics=list(metrics), by=tuple(by))
-    for column, decimals in DECIMALS.items():
+    for column, decimals in COLUMN_DECIMALS.items():
         if column in metrics:
             table[column] = [mean_std_text(m, s, n, decimals=decimals) for m, s, n in zip(table[f"{column}_mean"], table[f"{column}_std"], table["runs"])]
     return table
-
-
-def _shown(table: pd.DataFrame) -> pd.DataFrame:
-    return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
 
 
 def _paper_recall(values: Sequence[float] | None, ks: Sequence[int]) -> str:
@@ -301,39 +275,40 @@ def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list
     table = mean_std_table(frame, metrics=metrics)
     table["paper R@1"] = [_paper_r1(dataset, variant) for dataset, variant in zip(table["dataset"], table["variant"])]
     table.insert(2, "setting", [VARIANT_LABELS.get(v, v) for v in table["variant"]])
-    return _shown(table), [main_sentence(table, dataset) for dataset in table["dataset"].unique()]
+    return without_numbers(table), [main_sentence(table, dataset) for dataset in table["dataset"].unique()]
 
 
 def _paper_r1(dataset: str, variant: str) -> str:
-    paper = PAPER_DATASET.get(dataset, "CUB")
+    paper = paper_dataset(dataset, "CUB")
     values = PAPER_TABLE1[paper].get(variant)
     return f"{values[0]:.1f} ({paper})" if values else "–"
 
 
 def _mean_std(table: pd.DataFrame, dataset: str, variant: str, metric: str = "R@1") -> tuple[float, float, int] | None:
-    row = table[(table["dataset"] == dataset) & (table["variant"] == variant)]
-    if row.empty:
+    try:
+        return lookup(table, dataset, variant, metric)
+    except KeyError:
         return None
-    return float(row[f"{metric}_mean"].iloc[0]), float(row[f"{metric}_std"].iloc[0]), int(row["runs"].iloc[0])
 
 
-def _noise(a: tuple[float, float, int], b: tuple[float, float, int]) -> float:
-    """The larger of the two stds, or 0.5 points when either has a single seed."""
-    return max(a[1], b[1]) if min(a[2], b[2]) > 1 else 0.5
+def _judged(a: tuple[float, float, int], b: tuple[float, float, int]):
+    """:func:`~dmlstudy.experiments.kit.judge` of mean ``a`` − mean ``b``, and that difference and its standard error."""
+    change, error = a[0] - b[0], float(np.sqrt(a[1] ** 2 / a[2] + b[1] ** 2 / b[2]))
+    return judge(change, error, min(a[2], b[2])), change, error
 
 
 def _compare(name_a: str, a: tuple[float, float, int], name_b: str, b: tuple[float, float, int]) -> str:
-    """"A beats B by Δ points" / "within noise" (see :func:`_noise`)."""
-    difference, noise = a[0] - b[0], _noise(a, b)
-    if abs(difference) <= noise:
-        return f"{name_a} and {name_b} are within noise ({difference:+.1f} points, noise {noise:.1f})"
-    verb = "beats" if difference > 0 else "trails"
-    return f"{name_a} {verb} {name_b} by {abs(difference):.1f} points"
+    """"A beats B by Δ points" / "within seed noise" (the study's verdict rule, :func:`~dmlstudy.experiments.kit.judge`)."""
+    verdict, change, error = _judged(a, b)
+    if verdict.within_noise:
+        return f"{name_a} and {name_b} are within seed noise ({change:+.1f} points, s.e. {error:.1f})"
+    verb = "beats" if change > 0 else "trails"
+    return f"{name_a} {verb} {name_b} by {abs(change):.1f} points" + (" (1 seed)" if verdict.one_seed else "")
 
 
 def main_sentence(table: pd.DataFrame, dataset: str) -> str:
     """Did DGCRL beat the plain softmax (the N-S + margin + decorrelation effect) and MS on ``dataset``?
-    The paper's direction holds only when DGCRL is above the softmax by more than the noise."""
+    The paper's direction holds only when DGCRL is above the softmax beyond seed noise (:func:`~dmlstudy.experiments.kit.judge`)."""
     dgcrl, softmax, ms = (_mean_std(table, dataset, v) for v in ("dgcrl", "softmax", "ms"))
     if dgcrl is None:
         return f"{dataset}: no dgcrl run, nothing to compare."
@@ -341,8 +316,8 @@ def main_sentence(table: pd.DataFrame, dataset: str) -> str:
     if softmax is None:
         verdict = "cannot be checked (no softmax run)"
     else:
-        difference, noise = dgcrl[0] - softmax[0], _noise(dgcrl, softmax)
-        verdict = "held" if difference > noise else "did not hold" if difference < -noise else "is not separable from seed noise"
+        judged, _, _ = _judged(dgcrl, softmax)
+        verdict = "is not separable from seed noise" if judged.within_noise or not judged.direction else "held" if judged.direction > 0 else "did not hold"
     return (f"{dataset}: R@1 " + "; ".join(parts) + f". The paper's direction (N-S layer and centre loss above a plain softmax "
             f"pipeline) {verdict} here.")
 
@@ -422,7 +397,7 @@ def lambda_table(results: list[tuple[str, RunResult]], variants: Mapping[float, 
             text += (f"; λ = 0.1 − λ = 0 = {r1[0.1] - r1[0.0]:+.1f} points (paper +1.2): the push "
                      f"{'helped' if r1[0.1] > r1[0.0] else 'did not help'}")
         sentences.append(text + ".")
-    return _shown(table), sentences
+    return without_numbers(table), sentences
 
 
 def decorrelation_table(results: list[tuple[str, RunResult]], variants: Mapping[str, tuple[str, dict]], *, ks: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
@@ -440,7 +415,7 @@ def decorrelation_table(results: list[tuple[str, RunResult]], variants: Mapping[
             text += (f". The paper hook {'did' if decorrelated else 'did not'} leave the centres less correlated than no "
                      f"decorrelation and changed R@1 by {gain:+.1f} points")
         sentences.append(text + ".")
-    return _shown(table), sentences
+    return without_numbers(table), sentences
 
 
 def loss_frame(results: list[tuple[str, RunResult]], *, ks: Sequence[int], step_seconds_by_variant: Mapping[str, float] | None = None) -> pd.DataFrame:
@@ -475,7 +450,7 @@ def loss_table(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     table["paper epochs"] = [PAPER_LOSSES[v][0] if v in PAPER_LOSSES else "–" for v in table["variant"]]
     table["paper R@1"] = [PAPER_LOSSES[v][1][0] if v in PAPER_LOSSES else "–" for v in table["variant"]]
     sentences = [loss_sentence(table, dataset) for dataset in table["dataset"].unique()]
-    return _shown(table), sentences
+    return without_numbers(table), sentences
 
 
 def loss_sentence(table: pd.DataFrame, dataset: str) -> str:
@@ -648,34 +623,12 @@ def toy_figure(*, steps: int = 60, paper_weight: float = 1.0) -> plt.Figure:
 
 
 def tsne_figure(results: list[tuple[str, RunResult]], *, variants: Sequence[str], classes: int = 10, iterations: int = 300, seed: int = 0) -> plt.Figure:
-    """t-SNE of the test embeddings of the first ``classes`` test classes, one panel per variant (first run of each)."""
-    from sklearn.manifold import TSNE
-
-    chosen = {}
-    for variant, result in results:
-        if variant in variants and variant not in chosen:
-            chosen[variant] = result
-    figure, axes = plt.subplots(1, max(len(chosen), 1), figsize=(4 * max(len(chosen), 1), 4), squeeze=False)
-    for axis, (variant, result) in zip(axes[0], chosen.items()):
-        embeddings, labels = result.embeddings["embeddings"], result.embeddings["labels"]
-        keep_classes = np.unique(labels)[:classes]
-        keep = np.isin(labels, keep_classes)
-        points = TSNE(n_components=2, init="pca", perplexity=min(30.0, max(2.0, keep.sum() / 4)), max_iter=iterations, random_state=seed).fit_transform(embeddings[keep])
-        codes = np.searchsorted(keep_classes, labels[keep])
-        axis.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab10" if classes <= 10 else "tab20", s=8)
-        axis.set(title=f"{VARIANT_LABELS.get(variant, variant)} ({result.config.dataset})", xticks=[], yticks=[])
-    figure.tight_layout()
-    return figure
-
-
-def report(protocol: ProtocolConfig, table: pd.DataFrame, sentences: Sequence[str], *, title: str) -> list[str]:
-    """Print the protocol line, the table under its title, then its computed readings; return the readings."""
-    datasets = list(dict.fromkeys(table["dataset"])) if "dataset" in table else []
-    print(f"{title}\nprotocol: {protocol.protocol_text()}" + (f", datasets {datasets}" if datasets else ""))
-    print(table.to_string(index=False))
-    for sentence in sentences:
-        print("→", sentence)
-    return [f"{title} — {sentence}" for sentence in sentences]
+    """t-SNE (:func:`~dmlstudy.experiments.kit.projection_figure`) of the test embeddings of the first ``classes``
+    test classes, one panel per variant (its first seed on the first run's dataset)."""
+    embeddings = first_seed_embeddings(results, variants=variants)
+    dataset = next((result.config.dataset for variant, result in results if variant in embeddings), "")
+    return projection_figure(embeddings, kind="tsne", classes=classes, seed=seed, title=dataset, label=lambda v: VARIANT_LABELS.get(v, v),
+                             iterations=iterations)
 
 
 def train_classes_of(protocol: ProtocolConfig, dataset: str) -> int:

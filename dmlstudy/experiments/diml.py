@@ -8,13 +8,12 @@ structural similarities of each query's top-``max K`` cosine candidates are comp
 re-ranks from them (:func:`dmlstudy.methods.diml.reranked_retrieval_metrics`). Results are cached in the
 run folder (``diml_rerank-<key>.json``), so re-executing the notebook only computes what is new.
 
-The paper's numbers (supplement Tables 1 and 2, seed 002) are kept as constants for orientation: other data
+The paper's numbers (supplement Tables 1 and 2, from ``papers.yaml``) are printed for orientation: other data
 (CUB-200, Cars196, SOP), an ImageNet-pretrained ResNet-50, 7 × 7 maps and a metric convention that counts
 the query in R (our R excludes it, as pytorch-metric-learning).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -26,7 +25,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dmlstudy import plots
+from dmlstudy.experiments.kit import cache_key, evaluation_sets
+from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, run_grid
 from dmlstudy.methods.diml import (
     DEFAULT_EPSILON,
@@ -34,14 +34,12 @@ from dmlstudy.methods.diml import (
     GridEmbeddings,
     TransportOptions,
     candidate_structural_similarity,
-    embed_grid_dataset,
-    pairwise_structural_similarity,
     reranked_retrieval_metrics,
     structural_similarity,
 )
 from dmlstudy.records import write_json
 from dmlstudy.study import summarize
-from dmlstudy.train import RunResult, TrainConfig, load_datasets, resolve_device, run
+from dmlstudy.train import RunResult, TrainConfig, run
 
 METRICS = ["P@1", "RP", "MAP@R"]
 PAPER_DATASETS = ("CUB-200", "Cars196", "SOP")
@@ -49,28 +47,8 @@ BASE_LOSS_NAMES = {"ms": "Multi-Similarity", "margin": "Margin", "proxynca": "Pr
 
 # Supplement Table 1 (truncation K, G = 4) and Table 2 (grid size G, K = 100): DIML as test-time re-ranking
 # of trained baselines, ResNet-50. Per (base loss, K or G): {dataset: (P@1, RP, MAP@R)} in percent.
-PAPER_TRUNCATION: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = {
-    ("margin", 0): {"CUB-200": (62.47, 34.12, 23.14), "Cars196": (72.18, 32.00, 20.82), "SOP": (78.39, 45.64, 42.34)},
-    ("margin", 10): {"CUB-200": (65.16, 34.56, 23.87), "Cars196": (76.65, 32.52, 21.72), "SOP": (79.26, 46.44, 43.20)},
-    ("margin", 50): {"CUB-200": (65.16, 35.43, 24.54), "Cars196": (76.65, 33.64, 22.83), "SOP": (79.26, 46.44, 43.19)},
-    ("margin", 100): {"CUB-200": (65.16, 35.48, 24.54), "Cars196": (76.65, 33.93, 22.95), "SOP": (79.26, 46.44, 43.19)},
-    ("margin", 500): {"CUB-200": (65.16, 35.48, 24.54), "Cars196": (76.65, 33.93, 22.95), "SOP": (79.26, 46.44, 43.19)},
-    ("ms", 0): {"CUB-200": (62.56, 32.74, 21.99), "Cars196": (74.81, 32.72, 21.60), "SOP": (77.90, 44.97, 41.54)},
-    ("ms", 10): {"CUB-200": (64.89, 33.21, 22.73), "Cars196": (78.50, 33.26, 22.50), "SOP": (78.53, 45.60, 42.24)},
-    ("ms", 50): {"CUB-200": (64.89, 34.04, 23.37), "Cars196": (78.50, 34.46, 23.72), "SOP": (78.53, 45.60, 42.23)},
-    ("ms", 100): {"CUB-200": (64.89, 34.12, 23.38), "Cars196": (78.50, 34.70, 23.81), "SOP": (78.53, 45.60, 42.23)},
-    ("ms", 500): {"CUB-200": (64.89, 34.12, 23.38), "Cars196": (78.50, 34.70, 23.81), "SOP": (78.53, 45.60, 42.23)},
-}
-PAPER_GRID: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = {
-    ("margin", 1): {"CUB-200": (62.47, 34.12, 23.14), "Cars196": (72.18, 32.00, 20.82), "SOP": (78.39, 45.64, 42.34)},
-    ("margin", 2): {"CUB-200": (64.15, 34.79, 23.83), "Cars196": (75.04, 32.59, 21.85), "SOP": (79.06, 46.29, 43.03)},
-    ("margin", 4): {"CUB-200": (65.16, 35.48, 24.54), "Cars196": (76.65, 33.93, 22.95), "SOP": (79.26, 46.44, 43.19)},
-    ("margin", 7): {"CUB-200": (65.58, 35.58, 24.79), "Cars196": (76.96, 32.93, 22.66), "SOP": (79.59, 46.83, 43.62)},
-    ("ms", 1): {"CUB-200": (62.56, 32.74, 21.99), "Cars196": (74.81, 32.72, 21.60), "SOP": (77.90, 44.97, 41.54)},
-    ("ms", 2): {"CUB-200": (63.77, 33.33, 22.60), "Cars196": (77.45, 33.25, 22.60), "SOP": (78.39, 45.56, 42.15)},
-    ("ms", 4): {"CUB-200": (64.89, 34.12, 23.38), "Cars196": (78.50, 34.70, 23.81), "SOP": (78.53, 45.60, 42.23)},
-    ("ms", 7): {"CUB-200": (65.45, 34.15, 23.55), "Cars196": (78.93, 33.64, 23.50), "SOP": (78.76, 45.90, 42.57)},
-}
+PAPER_TRUNCATION: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = numbers("diml", "TRUNCATION")
+PAPER_GRID: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = numbers("diml", "GRID")
 
 
 @dataclass
@@ -178,18 +156,6 @@ def _base_and_training(result: RunResult) -> tuple[str, str]:
 # re-ranking sweeps
 
 
-def _cache_key(settings: Mapping[str, Any]) -> str:
-    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str, GridEmbeddings | None]:
-    """Grid embeddings of the run's query set (and gallery set, if the dataset has one) at every G."""
-    datasets = load_datasets(result.config)
-    device = resolve_device(result.config.device)
-    embed = lambda dataset: embed_grid_dataset(result.method, dataset, grid_sizes=tuple(grid_sizes), batch_size=result.config.eval_batch_size, device=device)  # noqa: E731
-    return {"query": embed(datasets["query"]), "gallery": embed(datasets["gallery"]) if datasets.get("gallery") is not None else None}
-
-
 def _sweep(sets: Mapping[str, GridEmbeddings | None], *, grid: int, top_ks: Sequence[int], options: TransportOptions) -> dict[int, dict[str, float]]:
     query, gallery = sets["query"], sets["gallery"]
     gallery_kwargs = {} if gallery is None else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
@@ -203,7 +169,7 @@ def _sweep_settings(config: DIMLStudy) -> dict[str, Any]:
 
 
 def _sweep_cache(run_dir: Path, config: DIMLStudy) -> Path:
-    return run_dir / f"diml_rerank-{_cache_key(_sweep_settings(config))}.json"
+    return run_dir / f"diml_rerank-{cache_key(_sweep_settings(config))}.json"
 
 
 def rerank_sweeps(result: RunResult, config: DIMLStudy, *, variant: str = "") -> list[dict[str, Any]]:
@@ -251,7 +217,7 @@ def _paper_values(base: str, training: str, key: tuple[str, int], table: Mapping
     return list(values) if values else ["–"] * len(METRICS)
 
 
-def sweep_table(frame: pd.DataFrame, *, sweep: str, paper_dataset: str = "CUB-200") -> pd.DataFrame:
+def rerank_sweep_table(frame: pd.DataFrame, *, sweep: str, paper_dataset: str = "CUB-200") -> pd.DataFrame:
     """Mean ± std over seeds of P@1 / RP / MAP@R (percent) per dataset, base loss, training and K (or G), with
     the paper's numbers for the re-ranked baselines beside them (``paper …`` columns; DIML-trained rows have
     none: the supplement reports re-ranking only)."""
@@ -370,66 +336,6 @@ def worked_example(*, settings: Sequence[tuple[float, bool]] = WORKED_SETTINGS, 
         rows.append({"quantity": f"s_struct, ε = {epsilon:g}, {marginals} marginals ({transport.iterations} iterations)", "value": float(value)})
     figure.tight_layout()
     return figure, pd.DataFrame(rows)
-
-
-def _cell_centres(grid: int, size: int) -> np.ndarray:
-    """Pixel centres (x, y) of the G × G cells of a ``size``-pixel image, row-major."""
-    centres = (np.arange(grid) + 0.5) * size / grid
-    ys, xs = np.meshgrid(centres, centres, indexing="ij")
-    return np.stack([xs.ravel(), ys.ravel()], axis=1)
-
-
-def transport_figure(result: RunResult, sets: Mapping[str, GridEmbeddings | None], *, grid: int, queries: Sequence[int], retrievals: int = 3, options: TransportOptions | None = None, top_lines: int | None = None) -> plt.Figure:
-    """For each query and its top cosine retrievals: the two images side by side with the transport plan drawn
-    as lines between grid-cell centres (width and opacity ∝ T_ij; the ``top_lines`` largest entries, default G²), and
-    the marginals μ_s (on the query's cells) and μ_t (on the retrieval's) as G × G heat maps.
-
-    Cells are regions of the backbone map; at 64 px with stride 16 each of the 4 × 4 cells covers 16 × 16
-    pixels of the input (its receptive field is larger). All-vs-all sets only.
-    """
-    from dmlstudy import metrics as metric_functions
-
-    query_set = sets["query"]
-    if sets.get("gallery") is not None:
-        raise ValueError("transport_figure: expected an all-vs-all evaluation set (no separate gallery)")
-    dataset = load_datasets(result.config)["query"]
-    global_, local, labels = torch.as_tensor(query_set.global_), torch.as_tensor(query_set.local[grid]), query_set.labels
-    neighbours, _ = metric_functions.nearest_neighbors(query_set.global_[list(queries)], query_set.global_, k=retrievals + 1)
-    lines = top_lines or grid * grid
-    figure, axes = plt.subplots(len(queries) * retrievals, 3, figsize=(7.5, 2.3 * len(queries) * retrievals), gridspec_kw={"width_ratios": [2.2, 1, 1]}, squeeze=False)
-    row = 0
-    for query, hits in zip(queries, neighbours):
-        hits = [h for h in hits if h != query][:retrievals]
-        for rank, hit in enumerate(hits, start=1):
-            value, _, transport = pairwise_structural_similarity(local[[query]], global_[[query]], local[[hit]], global_[[hit]], options=options)
-            plan = transport.plan[0, 0].numpy()  # G² × G²
-            left, right = plots.source_image(dataset, query), plots.source_image(dataset, hit)
-            size = left.shape[0]
-            axis = axes[row, 0]
-            axis.imshow(np.concatenate([left, np.full((size, size // 8, 3), 255, np.uint8), right], axis=1))
-            offset = size + size // 8
-            centres = _cell_centres(grid, size)
-            for edge in np.arange(1, grid) * size / grid:  # the grid cells
-                for x0 in (0, offset):
-                    axis.plot([x0 + edge, x0 + edge], [0, size - 1], color="white", linewidth=0.5, alpha=0.6)
-                    axis.plot([x0, x0 + size - 1], [edge, edge], color="white", linewidth=0.5, alpha=0.6)
-            for flat in np.argsort(plan.ravel())[::-1][:lines]:
-                i, j = divmod(int(flat), grid * grid)
-                strength = plan[i, j] / plan.max()
-                axis.plot([centres[i, 0], centres[j, 0] + offset], [centres[i, 1], centres[j, 1]], color="yellow",
-                          linewidth=0.3 + 3.0 * strength, alpha=0.25 + 0.7 * strength)
-            same = labels[hit] == labels[query]
-            axis.set_title(f"query {query} → #{rank} ({'same class' if same else 'other class'}): cos {float(global_[query] @ global_[hit]):.2f}, "
-                           f"s_struct {value.item():.2f}", fontsize=7, color=plots.CORRECT if same else plots.WRONG)
-            axis.axis("off")
-            for axis, marginal, title in ((axes[row, 1], plan.sum(axis=1), "μ_s (query cells)"), (axes[row, 2], plan.sum(axis=0), "μ_t (retrieval cells)")):
-                axis.imshow(marginal.reshape(grid, grid), cmap="magma")
-                axis.set_title(title, fontsize=7)
-                axis.set_xticks([])
-                axis.set_yticks([])
-            row += 1
-    figure.tight_layout()
-    return figure
 
 
 # --------------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import torch
 from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
 from dmlstudy.config import load_yaml
-from dmlstudy.data import denormalize
+from dmlstudy.experiments.kit import evaluation_sets
 from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
 from dmlstudy.paths import runs_root as default_runs_root
 from dmlstudy.train import RunResult, TrainConfig, build_model, load_datasets, resolve_device
@@ -180,71 +180,23 @@ def retrieval_figure(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure
     return figure
 
 
-def _picture(dataset, index: int) -> np.ndarray:
-    """The test-transformed image the network saw, H × W × 3 in [0, 1]."""
-    return denormalize(dataset[index][0]).permute(1, 2, 0).numpy()
-
-
-def attention_explanation(method, dataset, query: int, retrievals: Sequence[int], *, level: int | None = None) -> plt.Figure | str:
-    """Cross-attention at block ``level`` (default the last): for each retrieval r, the attention over the
-    query's locations when the query is conditioned on r, and over r's locations when r is conditioned on
-    the query; one pass of the hierarchy over the batch [query, retrievals…], recorded with forward hooks."""
-    from dmlstudy.methods.cross_attention import AttentionRecorder
-
-    if not method.num_blocks:
-        return "cross-attention with N = 0 blocks: no attention to show"
-    level = level or method.num_blocks
-    device = next(method.parameters()).device
-    indices = [query, *retrievals]
-    images = torch.stack([dataset[i][0] for i in indices]).to(device)
-    was_training = method.training
-    method.eval()
-    with torch.no_grad(), AttentionRecorder(method) as recorder:
-        maps = method.backbone(images)
-        method.conditional_embeddings(maps, num_levels=level)
-    method.train(was_training)
-    weights = recorder.maps[level - 1]  # X × X × T: [i, j] = image i's locations, conditioned on image j
-    height, width = maps.shape[-2:]
-    labels = np.asarray(dataset.labels)
-    figure, axes = plt.subplots(len(retrievals), 2, figsize=(4.2, 2.1 * len(retrievals)), squeeze=False)
-    for row, retrieval in enumerate(retrievals, start=1):
-        colour = plots.CORRECT if labels[retrieval] == labels[query] else plots.WRONG
-        for axis, (image, other, title) in zip(axes[row - 1], ((0, row, f"query | #{row}"), (row, 0, f"#{row} | query"))):
-            picture = _picture(dataset, indices[image])
-            heat = weights[image, other].reshape(height, width).numpy()
-            axis.imshow(picture)
-            axis.imshow(heat, cmap="jet", alpha=0.5, interpolation="bilinear", vmin=0, vmax=float(heat.max()) or 1.0,
-                        extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5))
-            axis.set_title(title, fontsize=8, color=colour)
-            axis.set_xticks([])
-            axis.set_yticks([])
-    figure.tight_layout()
-    figure.suptitle(f"attention of block {level}: where an image looks when conditioned on the other\n"
-                    "(title green: the retrieval is of the query's class; red: another class)", fontsize=8, y=1.0 + 0.35 / figure.get_figheight())
-    return figure
-
-
 def _diml_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
-    from dmlstudy.experiments import diml as diml_study
-
     method = loaded.result.method
     key = ("diml_sets", str(loaded.result.run_dir))
     if key not in cache:
-        cache[key] = diml_study.evaluation_sets(loaded.result, grid_sizes=[method.grid_size])
-    return diml_study.transport_figure(loaded.result, cache[key], grid=method.grid_size, queries=[query], retrievals=len(retrievals), options=method.options)
+        cache[key] = evaluation_sets(loaded.result, grid_sizes=[method.grid_size])
+    return plots.diml_transport_figure(loaded.result, cache[key], grid=method.grid_size, queries=[query], retrievals=len(retrievals), options=method.options)
 
 
 def _cross_attention_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
-    return attention_explanation(loaded.result.method, loaded.dataset, query, retrievals)
+    return plots.cross_attention_explanation(loaded.result.method, loaded.dataset, query, retrievals)
 
 
 def _crt_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
-    from dmlstudy.experiments import crt as crt_study
-
     method = loaded.result.method
     if not method.use_crt:
         return "CRT without the transform (use_crt=False): no prototypes to show"
-    figure = crt_study.heatmap_figure(method, loaded.dataset, [query, *retrievals], prototypes=min(6, method.K1))
+    figure = plots.crt_heatmap_figure(method, loaded.dataset, [query, *retrievals], prototypes=min(6, method.K1))
     figure.suptitle(f"prototype codes on the query (top row) and its retrievals #1–#{len(retrievals)}", fontsize=8,
                     y=1.0 + 0.25 / figure.get_figheight())
     return figure

@@ -1,5 +1,34 @@
-"""Methods: one file each, all registered by name (``build_method``)."""
-from dmlstudy.methods.base import METHODS, Method, build_method, global_pool, list_methods, register_method
-from dmlstudy.methods import baseline, crt, diml, cross_attention, dgcrl  # noqa: F401,E401  (register methods)
+"""Methods: one file each, all registered by name (``build_method``).
 
-__all__ = ["METHODS", "Method", "build_method", "global_pool", "list_methods", "register_method"]
+Every module of this package is imported when the package is (:func:`discover`), so adding a method is one new
+file with an ``@register_method(...)`` class. Methods outside the package (plugins, tests) are modules named in
+the environment variable ``DMLSTUDY_METHOD_MODULES`` (comma-separated, importable): an environment variable
+rather than a call, so that the processes a parallel study grid spawns register them too.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+
+from dmlstudy.methods.base import (
+    GROUPS, METHOD_INFO, METHODS, Method, MethodInfo, build_method, global_pool, list_methods, method_info, register_method,
+)
+
+PLUGIN_VARIABLE = "DMLSTUDY_METHOD_MODULES"
+
+
+def discover() -> list[str]:
+    """Import every module of this package and every module named in ``DMLSTUDY_METHOD_MODULES``; returns the
+    module names imported (importing twice is a no-op)."""
+    names = [f"{__name__}.{module.name}" for module in pkgutil.iter_modules(__path__) if module.name != "base"]
+    names += [name.strip() for name in os.environ.get(PLUGIN_VARIABLE, "").split(",") if name.strip()]
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
+discover()
+
+__all__ = ["GROUPS", "METHODS", "METHOD_INFO", "Method", "MethodInfo", "build_method", "discover", "global_pool", "list_methods",
+           "method_info", "register_method"]

@@ -7,6 +7,8 @@ lives in separately named functions of the method's own file. The training loop 
 """
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -67,22 +69,60 @@ class Method(nn.Module):
 
 MethodBuilder = Callable[..., Method]
 METHODS: dict[str, MethodBuilder] = {}
+GROUPS = {  # what a method is in the study's tables
+    "paper": "a method of one of the four papers (a main row of the comparison)",
+    "classic": "a baseline of the papers' tables (MS, and the classic losses of pytorch-metric-learning)",
+}
 
 
-def register_method(name: str, **preset) -> Callable[[MethodBuilder], MethodBuilder]:
-    """Decorator registering a method class (or builder) under ``name``, with optional preset keyword arguments."""
+@dataclass(frozen=True)
+class MethodInfo:
+    """What the study shows about a registered method: the comparison row's label, its group (:data:`GROUPS`),
+    the paper it comes from and a one-line description (the notebooks' row table and the CLI's help)."""
+
+    name: str
+    label: str
+    group: str
+    paper: str = ""
+    summary: str = ""
+
+
+METHOD_INFO: dict[str, MethodInfo] = {}
+
+
+def register_method(name: str, *, label: str = "", group: str = "classic", paper: str = "", summary: str = "",
+                    **preset) -> Callable[[MethodBuilder], MethodBuilder]:
+    """Decorator registering a method class (or builder) under ``name``, with optional preset keyword arguments.
+
+    ``label`` is its row in the study's tables (default: ``name``), ``group`` one of :data:`GROUPS`, ``paper`` and
+    ``summary`` (default: the first line of the builder's docstring) describe it in the notebooks and the CLI.
+    """
+    if group not in GROUPS:
+        raise ValueError(f"register_method({name!r}): group must be one of {sorted(GROUPS)}, got {group!r}")
 
     def decorator(builder: MethodBuilder) -> MethodBuilder:
         if name in METHODS:
             raise ValueError(f"method {name!r} registered twice")
         METHODS[name] = (lambda **kwargs: builder(**{**preset, **kwargs})) if preset else builder
+        first_line = (inspect.getdoc(builder) or "").split("\n")[0]
+        METHOD_INFO[name] = MethodInfo(name=name, label=label or name, group=group, paper=paper, summary=summary or first_line)
         return builder
 
     return decorator
 
 
-def list_methods() -> list[str]:
-    return sorted(METHODS)
+def list_methods(group: str | None = None) -> list[str]:
+    """Registered method names, sorted; only those of ``group`` (:data:`GROUPS`) when given."""
+    if group is not None and group not in GROUPS:
+        raise ValueError(f"list_methods: group must be one of {sorted(GROUPS)}, got {group!r}")
+    return sorted(name for name in METHODS if group is None or METHOD_INFO[name].group == group)
+
+
+def method_info(name: str) -> MethodInfo:
+    """The :class:`MethodInfo` of a registered method; unknown names list the valid ones."""
+    if name not in METHOD_INFO:
+        raise KeyError(f"unknown method {name!r}; valid names: {', '.join(list_methods())}")
+    return METHOD_INFO[name]
 
 
 def build_method(name: str, *, backbone: Backbone, embedding_dim: int = 128, num_classes: int, **kwargs) -> Method:

@@ -46,5 +46,11 @@ class Baseline(Method):
 
 
 BASELINE_LOSSES = ("ms", "contrastive", "triplet", "margin", "lifted", "npairs", "proxynca", "proxyanchor", "normsoftmax", "softtriple", "arcface", "cosface")
+BASELINE_LABELS = {"ms": "MS baseline", "lifted": "lifted structure", "npairs": "N-pairs", "proxynca": "ProxyNCA", "proxyanchor": "Proxy-Anchor",
+                   "normsoftmax": "normalized softmax", "softtriple": "SoftTriple", "arcface": "ArcFace", "cosface": "CosFace"}
 for _loss in BASELINE_LOSSES:
-    register_method(_loss, loss=_loss)(Baseline)
+    register_method(_loss, label=BASELINE_LABELS.get(_loss, _loss), group="classic",
+                    paper="the baseline of CRT, DIML and cross-attention" if _loss == "ms" else "the papers' comparison tables",
+                    summary=("pooled features → linear → L2-norm, Multi-Similarity loss" if _loss == "ms"
+                             else f"the {BASELINE_LABELS.get(_loss, _loss)} loss (pytorch-metric-learning) on the baseline architecture"),
+                    loss=_loss)(Baseline)

@@ -116,7 +116,8 @@ class CrossAttentionBlock(nn.Module):
         return torch.einsum("xyt,xtd->xyd", weights, memory.values)
 
 
-@register_method("cross_attention")
+@register_method("cross_attention", label="cross-attention", group="paper", paper="Kotovenko et al., CVPR 2023",
+                 summary="MS on the similarity of cross-image-conditioned embeddings; plain embedding at test time")
 class CrossAttention(Method):
     """MS baseline plus a training-time hierarchy of cross-attention blocks (Algorithm 1 of the paper).
 

@@ -312,7 +312,8 @@ def _check_branch(branch: int) -> None:
         raise ValueError(f"branch must be 1 (d, test time) or 2 (D), got {branch!r}")
 
 
-register_method("crt")(CRT)
+register_method("crt", label="CRT", group="paper", paper="Kan et al., NeurIPS 2022",
+                summary="coded residual transform, two branches, consistency loss")(CRT)
 
 
 # ----------------------------------------------------------------------------------------------

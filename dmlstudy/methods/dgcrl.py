@@ -150,7 +150,8 @@ def mean_abs_cosine(centres: torch.Tensor) -> torch.Tensor:
     return (cosines.sum() - cosines.diagonal().sum()) / (classes * (classes - 1))
 
 
-@register_method("dgcrl")
+@register_method("dgcrl", label="DGCRL", group="paper", paper="Zheng et al., AAAI 2019",
+                 summary="normalize-scale layer, centre softmax with margin, decorrelated centres")
 class DGCRL(Method):
     """Normalize-Scale layer + centre softmax with margin + decorrelation (see the module docstring).
 
@@ -266,7 +267,8 @@ class DGCRL(Method):
         return list(self.criterion.parameters())
 
 
-register_method("gcrl", loss="distance", decorrelation="none")(DGCRL)
+register_method("gcrl", label="GCRL (distance form)", group="paper", paper="Zheng et al., AAAI 2019 (its CRL ablation)",
+                summary="DGCRL with the distance form of the centre loss and no decorrelation", loss="distance", decorrelation="none")(DGCRL)
 
 
 @torch.no_grad()

@@ -645,7 +645,8 @@ def _euclidean_from_cosine(similarity: torch.Tensor) -> torch.Tensor:
 # the method
 
 
-@register_method("diml")
+@register_method("diml", label="DIML-trained MS", group="paper", paper="Zhao et al., ICCV 2021 (training use)",
+                 summary="MS on ½(cos + s_struct) during training, cosine at test time")
 class DIML(Method):
     """Baseline architecture (``normalize(W · pool(E(x)))``) trained with DIML's structural similarity.
 

@@ -1,0 +1,176 @@
+"""The study notebooks' sources: ``notebooks/<name>.py`` (jupytext py:percent) is what people edit, in an
+editor or in JupyterLab (jupytext opens it as a notebook); ``notebooks/<name>.ipynb`` is *built* from it.
+
+Decision: build, not pair. Papermill, nbval and the study plans need an ``.ipynb``, but a paired one is a
+second editable copy that JupyterLab saves with outputs and jupytext syncs in whichever direction is newer,
+so an edit can silently lose to a stale twin. Here the ``.ipynb`` is a deterministic function of the source
+(cells ``cell-NN``, no outputs, no jupytext metadata) and ``tests/test_notebooks.py`` fails when a committed
+one differs from what its source builds.
+
+The ``parameters`` cell is written from the notebook's config dataclass (:data:`NOTEBOOK_CONFIGS`): one line
+per field, ``name: type = literal  # the field's comment``, in field order, with the dataclass default
+unless :data:`CI_SIZED` gives the notebook's own CI-sized value. ``study`` is always ``notebook-<stem>``, so
+CI-sized runs of different notebooks never share run folders.
+
+    python -m dmlstudy.experiments.notebooks build   # parameters cells from the configs, then every .ipynb
+    python -m dmlstudy.experiments.notebooks check   # exit 1 naming every source or notebook out of date
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import inspect
+import re
+import sys
+import typing
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+from dmlstudy.experiments import NOTEBOOK_CONFIGS
+from dmlstudy.paths import project_root
+
+CI_SIZED: dict[str, dict[str, typing.Any]] = {  # a notebook's parameter values that differ from its config's defaults
+    "00_datasets": {"knn_classes": 20, "knn_sizes": [32]},
+    "01_train": {"epochs": 2, "train_classes": 16, "test_classes": 16, "steps_per_epoch": 6, "progress": False},
+}
+PARAMETERS_CELL = re.compile(r'^# %% tags=\["parameters"\]\n(?P<body>(?:(?!# %%).*\n)*?)(?=\n# %%|\Z)', re.MULTILINE)
+
+
+def notebooks_folder() -> Path:
+    return project_root() / "notebooks"
+
+
+def config_class(stem: str) -> type:
+    """The dataclass that notebook ``stem``'s parameters cell mirrors."""
+    try:
+        module, name = NOTEBOOK_CONFIGS[f"{stem}.ipynb"].split(":")
+    except KeyError:
+        raise KeyError(f"notebook {stem!r} has no config in dmlstudy.experiments.NOTEBOOK_CONFIGS") from None
+    return getattr(importlib.import_module(module), name)
+
+
+def field_comments(config: type) -> dict[str, str]:
+    """The trailing ``# comment`` of every field line in the source of ``config`` and its dataclass bases."""
+    comments: dict[str, str] = {}
+    for klass in reversed(config.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        for line in inspect.getsource(klass).splitlines():
+            stripped = line.strip()
+            if ":" in stripped and "#" in stripped and not stripped.startswith(("#", '"')):
+                comments[stripped.split(":")[0].strip()] = stripped.split("#", 1)[1].strip()
+    return comments
+
+
+def parameters_source(stem: str) -> str:
+    """The ``parameters`` cell of notebook ``stem``: ``name: type = literal  # comment`` per config field."""
+    config = config_class(stem)
+    values = {**CI_SIZED.get(stem, {}), "study": f"notebook-{stem}"}
+    comments = field_comments(config)
+    hints = typing.get_type_hints(config)
+    lines = []
+    for spec in dataclasses.fields(config):
+        if spec.name in values:
+            value = values[spec.name]
+        elif spec.default is not dataclasses.MISSING:
+            value = spec.default
+        else:
+            value = spec.default_factory()
+        try:
+            ast.literal_eval(repr(value))
+        except ValueError:
+            raise ValueError(f"{config.__name__}.{spec.name}: a parameters cell holds literals only, got {value!r}") from None
+        comment = comments.get(spec.name, "").replace("=", "＝")  # papermill cannot parse a comment holding "="
+        lines.append(f"{spec.name}: {hints[spec.name].__name__} = {value!r}  # {comment}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def with_parameters(source: str, stem: str) -> str:
+    """``source`` (py:percent text) with its ``parameters`` cell rewritten from the config."""
+    matches = list(PARAMETERS_CELL.finditer(source))
+    if len(matches) != 1:
+        raise ValueError(f"notebooks/{stem}.py: expected one '# %% tags=[\"parameters\"]' cell, found {len(matches)}")
+    match = matches[0]
+    return source[:match.start("body")] + parameters_source(stem) + source[match.end("body"):]
+
+
+def build(source: str) -> str:
+    """The ``.ipynb`` text of a py:percent ``source``: cells ``cell-NN``, no outputs, python3 kernel."""
+    parsed = jupytext.reads(source, fmt="py:percent")
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    notebook.metadata["language_info"] = {"name": "python"}
+    for index, cell in enumerate(parsed.cells):
+        if cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(cell.source)
+        elif cell.cell_type == "code":
+            new = nbformat.v4.new_code_cell(cell.source)
+            tags = cell.metadata.get("tags", [])
+            if tags:
+                new.metadata["tags"] = list(tags)
+        else:
+            raise ValueError(f"unexpected {cell.cell_type} cell {index}: the sources hold markdown and code cells only")
+        new["id"] = f"cell-{index:02d}"
+        notebook.cells.append(new)
+    nbformat.validate(notebook)
+    return nbformat.writes(notebook) + "\n"
+
+
+def stems(folder: Path | None = None) -> list[str]:
+    return sorted(path.stem for path in (folder or notebooks_folder()).glob("*.py"))
+
+
+def out_of_date(folder: Path | None = None) -> list[str]:
+    """Every source whose parameters cell differs from its config, and every ``.ipynb`` that differs from
+    what its source builds (or is missing), as readable lines; empty when all are current."""
+    folder = folder or notebooks_folder()
+    problems = []
+    for stem in stems(folder):
+        source = (folder / f"{stem}.py").read_text()
+        if with_parameters(source, stem) != source:
+            problems.append(f"notebooks/{stem}.py: parameters cell differs from {config_class(stem).__name__} (run `make notebooks`)")
+        notebook = folder / f"{stem}.ipynb"
+        if not notebook.is_file() or notebook.read_text() != build(source):
+            problems.append(f"notebooks/{stem}.ipynb: differs from notebooks/{stem}.py (run `make notebooks`)")
+    orphans = sorted({path.stem for path in folder.glob("*.ipynb")} - set(stems(folder)))
+    problems += [f"notebooks/{stem}.ipynb: has no source notebooks/{stem}.py" for stem in orphans]
+    return problems
+
+
+def build_all(folder: Path | None = None) -> list[Path]:
+    """Rewrite every source's parameters cell, then every ``.ipynb``; returns the files that changed."""
+    folder = folder or notebooks_folder()
+    changed = []
+    for stem in stems(folder):
+        source_path, notebook_path = folder / f"{stem}.py", folder / f"{stem}.ipynb"
+        source = source_path.read_text()
+        updated = with_parameters(source, stem)
+        if updated != source:
+            source_path.write_text(updated)
+            changed.append(source_path)
+        text = build(updated)
+        if not notebook_path.is_file() or notebook_path.read_text() != text:
+            notebook_path.write_text(text)
+            changed.append(notebook_path)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dmlstudy.experiments.notebooks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["build", "check"])
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        for path in build_all():
+            print("wrote", path.relative_to(project_root()))
+        return 0
+    problems = out_of_date()
+    print("\n".join(problems) or "every notebook equals its source")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Train one method on one dataset
+#
+# The protocol of the study in one notebook: class-balanced batches (P classes × M images), a backbone
+# from timm, a method from `dmlstudy.methods`, evaluation on the **unseen** test classes (zero-shot, as in
+# CUB-200-2011) every `eval_every` epochs, and a run folder `runs/<study>/<run_name>/` holding
+# `config.yaml`, `history.csv`, `metrics.json`, the test embeddings and a checkpoint.
+#
+# The parameters below mirror `dmlstudy.train.TrainConfig` field by field. Their defaults are a
+# CI-sized run (seconds); the study's plans inject real sizes, e.g.
+#
+# ```
+# papermill notebooks/01_train.ipynb out.ipynb -p method triplet -p epochs 12 -p train_classes 0 -p test_classes 0 -p steps_per_epoch 0
+# ```
+
+# %% tags=["parameters"]
+study: str = 'notebook-01_train'  # runs are written to <runs_root>/<study>/<run_name>/
+run_name: str = ''  # default: <dataset>-<method>-seed<seed>
+runs_root: str = ''  # default: <project>/runs
+data_root: str = ''  # default: <project>/data; a dataset lives in <data_root>/<dataset>
+dataset: str = 'synbirds'  # a registered dataset name (dmlstudy.data.list_datasets())
+method: str = 'ms'  # a registered method name (dmlstudy.methods.list_methods())
+method_kwargs: dict = {}  # keyword arguments of the method (e.g. {"K1": 16})
+backbone: str = 'dml_convnet'  # any timm model name
+pretrained: bool = False  # timm pretrained weights (must be available locally)
+checkpoint_path: str = ''  # local backbone weights file, loaded after construction
+freeze_bn: bool = False  # freeze BatchNorm statistics and affine parameters of the backbone
+output_stride: int = 0  # 0: the backbone's own; 8/16 for dilated ResNets (larger feature grid)
+embedding_dim: int = 128  # d, the inference embedding size
+image_size: int = 64  # training crop and test centre-crop size in pixels
+classes_per_batch: int = 16  # P of a P × M class-balanced batch
+samples_per_class: int = 4  # M of a P × M class-balanced batch
+epochs: int = 2  # training epochs
+steps_per_epoch: int = 6  # 0: len(train) // (P·M) batches per epoch
+train_classes: int = 16  # 0: all training classes; n: only the first n (CI-sized runs)
+test_classes: int = 16  # 0: all test classes; n: only the first n
+optimizer: str = 'adamw'  # adam, adamw or sgd
+lr: float = 0.004  # learning rate of the backbone and embedding
+head_lr: float = 0.01  # learning rate of proxies / class centres
+weight_decay: float = 0.0001  # weight decay of the backbone and embedding
+lr_schedule: str = 'cosine'  # constant or cosine (per epoch, to 1 % of lr)
+eval_every: int = 1  # evaluate on the test classes every n epochs (and always after the last)
+recall_ks: list = []  # Recall@K list; empty: the dataset's standard list
+eval_batch_size: int = 256  # batch size when embedding the test set
+num_workers: int = 0  # DataLoader worker processes
+seed: int = 0  # seeds model init, batches and augmentation
+device: str = 'auto'  # auto (CUDA when present), cpu or cuda
+sync_bn: bool = False  # SyncBatchNorm across ranks under torchrun (GPU); or use freeze_bn
+resume: bool = False  # continue from the run folder's checkpoint; a complete run is loaded, not retrained
+progress: bool = False  # tqdm progress bars
+
+# %%
+from dmlstudy import plots
+from dmlstudy.records import seed_everything
+from dmlstudy.train import TrainConfig, load_datasets, run
+
+config = TrainConfig.from_namespace(globals())
+seed_everything(config.seed)
+result = run(config)
+{name: round(value, 4) for name, value in result.metrics.items()}
+
+# %% [markdown]
+# ## Training curves
+#
+# The loss should fall; test Recall@1 is measured on classes the model never saw in training, so it can
+# plateau (or dip) while the loss keeps falling — that gap is what deep metric learning is about.
+
+# %%
+plots.training_curves(result.history, title=f'{config.method} on {config.dataset}');
+
+# %% [markdown]
+# ## Recall@K
+#
+# Recall@K is the share of test queries with at least one same-class image among their K nearest
+# neighbours (cosine similarity; the query itself is excluded).
+
+# %%
+plots.recall_curve(result.metrics, title=f'{config.method} on {config.dataset}');
+
+# %% [markdown]
+# ## Queries and their top-5 retrievals
+#
+# Green frame: same class as the query; red: a different class. Fine-grained errors (a neighbouring class
+# differing in one part) are the interesting ones.
+
+# %%
+evaluation = load_datasets(config)
+plots.retrieval_grid(evaluation["query"], result.embeddings["embeddings"], result.embeddings["labels"], num_queries=5, top_k=5, seed=config.seed);
+
+# %% [markdown]
+# ## Singular-value spectrum
+#
+# Singular values of the (uncentred) matrix of L2-normalised test embeddings, normalised to sum 1.
+# ρ = KL(uniform ‖ spectrum) is the *spectral decay*: small ρ means the embedding uses many directions
+# (a flatter spectrum), which Roth et al. relate to better generalisation to unseen classes.
+
+# %%
+plots.spectrum({config.method: result.embeddings["embeddings"]}, drop_first=0);

@@ -1,0 +1,330 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # CRT — coded residual transform (Kan et al., NeurIPS 2022)
+#
+# **Idea.** A global-pooled feature keeps one view of the image. CRT describes the backbone's feature map
+# from *K* learned perspectives: each prototype $c_k$ codes every location $x_j$ of the map by how well
+# they align, and collects the *residuals* $x_j - c_k$ (the relative difference between what is seen and
+# the prototype, not the feature values themselves):
+#
+# $$a_{jk} = \log\left[1 + \exp(x_j^\top c_k)\right], \qquad
+#   r_k = \sum_{j=1}^{H\times W} a_{jk}\,(x_j - c_k), \qquad
+#   f = \frac{1}{K}\sum_{k=1}^{K} \Gamma_k(r_k).$$
+#
+# Each $\Gamma_k$ is a linear projection of its own; $f$ is L2-normalised. Two embeddings are learned on one
+# backbone: branch 1 ($K_1$ prototypes, $d = 128$, the one used at test time) and branch 2 ($K_2$
+# prototypes, $D = 1024$). With **shared weights** (the paper's default) both branches use one prototype
+# bank and differ only in their $\Gamma$ heads. Training minimises
+#
+# $$L = L_{DIV} + \lambda_1\big(L_{MS}(f^1) + L_{MS}(f^2)\big) + \lambda_2 L_{CON},\qquad
+#   L_{DIV} = \frac{1}{K(K-1)}\sum_{k\neq j}\frac{|c_k^\top c_j|}{\|c_k\|\,\|c_j\|},\qquad
+#   L_{CON} = \operatorname{mean}_{i,j}\,\big|S^{1}_{ij} - S^{2}_{ij}\big|,$$
+#
+# where $S^b$ is the cosine-similarity matrix of branch $b$'s batch embeddings: the low-dimensional
+# embedding must rank the batch like the high-dimensional one (*cross-CRT correlation consistency*).
+# $L_{DIV}$ keeps the prototypes diverse; $L_{MS}$ is Multi-Similarity. Defaults: $\lambda_1 = 1$,
+# $\lambda_2 = 0.9$, $K_1 = K_2 = 64$.
+#
+# **Our choices** (see `dmlstudy/methods/crt.py`): residuals are divided by $H\cdot W$ — with bias-free
+# $\Gamma_k$ and L2 normalisation the embedding is exactly the paper's, only gradient scale changes;
+# $L_{CON}$ is a mean, not a sum; the projections $\Gamma_k$ start at $\sqrt{K}$ times `nn.Linear`'s
+# scale (the $K$ projections together are one map of fan-in $K\cdot C$; under Adam this keeps their
+# relative update size that of an ordinary linear head — with `nn.Linear`'s own init CRT learned at half
+# the baseline's pace here); MS is the project's (α = 2, β = 50, λ = 0.5, ε = 0.1), the same as the `ms`
+# baseline. Every table below trains all its settings under one protocol (printed above it) and reports
+# mean ± std over seeds. The paper's numbers (ImageNet-pretrained MiT-B1 on CUB unless said) are printed
+# beside ours for orientation; each table ends with a sentence, computed from the numbers, saying whether
+# the paper's direction of effect held here. SynBirds stands beside CUB and Glyphs beside Cars.
+#
+# The defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
+# Every sweep parameter is a list; an empty list skips that table.
+
+# %% tags=["parameters"]
+study: str = 'notebook-10_crt'  # runs go to <runs_root>/<study>/
+runs_root: str = ''  # default: <project>/runs
+data_root: str = ''  # default: <project>/data
+datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
+seeds: list = [0]  # one run per seed; tables report mean ± std
+backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
+image_size: int = 64  # pixels
+embedding_dim: int = 128  # d of every method
+classes_per_batch: int = 16  # P
+samples_per_class: int = 4  # M
+epochs: int = 2  # training epochs per run
+steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
+train_classes: int = 16  # 0: all training classes
+test_classes: int = 16  # 0: all test classes
+lr: float = 0.004  # backbone/embedding learning rate
+eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
+progress: bool = False  # tqdm bars inside the notebook
+workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+ablation_datasets: list = ['synbirds']  # datasets of the ablation tables
+ablation_seeds: list = [0]  # seeds of the ablation tables
+components: bool = True  # full / −CRT / −CRT−Consistency table
+multi_perspective: bool = True  # K1 ＝ K2 ＝ 1 against the default 64
+shared_ablation: bool = True  # shared prototype bank against two banks
+k1_values: list = [1]  # K1 sweep (separate banks, K2 ＝ 64); 64 is always added
+k2_values: list = [1]  # K2 sweep (separate banks, K1 ＝ 64); 64 is always added
+lambda2_values: list = [0.0]  # λ2 sweep; 0.9 (the default run) is always added
+batch_sizes: list = [32]  # total batch N ＝ P·M at the protocol M; the protocol batch is always added
+dim_pairs: list = [[32, 64]]  # (d, D) pairs scored on both branches; (128, 1024) is added
+backbones: list = ['test_vit']  # MS vs +CRT per backbone; the protocol backbone is added
+complexity_backbones: list = ['dml_convnet', 'test_resnet', 'test_vit']  # params/FLOPs table
+complexity_image_size: int = 227  # pixels of the params/FLOPs count (227 as in the paper)
+geometry_splits: list = ['test']  # ESD/ρ on these splits (test, train)
+geometry_drop_first: list = [0, 1]  # ρ with these many leading singular values dropped
+heatmap_prototypes: int = 8  # prototypes shown in the code heat maps
+tsne_classes: int = 5  # test classes in the t-SNE plots
+
+# %%
+from dmlstudy import plots
+from dmlstudy.experiments import crt as crt_study
+from dmlstudy.experiments import kit
+from dmlstudy.methods import build_method
+from dmlstudy.models import build_backbone
+from dmlstudy.records import seed_everything
+
+config = crt_study.CRTStudy.from_namespace(globals())
+ablation = config.ablation_protocol()
+seed_everything(0)
+readings = []  # every table's computed one-line reading, gathered at the end
+print("main protocol:    ", config.protocol_text(), "on", config.datasets)
+print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_datasets)
+
+# %% [markdown]
+# ## The transform, annotated
+#
+# The diagram is drawn from a CRT built on the study's backbone, so the sizes are the real ones: the
+# backbone's grid gives $H\cdot W$ tokens; each is coded against every prototype (orange); the coded
+# residuals $r_k$ go through per-prototype projections into the two branches (green); the three losses
+# are in red.
+
+# %%
+seed_everything(0)
+untrained = build_method("crt", backbone=build_backbone(config.backbone, image_size=config.image_size), embedding_dim=config.embedding_dim, num_classes=2)
+figure = crt_study.transform_figure(untrained, image_size=config.image_size)
+plots.save_figure(figure, "crt_transform", study=config.study);
+
+# %% [markdown]
+# ## MS baseline vs +CRT
+#
+# The headline comparison: the plain MS baseline (`ms`: pooled features → FC → MS) and CRT with every
+# default (`crt`), same backbone, batch, epochs and seeds, on both embedded datasets. The paper's
+# MiT-B1 numbers (CUB, Cars) show the size of the effect it reports on real data with a pretrained
+# backbone; a randomly initialised CNN on 64-px synthetic images is a different regime.
+
+# %%
+main_results = kit.run_variants(config, kit.with_baseline(crt_study.crt_variant()))
+table, sentences = crt_study.main_table(main_results)
+readings += kit.report(config, table, sentences, title="MS vs +CRT (R@K and MAP@R in %)")
+
+# %% [markdown]
+# ## Ablations
+#
+# The paper's ablation tables, CPU-sized: run on `ablation_datasets` with `ablation_seeds` (often one
+# seed: then a difference of a point or two is not evidence). Settings that coincide share one run.
+#
+# ### Components
+#
+# *Full* is CRT; *−CRT* keeps two branches and $L_{CON}$ but replaces the transform by pooled features
+# and FC heads ($d$ and $D$); *−CRT−Consistency* is the plain MS baseline. The paper gains 1.98 points
+# from the transform and 1.72 from the two-branch consistency.
+
+# %%
+if config.components:
+    results = kit.run_variants(ablation, crt_study.component_variants(), datasets=config.ablation_datasets)
+    table, sentences = crt_study.components_table(results)
+    readings += kit.report(ablation, table, sentences, title="Components")
+
+# %% [markdown]
+# ### Multi-perspective transform
+#
+# *w/o* uses a single prototype per branch ($K_1 = K_2 = 1$): one perspective, one coded residual.
+
+# %%
+if config.multi_perspective:
+    labels = {crt_study.crt_variant()[0]: "w (K1 = K2 = 64)", crt_study.crt_variant(K1=1, K2=1)[0]: "w/o (K1 = K2 = 1)"}
+    variants = dict([crt_study.crt_variant(), crt_study.crt_variant(K1=1, K2=1)])
+    results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
+    table, sentences = crt_study.pair_table(results, labels=labels, paper=crt_study.PAPER_MULTI_PERSPECTIVE, what="multi-perspective (K = 64) − single (K = 1)")
+    readings += kit.report(ablation, table, sentences, title="Multi-perspective")
+
+# %% [markdown]
+# ### Shared weights between the branches
+#
+# Sharing one prototype bank computes the coded residuals once; the paper found no loss in accuracy
+# (75.95 vs 75.96), so it keeps sharing for its lower cost. The cost sentence (seconds per epoch,
+# parameters) comes from the runs' records.
+
+# %%
+if config.shared_ablation:
+    labels = {crt_study.crt_variant()[0]: "w (shared)", crt_study.crt_variant(shared=False)[0]: "w/o (separate)"}
+    variants = dict([crt_study.crt_variant(), crt_study.crt_variant(shared=False)])
+    results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
+    table, sentences = crt_study.pair_table(results, labels=labels, paper=crt_study.PAPER_SHARED, what="shared − separate banks")
+    sentences.append(crt_study.cost_sentence(results, cheaper=crt_study.crt_variant()[0], dearer=crt_study.crt_variant(shared=False)[0]))
+    readings += kit.report(ablation, table, sentences, title="Shared weights")
+
+# %% [markdown]
+# ### Number of prototypes: $K_1$ (branch 1) and $K_2$ (branch 2)
+#
+# One branch's $K$ varies while the other stays at 64, with separate banks (sharing requires
+# $K_1 = K_2$; the paper's $K_1$ table must have done the same — its $K_1 = 64$ row equals its
+# "w/o shared weights" result). The paper finds $K_1$ nearly irrelevant (a 0.5-point spread) and
+# $K_2$ = 64 best.
+
+# %%
+for branch, values, paper in ((1, config.k1_values, crt_study.PAPER_K1), (2, config.k2_values, crt_study.PAPER_K2)):
+    if not values:
+        continue
+    variants = crt_study.k_sweep_variants(values, branch=branch)
+    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
+    table, sentences = crt_study.sweep_table(results, variants=variants, paper=paper, name=f"K{branch}")
+    readings += kit.report(ablation, table, sentences, title=f"K{branch} sweep (separate banks)")
+
+# %% [markdown]
+# ### Weight of the consistency loss, $\lambda_2$
+#
+# $\lambda_2 = 0$ trains two independent branches on one backbone; the paper's R@1 rises by almost 3
+# points up to $\lambda_2 = 0.9$.
+
+# %%
+if config.lambda2_values:
+    variants = crt_study.lambda2_variants(config.lambda2_values)
+    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
+    table, sentences = crt_study.sweep_table(results, variants=variants, paper=crt_study.PAPER_LAMBDA2, name="λ2")
+    readings += kit.report(ablation, table, sentences, title="λ2 sweep")
+
+# %% [markdown]
+# ### Batch size
+#
+# $N = P \cdot M$ with the protocol's $M$ images per class; $L_{CON}$ compares $N \times N$ similarity
+# matrices, so it sees more structure in larger batches. The paper's best is $N = 80$, with 32 the worst.
+# With a full pass per epoch, a larger batch also means fewer steps.
+
+# %%
+if config.batch_sizes:
+    variants = crt_study.batch_variants(config.batch_sizes, ablation)
+    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
+    table, sentences = crt_study.sweep_table(results, variants=variants, paper=crt_study.PAPER_BATCH, name="N")
+    readings += kit.report(ablation, table, sentences, title="Batch size N")
+
+# %% [markdown]
+# ### Embedding sizes $(d, D)$, scored on both branches
+#
+# Each run is evaluated twice: with branch 1 ($d$, the test-time embedding) and with branch 2 ($D$). In the
+# paper the high-dimensional branch 2 is usually (4 of 5 pairs) slightly better, and a larger $d$ helps
+# branch 1.
+
+# %%
+if config.dim_pairs:
+    variants = crt_study.dim_variants(config.dim_pairs, ablation)
+    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
+    table, sentences = crt_study.dims_table(results, variants)
+    readings += kit.report(ablation, table, sentences, title="(d, D) on both branches")
+
+# %% [markdown]
+# ### Backbones
+#
+# MS vs +CRT on several timm backbones, all randomly initialised at 64 px with a 4 × 4 grid (ResNets at
+# output stride 16, ViTs with `img_size` = 64). The paper's table (pretrained backbones, 227 px) follows ours.
+
+# %%
+if config.backbones:
+    variants = crt_study.backbone_variants(config.backbones, ablation)
+    grid = {name: spec for pair in variants.values() for name, spec in pair.values()}
+    results = kit.run_variants(ablation, grid, datasets=config.ablation_datasets)
+    table, sentences = crt_study.backbone_table(results, variants)
+    readings += kit.report(ablation, table, sentences, title="MS vs +CRT per backbone (R@1 %)")
+    print("paper (R@1 %, pretrained, 227 px):")
+    print(crt_study.paper_backbone_table().to_string(index=False))
+
+# %% [markdown]
+# ### Parameters and FLOPs
+#
+# Counted for one image at the paper's 227 px (`torch.utils.flop_counter`, 2 FLOPs per multiply-add).
+# The paper's table counts backbones only; we add the MS head and CRT's heads: at test time CRT keeps
+# one bank ($K \cdot C$) and the branch-1 projections ($K \cdot C \cdot d$); training adds branch 2
+# ($K \cdot C \cdot D$). With one full projection per prototype the heads grow with the backbone's width $C$.
+
+# %%
+if config.complexity_backbones:
+    ours, paper = crt_study.complexity_table(config.complexity_backbones, image_size=config.complexity_image_size, embedding_dim=config.embedding_dim)
+    print(f"ours, {config.complexity_image_size} px, d = {config.embedding_dim}:")
+    print(ours.to_string(index=False))
+    print("paper (backbones only, 227 px):")
+    print(paper.to_string(index=False))
+    for sentence in crt_study.complexity_sentences(ours):
+        print("→", sentence)
+    readings += [f"Complexity — {sentence}" for sentence in crt_study.complexity_sentences(ours)]
+
+# %% [markdown]
+# ## Generalisation: embedding-space density and spectral decay
+#
+# *ESD* $= \pi_{intra}/\pi_{inter}$ (cosine distances; higher = classes less over-compressed) and spectral
+# decay $\rho = KL(\mathcal{U}\,\|\,\tilde s)$ of the normalised singular values (lower = a flatter
+# spectrum, more directions used). Roth et al. tie high density and low decay to better transfer to unseen
+# classes; the paper reports CRT raising ESD and lowering ρ on all four datasets. Computed from the main
+# runs' branch-1 embeddings, per split and per `drop_first` (how many leading singular values are dropped;
+# the paper does not say).
+
+# %%
+table, sentences = crt_study.split_geometry_table(main_results, splits=config.geometry_splits, drop_first=config.geometry_drop_first)
+readings += kit.report(config, table, sentences, title="ESD and spectral decay")
+for dataset in config.datasets:
+    embeddings = {variant: result.embeddings["embeddings"] for variant, result in main_results if result.config.dataset == dataset and result.config.seed == config.seeds[0]}
+    figure = plots.spectrum(embeddings, drop_first=config.geometry_drop_first[-1] if config.geometry_drop_first else 0, title=f"{dataset} test spectrum, seed {config.seeds[0]}")
+    plots.save_figure(figure, f"crt_spectrum_{dataset}", study=config.study)
+
+# %% [markdown]
+# ## What the prototypes look at
+#
+# **Code heat maps.** $a_{jk} = \mathrm{softplus}(x_j^\top c_k)$ on the backbone grid for the 8 most
+# spatially selective prototypes of the trained `crt` run, upsampled to the image and overlaid (each map
+# scaled to its own range). Look for prototypes that fire on the bird and others on the background — the
+# paper shows prototypes responding to different local or global views. Our grid is 4 × 4, so the maps
+# are coarse.
+
+# %%
+reference = kit.find_run(main_results, "crt", dataset=config.datasets[0])
+query = crt_study.evaluation_split(reference.config, "test")
+figure = plots.crt_heatmap_figure(reference.method, query, [0, len(query) // 2], prototypes=config.heatmap_prototypes)
+plots.save_figure(figure, "crt_heatmaps", study=config.study);
+
+# %% [markdown]
+# **Prototype correlations.** $|\cos(c_k, c_j)|$ between the learned prototypes; $L_{DIV}$ pushes the
+# off-diagonal towards zero (diverse perspectives).
+
+# %%
+figure = plots.crt_correlation_figure(reference.method)
+plots.save_figure(figure, "crt_prototype_correlation", study=config.study);
+
+# %% [markdown]
+# **t-SNE of the two branches.** Test embeddings of the first classes from branch 2 ($D$) and branch 1
+# ($d$). $L_{CON}$ asks both to rank the batch alike, so the two maps should show similar cluster
+# structure. (Exact t-SNE for up to 1,000 points: scikit-learn's Barnes-Hut was ~10× slower here.)
+
+# %%
+figure = crt_study.branch_tsne_figure(reference, classes=config.tsne_classes)
+plots.save_figure(figure, "crt_tsne", study=config.study);
+
+# %% [markdown]
+# ## Readings
+#
+# Every table's computed sentence, in one place.
+
+# %%
+for reading in readings:
+    print("•", reading)

@@ -1,0 +1,258 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Cross-image attention for conditional embeddings (Kotovenko et al., CVPR 2023)
+#
+# **Idea.** A standard embedding $\phi(E(I_i))$ pools the feature map $E(I_i) \in \mathbb{R}^{hw\times c}$ of
+# image $i$ *before* it knows which image it will be compared with. During training we do know: every pair
+# of the batch enters the loss. So let the embedding of $i$ be **conditioned** on its partner $j$: the
+# partner's embedding is the query of a cross-attention over $i$'s locations (Eq. 1–2),
+#
+# $$\mathrm{Attn}(q, E_i) = \operatorname{softmax}\!\Big(\frac{Q(\hat q)\,K(\mathrm{LN}(E_i))^\top}{\sqrt d}\Big) \in \mathbb{R}^{1\times hw},
+#   \qquad \mathrm{CA}(q, E_i, E_i) = \mathrm{Attn}(q, E_i)\;V(\mathrm{LN}(E_i)),\qquad \hat q = q/\|q\|,$$
+#
+# with linear maps $Q: d\to d$ and $K, V: c \to d$, one head, no residual, MLP or output projection.
+# Repeating it builds a **hierarchy** of conditional embeddings (Eq. 4),
+#
+# $$\phi^0(i) = \mathrm{Linear}\big(\mathrm{avgpool}\,E_i\big),\qquad
+#   \phi^n(i\,|\,j) = \mathrm{CA}\big(\phi^{n-1}(j\,|\,i),\ E_i,\ E_i\big),\quad n = 1..N,$$
+#
+# and the loss is Multi-Similarity on the similarity of the last level (Eq. 5–6),
+#
+# $$s^n(i, j) = \cos\big(\phi^n(i\,|\,j),\ \phi^n(j\,|\,i)\big), \qquad \mathcal L = \mathrm{MS}\big(s^N\big).$$
+#
+# Gradients reach the encoder $E$ directly through the keys and values of every block, not only through the
+# pooling of $\phi^0$. **At test time only $\phi^0$ is used**: the same network, parameters and cost as the MS
+# baseline; the blocks exist only during training.
+#
+# **Our implementation** (`dmlstudy/methods/cross_attention.py`): all ordered pairs of a batch at once, a
+# $B\times B\times d$ tensor per level with two einsums; keys and values once per image; one block shared by
+# all levels (default: the paper's 27.7M parameters only fit shared blocks); one LayerNorm per block on
+# $E_i$; MS with the study's settings (α = 2, β = 50, λ = 0.5, ε = 0.1), the same as the `ms` baseline.
+# With $N = 0$ the method *is* the MS baseline. Options (not the paper's default): independent blocks,
+# a residual $\phi^n(i|j) = \phi^{n-1}(i|j) + \mathrm{CA}(\ldots)$, and MS on $s^0$ added to the loss.
+#
+# Every table trains its settings under one protocol (printed above it) and reports mean ± std over seeds.
+# The paper's numbers (ImageNet-pretrained ResNet-50, 224 px, d = 512, real data) are printed beside ours for
+# orientation; SynBirds stands beside CUB and Glyphs beside Cars. Each table ends with sentences computed
+# from the numbers. The defaults below are CI-sized (seconds, meaningless numbers); the study's plans
+# inject real sizes.
+
+# %% tags=["parameters"]
+study: str = 'notebook-30_cross_attention'  # runs go to <runs_root>/<study>/
+runs_root: str = ''  # default: <project>/runs
+data_root: str = ''  # default: <project>/data
+datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
+seeds: list = [0]  # one run per seed; tables report mean ± std
+backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
+image_size: int = 64  # pixels
+embedding_dim: int = 128  # d of every method
+classes_per_batch: int = 16  # P
+samples_per_class: int = 4  # M
+epochs: int = 2  # training epochs per run
+steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
+train_classes: int = 16  # 0: all training classes
+test_classes: int = 16  # 0: all test classes
+lr: float = 0.004  # backbone/embedding learning rate
+eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
+progress: bool = False  # tqdm bars inside the notebook
+workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+ablation_datasets: list = ['synbirds']  # datasets of the N × n grid, the options and the parameter table
+ablation_seeds: list = [0]  # seeds of the ablations
+block_counts: list = [0, 6]  # trained N, the rows of the grid (N 0 is the ms run, N 6 the cross_attention run)
+rescoring_subset: int = 100  # test images scored all-against-all with sⁿ (0: the whole test set)
+options: list = []  # extra variants: independent, residual, unconditional_loss
+larger_backbone: str = 'test_resnet'  # MS without blocks on this (bigger) backbone; "" skips the table
+attention_blocks: list = [2, 4, 6]  # blocks whose attention maps are drawn
+attention_examples: int = 2  # image triples (x, a same class, b other class) in the attention figure
+part_queries: int = 2  # query images of the local-part figure (one location each)
+part_neighbours: int = 6  # most similar locations shown per query
+
+# %%
+import matplotlib.pyplot as plt
+from IPython.display import display
+
+from dmlstudy import plots
+from dmlstudy.experiments import cross_attention as ca_study
+from dmlstudy.experiments import kit
+from dmlstudy.records import seed_everything
+from dmlstudy.train import load_datasets
+
+config = ca_study.CrossAttentionStudy.from_namespace(globals())
+ablation = config.ablation_protocol()
+seed_everything(0)
+readings = []  # every table's computed reading, gathered at the end
+print("main protocol:    ", config.protocol_text(), "on", config.datasets)
+print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_datasets)
+
+# %% [markdown]
+# ## The hierarchy, drawn
+#
+# One pair $(i, j)$ of the batch. Level $n$ of image $i$ uses level $n-1$ of image $j$ as its query (orange,
+# crossing over) and attends over its own feature map (blue: keys and values, computed once per image and
+# reused by every level when the block is shared). The last level's cosine is the similarity the loss sees.
+
+# %%
+figure = ca_study.hierarchy_diagram(levels=3, embedding_dim=config.embedding_dim)
+plots.save_figure(figure, "cross_attention_hierarchy", study=config.study);
+
+# %% [markdown]
+# ## MS baseline vs cross-attention (evaluated with $s^0$)
+#
+# The paper's Table 1 on our data: `ms` (pooled features → linear → MS) against `cross_attention` (the same
+# network trained through $N = 6$ shared blocks), both evaluated with the plain embedding $\phi^0$, on both
+# embedded datasets. R@1, R@2 and NMI (k-means with k = number of test classes) as in the paper, plus the
+# measured training seconds per epoch (the training-time cost of the blocks). The paper's MS row is the
+# original MS paper's BN-Inception result, its own row ResNet-50: the gap it reports (+8.9 R@1 on CUB) mixes
+# backbone and method; ours compares like with like.
+
+# %%
+main_results = kit.run_variants(config, kit.with_baseline(ca_study.variant()))
+table, sentences = ca_study.main_table(main_results)
+readings += sentences
+print(config.protocol_text())
+display(table)
+print("\n".join(sentences))
+
+# %% [markdown]
+# ## How much training signal reaches the test-time embedding?
+#
+# At test time only $\phi^0$ is used, but in the paper's block $\phi^0$ reaches the loss only as the
+# *query* of level 1, whose output is the query of level 2, and so on: through $N$ softmaxes whose logits
+# are small at initialisation (unit-norm $\hat q$, divided by $\sqrt d$). The table measures, on one training
+# batch at initialisation (same seed, so the same weights), the gradient norm reaching $\phi$'s weights and
+# the first convolution, for MS, the method at several $N$, and the two options that give $\phi^0$ a direct
+# path to the loss (the residual, and MS on $s^0$). The backbone itself gets *more* gradient with the
+# blocks (keys and values at every level), as the paper argues.
+
+# %%
+gradients = ca_study.initial_gradients(config, dataset=config.datasets[0], variants=ca_study.gradient_variants())
+print(config.protocol_text(), "on", config.datasets[0], "— one training batch at initialisation")
+display(gradients)
+readings.append(ca_study.gradient_reading(gradients))
+print(readings[-1])
+
+# %% [markdown]
+# ## Does a deeper hierarchy help, and should $s^n$ ($n > 0$) be used at test time? (the paper's Figure 3)
+#
+# Rows: models trained with $N$ blocks ($N = 0$ is the MS run). Columns: the level $n \le N$ whose similarity
+# $s^n$ ranks the test images. $n > 0$ needs its own hierarchy for *every pair*, so it is scored
+# all-against-all on a seeded random subset of the test set (`rescoring_subset` images; the query excluded):
+# its R@1 is higher than on the full test set (a smaller gallery), so compare within the grid. The last column
+# is each model's full-test R@1 with $s^0$. The paper's caption says higher $s^n$ *degrade* retrieval, its
+# text that they give a *slight improvement*; the sentence under the heat map settles it on our data.
+
+# %%
+grids = {}
+for dataset in config.ablation_datasets:
+    runs = ca_study.run_block_grid(ablation, config.block_counts, dataset=dataset)
+    grids[dataset] = ca_study.rescoring_grid(runs, subset=config.rescoring_subset, seed=0)
+    print(ablation.protocol_text(), f"on {dataset}; sⁿ scored on {config.rescoring_subset or 'all'} test images")
+    display(grids[dataset].round(1))
+    figure = ca_study.grid_heatmap(grids[dataset], title=f"R@1 (%) of sⁿ on a {dataset} test subset")
+    plots.save_figure(figure, f"cross_attention_grid_{dataset}", study=config.study)
+    plt.show()
+    sentences = [f"{dataset}: {text}" for text in ca_study.grid_readings(grids[dataset])]
+    readings += sentences
+    print("\n".join(sentences))
+
+# %% [markdown]
+# ## Attention maps of blocks 2, 4 and 6
+#
+# For an image $x$ of the test set we record (with forward hooks, from the ordinary forward pass) the
+# attention over $x$'s locations at each block when $x$ is conditioned on image $a$ of the same class (top
+# row) and on image $b$ of another class (bottom row); the middle row is their difference (red: more weight
+# when conditioned on $a$). The left column shows $a$, $x$ and $b$. The paper reports that deeper blocks
+# focus on fewer details and that the map of the same image changes with the conditioning image. The table
+# under the figure measures both: the entropy of the attention per block ($\log T$ is uniform) and the
+# total variation between the two maps.
+
+# %%
+model_run = kit.find_run(main_results, "cross_attention", dataset=config.datasets[0])
+test_set = load_datasets(model_run.config)["query"]
+triples = ca_study.attention_triples(test_set.labels, config.attention_examples, seed=0)
+figure = ca_study.attention_figure(model_run.method, test_set, triples, blocks=config.attention_blocks)
+plots.save_figure(figure, "cross_attention_maps", study=config.study)
+plt.show()
+statistics = ca_study.attention_statistics(model_run.method, test_set, triples)
+display(statistics)
+readings.append(ca_study.attention_reading(statistics))
+print(readings[-1])
+
+# %% [markdown]
+# ## Local part discovery (the paper's Figure 5)
+#
+# The encoder never sees part labels, yet its local features may come to describe parts. For the most
+# activated interior location of a query image (orange outline; border cells are left out because zero
+# padding dominates them), every other test image contributes its most similar
+# location (cosine of backbone features); the most similar ones are shown as crops of two grid cells, framed
+# green when the image is of the query's class and red otherwise. The table compares the share of green with
+# chance.
+
+# %%
+figure, parts = ca_study.part_discovery(model_run.method, test_set, queries=config.part_queries, neighbours=config.part_neighbours, seed=0)
+plots.save_figure(figure, "cross_attention_parts", study=config.study)
+plt.show()
+display(parts)
+readings.append(ca_study.parts_reading(parts))
+print(readings[-1])
+
+# %% [markdown]
+# ## Parameters: the blocks vs a bigger backbone (the paper's Sec. 4.1.2)
+#
+# Are the gains just extra parameters? The paper's ResNet-50 + 6 blocks (27.7M) beats an MS ResNet-101
+# (45.3M). Here: MS, MS + blocks, and MS on a larger backbone without blocks (`larger_backbone`). The blocks
+# count only at training time; at inference the cross-attention model has exactly the baseline's parameters.
+
+# %%
+if config.larger_backbone:
+    larger_name, _ = ca_study.larger_backbone_variant(config.larger_backbone)
+    parameter_results = kit.run_variants(ablation, ca_study.parameter_variants(config.larger_backbone), datasets=config.ablation_datasets)
+    table, sentences = ca_study.parameter_table(parameter_results, larger=larger_name)
+    readings += sentences
+    print(ablation.protocol_text(), "on", config.ablation_datasets)
+    display(table)
+    print("\n".join(sentences))
+else:
+    print("larger_backbone is empty: table skipped")
+
+# %% [markdown]
+# ## Options (not in the paper's default)
+#
+# Independent blocks (N × the block parameters), a residual on the image's own previous level, and MS on
+# $s^0$ added to the loss, each against the default at $N = 6$, evaluated with $s^0$ as always. The last two
+# give $\phi^0$ the direct path to the loss that the gradient table above shows missing. Skipped when
+# `options` is empty.
+
+# %%
+if config.options:
+    option_variants = ca_study.option_variants(config.options)
+    option_results = kit.run_variants(ablation, ca_study.ablation_grid(option_variants), datasets=config.ablation_datasets)
+    table, sentences = ca_study.options_table(option_results, option_variants)
+    readings += sentences
+    print(ablation.protocol_text(), "on", config.ablation_datasets)
+    display(table)
+    print("\n".join(sentences))
+else:
+    print("options is empty: table skipped")
+
+# %% [markdown]
+# ## Readings
+#
+# Every sentence above, computed from this run's numbers. The training-time overhead per step at batch 32,
+# 64 and 128 is measured separately in `benchmarks/bench_cross_attention.py`
+# (`benchmarks/results_cross_attention.md`).
+
+# %%
+print("\n".join(f"- {text}" for text in readings))

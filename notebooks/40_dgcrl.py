@@ -1,0 +1,244 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # DGCRL — Normalize-Scale layer and decorrelated centre loss (Zheng et al., AAAI 2019)
+#
+# **Idea.** Pair and triplet losses only see the relations inside a batch. DGCRL instead keeps one learned
+# centre $w_c$ per training class and ranks every feature against *all* centres — a global structure —
+# while making the training objective agree with the test-time metric (cosine / Euclidean distance between
+# L2-normalised embeddings).
+#
+# 1. **Normalize-Scale (N-S) layer** (Eq. 1): $\hat x = \alpha\, x / \lVert x\rVert_2$, α = 128. Features
+#    live on a sphere of radius α, as they do (radius 1) at test time.
+# 2. **Global centralized ranking loss, GCRL** (Eq. 2), the "slow" distance form:
+#    $$L = \frac{1}{B}\sum_i \max\Big(0,\; m + \lVert \hat x_i - w_{y_i}\rVert - \frac{1}{C-1}\sum_{j\ne y_i}\lVert \hat x_i - w_j\rVert\Big).$$
+# 3. **Accelerated: a softmax** (Eq. 5, 8). On the sphere,
+#    $\lVert \hat x - w_j\rVert^2 = \alpha^2 + \lVert w_j\rVert^2 - 2\,\hat x^\top w_j$; if the centre norms
+#    are equal, ranking centres by distance is ranking them by the logit $\hat x^\top w_j$, and the
+#    cross-entropy of the logits, with the margin $m = 4$ subtracted from the target logit, is a
+#    large-margin version of GCRL that trains like a classifier.
+# 4. **Centre decorrelation** (Eq. 10–13): the centres should be orthogonal ($W^\top W = I$). The paper
+#    implements it by Gram–Schmidt on the centre gradients: each centre's gradient is made perpendicular
+#    to the centre (so ‖w_i‖ stays fixed — what Eq. 8 needs), then
+#    $\frac{\lambda}{|\Omega|}\sum_{j\ne i}\langle w_i, \hat w_j\rangle \hat w_j$ is added (λ = 0.1,
+#    |Ω| = C(C−1)): a step removes from $w_i$ its components along the other centres, and the push vanishes
+#    once they are orthogonal.
+#
+# **Our choices** (`dmlstudy/methods/dgcrl.py`, project notes §4): the feature is the concatenation of the
+# separately L2-normalised global-average and global-max pooled backbone maps, **projected to d = 128**
+# (the study's protocol fixes d for every method; the paper uses the raw 2C-dimensional feature); centres
+# are initialised like an FC layer and trained at the protocol's head learning rate. Three decorrelations:
+# `paper` (the gradient hook above; Eq. 13 read literally would *add* correlation, so we do not), `code`
+# (the authors' release: $0.5\cdot\mathrm{CE}(WW^\top, I)$ plus $W \ge 0$ after every step — applied at
+# the start of each loss call, which is the same trajectory) and `none`. GCRL is its own method (`gcrl`).
+# The "softmax without N-S" baseline is the same head with a plain softmax (no N-S, no margin, no
+# decorrelation). Optimiser: AdamW for every method (the protocol), so the hook's gradient is rescaled per
+# coordinate by Adam.
+#
+# Every table trains all its settings under one protocol (printed above it), reports mean ± std over seeds
+# and ends with a sentence computed from the numbers saying whether the paper's direction of effect held
+# here. The paper's numbers (ImageNet-pretrained ResNet-50, CUB-200-2011 / CARS196) are printed beside ours
+# for orientation: a randomly initialised CNN on 64-px synthetic images is a different regime. SynBirds
+# stands beside CUB and Glyphs beside Cars.
+#
+# The defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
+# Every sweep parameter is a list; an empty list leaves only the default setting in that table.
+
+# %% tags=["parameters"]
+study: str = 'notebook-40_dgcrl'  # runs go to <runs_root>/<study>/
+runs_root: str = ''  # default: <project>/runs
+data_root: str = ''  # default: <project>/data
+datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
+seeds: list = [0]  # one run per seed; tables report mean ± std
+backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
+image_size: int = 64  # pixels
+embedding_dim: int = 128  # d of every method
+classes_per_batch: int = 16  # P
+samples_per_class: int = 4  # M
+epochs: int = 2  # training epochs per run
+steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
+train_classes: int = 16  # 0: all training classes
+test_classes: int = 16  # 0: all test classes
+lr: float = 0.004  # backbone/embedding learning rate
+eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
+progress: bool = False  # tqdm bars inside the notebook
+workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+main_variants: list = ['ms', 'softmax', 'dgcrl']  # main table on every dataset and seed
+ablation_datasets: list = ['synbirds']  # datasets of the ablation tables
+ablation_seeds: list = [0]  # seeds of the ablation tables
+alphas: list = [1.0]  # α of the N-S sweep (Fig. 3: 1 … 256); 128 is always added
+lambdas: list = []  # λ of the Gram–Schmidt push (Table 2: 0, .1, .2, .4); 0.1 is added
+losses: list = ['triplet-ns']  # Table 3 losses (triplet-ns, lifted-ns, gcrl); dgcrl is added
+decorrelations: list = []  # beside the default paper hook: code, none
+table_ks: list = [1, 2, 4, 8, 16, 32]  # K of the Recall@K tables (the paper's)
+accuracy_items: int = 128  # training images scored with the centres (Fig. 3, right)
+timing_rounds: int = 1  # side-by-side timed training steps per loss (after one warm-up step)
+timing_clock: str = 'cpu'  # cpu (one thread's CPU time: steady on a shared machine) or wall
+toy_steps: int = 40  # SGD steps of the decorrelation toy
+tsne_variants: list = ['dgcrl']  # t-SNE panels (ablation dataset, first seed)
+tsne_classes: int = 10  # test classes in the t-SNE plots
+tsne_iterations: int = 300  # t-SNE optimisation steps (scikit-learn's minimum is 250)
+
+# %%
+from dmlstudy import plots
+from dmlstudy.experiments import dgcrl as dgcrl_study
+from dmlstudy.experiments import kit
+from dmlstudy.records import seed_everything
+
+config = dgcrl_study.DGCRLStudy.from_namespace(globals())
+ablation = config.ablation_protocol()
+seed_everything(0)
+readings = []  # every table's computed reading, gathered at the end
+print("main protocol:    ", config.protocol_text(), "on", config.datasets)
+print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_datasets)
+
+# %% [markdown]
+# ## Why normalisation + scale turns the centre distance into a softmax (Eq. 8)
+#
+# With $\lVert\hat x\rVert = \alpha$ and all $\lVert w_j\rVert$ equal,
+# $-\tfrac12\lVert\hat x - w_j\rVert^2 = \hat x^\top w_j - \tfrac12(\alpha^2 + \lVert w\rVert^2)$: the two
+# score vectors differ by a constant per row, so their softmaxes are identical. Below, the largest
+# difference between the two softmaxes on random data: zero (to rounding) with equal centre norms, and not
+# zero when the norms differ — which is why the `paper` hook keeps each centre's update perpendicular to it.
+
+# %%
+for equal in (True, False):
+    gap = dgcrl_study.distance_softmax_gap(equal_norms=equal)
+    print(f"equal centre norms = {equal!s:5}: max |softmax(x̂·W) − softmax(−½‖x̂ − w‖²)| = {gap:.2e}")
+
+# %% [markdown]
+# ## What the decorrelation does: a 3-D toy
+#
+# Three centres in 3-D, started strongly correlated (mean |cos| ≈ 0.9), trained by plain SGD. The 3-D
+# panels show the unit centres at the start and after the decorrelation acting *alone*: the `paper` push
+# (λ exaggerated to 1 for the toy: |Ω| = 6 here against 9,900 for 100 classes) makes them orthogonal
+# (mean |cos| → 0); the authors' `code` regulariser with $W \ge 0$, $\mathrm{CE}(WW^  op, I)$, decorrelates by
+# moving the non-negative centres towards disjoint supports, more slowly. On the right, solid lines add the
+# margin-softmax gradient of 40 random features: the push keeps the centres well below the λ = 0 curve, but
+# it now competes with the loss — which is what the λ table below measures on real training.
+
+# %%
+figure = dgcrl_study.toy_figure(steps=config.toy_steps)
+plots.save_figure(figure, "dgcrl_toy_decorrelation", study=config.study);
+
+# %% [markdown]
+# ## MS baseline vs softmax without N-S vs DGCRL
+#
+# The headline comparison on both embedded datasets, every seed. `ms` is the study's baseline (pooled
+# feature → FC → Multi-Similarity); `softmax` is DGCRL's head trained as a plain classifier; `dgcrl` adds the
+# N-S layer, the margin and the `paper` decorrelation. The paper's Table 1 R@1 (DGCRL) is beside ours.
+
+# %%
+main_results = kit.run_variants(config, dgcrl_study.named_variants(config.main_variants))
+table, sentences = dgcrl_study.main_table(main_results)
+readings += kit.report(config, table, sentences, title="MS vs softmax without N-S vs DGCRL (R@K, MAP@R, NMI in %)")
+
+# %% [markdown]
+# ## Ablations
+#
+# The paper's ablations, CPU-sized: run on `ablation_datasets` with `ablation_seeds` (often one seed: a
+# difference of a point or two is then not evidence). Settings that coincide share one run: α = 128,
+# λ = 0.1 and the `paper` decorrelation are all the `dgcrl` run.
+#
+# ### The scale α (paper Fig. 3)
+#
+# Test Recall@K and the centres' training accuracy for each α. The paper: poor when α is small (the
+# "degeneration" of a unit sphere: with ‖x̂‖ = α the logits cannot exceed α‖w‖, so the softmax stays flat
+# and the margin dominates), stable for α ≥ 16, and flat beyond 128. The training accuracy is measured with
+# the centres on `accuracy_items` training images. Look for the two curves separating: high training
+# accuracy with low test recall is the overfitting the paper attributes to small α.
+
+# %%
+variants = dgcrl_study.alpha_variants(config.alphas)
+results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
+alpha_frame = dgcrl_study.alpha_frame(results, variants, ks=config.table_ks, items=config.accuracy_items)
+shown = alpha_frame.assign(**{c: (100 * alpha_frame[c]).round(1) for c in alpha_frame.columns if c.startswith("R@") or c == "train accuracy"})
+readings += kit.report(ablation, shown, dgcrl_study.alpha_sentence(alpha_frame), title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")")
+figure = dgcrl_study.alpha_figure(alpha_frame)
+plots.save_figure(figure, "dgcrl_alpha_sweep", study=config.study);
+
+# %% [markdown]
+# ### The weight λ of the Gram–Schmidt push (paper Table 2)
+#
+# λ = 0 keeps the projection of each centre's gradient (norm-preserving) but not the push. The paper's best
+# is λ = 0.1 (+1.2 R@1 over λ = 0), with too strict a condition (λ = 0.4) hurting. Note the scale: the push
+# is divided by |Ω| = C(C − 1), so for 100 training classes λ = 0.1 weighs the push by 10⁻⁵ against the
+# cross-entropy gradient — the "centre |cos|" column shows whether it moved the centres at all.
+
+# %%
+variants = dgcrl_study.lambda_variants(config.lambdas)
+results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
+table, sentences = dgcrl_study.lambda_table(results, variants, ks=config.table_ks)
+readings += kit.report(ablation, table, sentences, title="λ (R@K in %)")
+
+# %% [markdown]
+# ### The three decorrelations side by side
+#
+# `paper` (gradient hook), `code` (the authors' regulariser with non-negative centres) and `none`; the last
+# column is the mean |cos| between the final centres.
+
+# %%
+variants = dgcrl_study.decorrelation_variants(config.decorrelations)
+results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
+table, sentences = dgcrl_study.decorrelation_table(results, variants, ks=config.table_ks)
+readings += kit.report(ablation, table, sentences, title="Decorrelation variants (R@K in %)")
+
+# %% [markdown]
+#     ### Losses at equal settings (paper Table 3) and training speed
+#
+#     The paper swaps GCRL for other losses "under the same setting of the rest components" and reports the
+#     epochs each needed: triplet 100, lifted structure 56, CRL (the distance form, our `gcrl`) 96, DGCRL 20 —
+#     and, in the abstract, a 5× speed-up over triplet. Here every loss runs on DGCRL's head (pooling,
+#     projection, N-S) for the protocol's epochs, evaluated after every epoch: *best epoch* is the first epoch
+#     with the run's highest test R@1 (capped by the protocol's epoch count — if most losses peak at the last
+#     epoch, the budget, not the loss, decided it). Seconds per epoch: the runs' own records (taken at different
+#     times on a shared machine) and a side-by-side measurement of one training step per loss in this process,
+#     times the steps of an epoch (with `timing_clock = "cpu"`: one thread's CPU seconds, steady on a shared
+# machine — read the ratios, not the absolute values); *s to best* = side-by-side seconds per epoch × best
+# epoch. The losses differ only in the head, so per step they cost nearly the same: any speed-up must come
+# from needing fewer epochs.
+#     
+
+# %%
+variants = dgcrl_study.loss_variants(config.losses)
+results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
+num_classes = dgcrl_study.train_classes_of(ablation, config.ablation_datasets[0])
+seconds = dgcrl_study.step_seconds(ablation, variants, num_classes=num_classes, rounds=config.timing_rounds, clock=config.timing_clock)
+print(f"side-by-side seconds per training step ({config.timing_clock} clock):", {name: round(value, 4) for name, value in seconds.items()})
+frame = dgcrl_study.loss_frame(results, ks=config.table_ks, step_seconds_by_variant=seconds)
+table, sentences = dgcrl_study.loss_table(frame)
+readings += kit.report(ablation, table, sentences, title="Losses at equal settings (R@K in %)")
+figure = dgcrl_study.loss_curves(results)
+plots.save_figure(figure, "dgcrl_loss_curves", study=config.study);
+
+# %% [markdown]
+# ## t-SNE of the test embeddings
+#
+# The first `tsne_classes` test classes (never seen in training) of the ablation dataset, first seed, one
+# panel per variant in `tsne_variants`. Tight, separated clusters are what Recall@1 rewards; the paper's
+# Fig. 4 shows DGCRL's clusters on CUB and Cars.
+
+# %%
+pool = kit.run_variants(ablation, dgcrl_study.named_variants(config.tsne_variants), datasets=config.ablation_datasets[:1])
+figure = dgcrl_study.tsne_figure(pool, variants=config.tsne_variants, classes=config.tsne_classes, iterations=config.tsne_iterations)
+plots.save_figure(figure, "dgcrl_tsne", study=config.study);
+
+# %% [markdown]
+# ## Readings
+#
+# Every sentence above, computed from the tables, in one place.
+
+# %%
+for reading in readings:
+    print("•", reading)

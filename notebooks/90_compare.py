@@ -1,0 +1,226 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The headline comparison: every method under one protocol
+#
+# Each of the four papers reports its method beside numbers copied from other papers — other backbones,
+# image sizes, embedding sizes, batches, schedules. Here every method is trained under **one protocol**
+# (printed above each table): the same backbone (randomly initialised), image size, embedding size $d$,
+# P × M batch, epochs and seeds, and every number is a mean ± std over seeds.
+#
+# The rows (the table below lists those of this run, from the method registry, `dmlstudy.methods.method_info`):
+# every registered method has a label, a group (paper method or classic baseline), its paper and a one-line
+# description; `diml_rerank` and `softmax` are rows made from other runs.
+#
+# The runs are shared: the method notebooks (10–40) train `ms` and their method under the same run names
+# (`<dataset>-<method>-seed<seed>`), so with the same protocol this notebook loads them instead of training
+# again. Classic baselines may run with fewer seeds (`classic_seeds`); the table then marks them with †.
+#
+# **Metrics** (test classes never seen in training, every test image a query against all others):
+# Recall@K, R-Precision (RP), MAP@R (R = the other images of the query's class) and NMI of k-means on the
+# embeddings. Retrieval numbers are percentages. The best mean of each column is in bold (ties as displayed
+# are all bold).
+#
+# The defaults below are CI-sized (seconds; the numbers mean nothing); the study's plans inject real sizes.
+
+# %% tags=["parameters"]
+study: str = 'notebook-90_compare'  # runs go to <runs_root>/<study>/
+runs_root: str = ''  # default: <project>/runs
+data_root: str = ''  # default: <project>/data
+datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
+seeds: list = [0]  # one run per seed; tables report mean ± std
+backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
+image_size: int = 64  # pixels
+embedding_dim: int = 128  # d of every method
+classes_per_batch: int = 16  # P
+samples_per_class: int = 4  # M
+epochs: int = 2  # training epochs per run
+steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
+train_classes: int = 16  # 0: all training classes
+test_classes: int = 16  # 0: all test classes
+lr: float = 0.004  # backbone/embedding learning rate
+eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
+progress: bool = False  # tqdm bars inside the notebook
+workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+methods: list = ['ms', 'crt', 'diml_rerank']  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
+classic_methods: list = ['triplet']  # classic baselines (registry group 'classic'), with classic_seeds
+classic_seeds: list = [0]  # seeds of the classic baselines (fewer than seeds: the table says so)
+rerank_top_k: int = 20  # K of DIML re-ranking: the cosine top-K re-ranked by cos + s_struct (the paper: 100)
+rerank_grid: int = 4  # G of DIML re-ranking: G × G local embeddings (DIML's default 4)
+projection_classes: int = 8  # test classes of the first dataset in the UMAP / t-SNE panels (all their images)
+umap: bool = True  # draw the UMAP panels (numba compiles UMAP on first use: ~15 s)
+tsne: bool = True  # draw the t-SNE panels
+
+# %%
+import matplotlib.pyplot as plt
+from IPython.display import Markdown, display
+
+from dmlstudy import plots
+from dmlstudy.experiments import compare, kit
+from dmlstudy.records import seed_everything
+from dmlstudy.study import write_table
+
+config = compare.CompareStudy.from_namespace(globals())
+seed_everything(0)
+results_folder = config.results_folder()
+print("protocol:", config.protocol_text(), "on", config.datasets)
+print("main methods:", config.methods, "| classic baselines:", config.classic_methods, "with seeds", config.classic_seeds)
+display(Markdown(compare.rows_markdown(config)))
+
+# %% [markdown]
+# ## Runs
+#
+# Every main method on every dataset and seed, every classic baseline with `classic_seeds`. Finished runs
+# are loaded from their folders (`runs/<study>/`); only missing ones are trained. The DIML re-ranking row
+# is computed from the trained `ms` models (their grid embeddings, re-ranking cached in the run folders).
+
+# %%
+main_results = compare.run_main(config)
+classic_results = compare.run_classic(config)
+rerank_rows = compare.rerank_results(main_results, config)
+frame = compare.comparison_frame(main_results, classic_results, rerank_rows, methods=config.methods)
+print(f"{len(frame)} rows: {len(main_results)} main runs, {len(classic_results)} classic runs, {len(rerank_rows)} re-ranked ms runs")
+
+# %% [markdown]
+# ## The table
+#
+# One table per dataset in the form of the papers' state-of-the-art tables. Read a difference as real only
+# when it is larger than about two standard deviations over the seeds.
+#
+# The re-ranked row only reorders each query's cosine top-K. Its NMI is the MS embeddings' by
+# construction; and when K is at most R (the number of other images of the query's class, 39 in SynBirds),
+# the first R results keep their members, so RP cannot change. Only the order inside them changes, which
+# moves Recall@K and MAP@R.
+
+# %%
+table = compare.comparison_table(frame)
+for dataset in config.datasets:
+    display(Markdown(compare.comparison_markdown(table, config, dataset=dataset)))
+written = compare.write_comparison(table, config)
+print("written:", *[str(p) for p in written], sep="\n  ")
+
+# %% [markdown]
+# ## Did the papers' claims hold on our data?
+#
+# Each paper claims its method beats a baseline. For every claim and dataset: our mean difference in R@1
+# (percentage points), its standard error over the seeds, and the paper's gain for scale (CUB-200 beside
+# SynBirds, Cars196 beside Glyphs; their backbones and protocols differ from ours and from each other). A
+# claim *held* when our difference is positive beyond two standard errors, *did not hold* when it is
+# negative beyond them, and is *inconclusive* within them; with one seed only the sign is available.
+
+# %%
+claims = compare.claims_table(table)
+print(f"protocol: {config.protocol_text()}")
+display(claims)
+write_table(claims, results_folder / "compare_claims")
+claim_readings = compare.claim_sentences(claims)
+for sentence in claim_readings:
+    print("→", sentence)
+
+# %% [markdown]
+# ## Generalisation: embedding-space density and spectral decay, for every method
+#
+# The CRT paper's two generalisation tables, extended to every method. From each run's own metrics,
+# computed on its **test** embeddings with `drop_first = 0`:
+#
+# * **ESD** $= \pi_{intra} / \pi_{inter}$ with cosine distances: mean distance within a class over mean
+#   distance between class centroids. The CRT paper reads a higher ESD (less over-compressed classes) as
+#   better generalisation and reports CRT raising it.
+# * **spectral decay** $\rho = KL(\mathcal U \,\|\, \tilde s)$ of the normalised singular values of the
+#   embedding matrix: lower means a flatter spectrum, more directions in use (Roth et al., ICML 2020).
+#
+# The re-ranked row is left out: its embeddings are the MS baseline's. Look at whether the methods that
+# rank higher in R@1 also have the higher ESD and lower ρ (the rank correlations below).
+
+# %%
+print(f"protocol: {config.protocol_text()}; test embeddings, drop_first = 0")
+geometry_written = []
+for metric, title in kit.GEOMETRY.items():
+    geometry = compare.geometry_table(frame, metric=metric)
+    print(f"\n{title}")
+    display(geometry[[c for c in geometry.columns if not c.endswith("_mean") and c != "variant"]])
+    geometry_written += write_table(geometry, results_folder / f"compare_{metric.lower()}")
+geometry_readings = kit.geometry_readings(compare.own_embedding_rows(frame))
+for sentence in geometry_readings:
+    print("→", sentence)
+
+# %% [markdown]
+# **Singular-value spectra** of every method's test embeddings (first seed), normalised to sum 1, on a log
+# scale; the legend gives ρ. A curve that stays high for longer uses more of the $d$ dimensions.
+
+# %%
+all_results, shown = main_results + classic_results, list(dict.fromkeys(frame["variant"]))
+for dataset in config.datasets:
+    embeddings = kit.first_seed_embeddings(all_results, dataset=dataset, variants=shown)
+    figure = compare.spectrum_figure(embeddings, dataset=dataset)
+    plots.save_figure(figure, f"compare_spectrum_{dataset}", study=config.study)
+    plt.show()
+
+# %% [markdown]
+# ## The embedding spaces, side by side
+#
+# UMAP and t-SNE of the same test images in every panel — all images of the first `projection_classes`
+# classes of the first dataset, first seed of each method — coloured by class. Both keep neighbourhoods,
+# not distances: look for tight, separated clusters, and for classes that several methods confuse alike.
+
+# %%
+projected = kit.first_seed_embeddings(all_results, dataset=config.datasets[0], variants=shown)
+for kind, enabled in (("umap", config.umap), ("tsne", config.tsne)):
+    if enabled:
+        figure = kit.projection_figure(projected, kind=kind, classes=config.projection_classes, title=f"{config.datasets[0]}, first seed",
+                                       label=compare.method_label)
+        plots.save_figure(figure, f"compare_{kind}", study=config.study)
+        plt.show()
+
+# %% [markdown]
+# ## Accuracy against training time
+#
+# Each method's R@1 against the wall-clock seconds its runs trained (from `metrics.json`; on a shared
+# machine these vary with the load). The re-ranked MS row sits at the MS runs' training time: its cost
+# is at test time (the `rerank_seconds` column).
+
+# %%
+cost = compare.cost_table(frame)
+display(cost)
+write_table(cost, results_folder / "compare_cost")
+figure = compare.time_figure(frame)
+plots.save_figure(figure, "compare_recall_vs_time", study=config.study)
+plt.show()
+
+# %% [markdown]
+# ## Reading
+#
+# The sentences below are computed from the tables above: which claims held, which did not, what the
+# geometry says — followed by the caveats that bound every one of them.
+
+# %%
+print("Claims:")
+for sentence in claim_readings:
+    print("•", sentence)
+print("\nGeneralisation:")
+for sentence in geometry_readings:
+    print("•", sentence)
+print("\nCaveats:")
+for sentence in compare.caveats(config, frame):
+    print("•", sentence)
+
+# %% [markdown]
+# ## figures/README.md
+#
+# This is the last notebook of the default plan: it indexes every figure the study wrote, each with the
+# notebook that made it (from the file-name prefix).
+
+# %%
+readme = compare.write_figures_readme(config.figures_folder(), study=config.study)
+print(readme, "lists", readme.read_text().count("![]("), "figures")

@@ -1,0 +1,92 @@
+"""The method registry drives what a method shows: labels, groups, the comparison's rows; every module of
+``dmlstudy/methods`` is found by itself, and a method in a module outside the package (a plugin named in
+``DMLSTUDY_METHOD_MODULES``) appears in the comparison table of a tiny run."""
+import pkgutil
+import sys
+import textwrap
+
+import pytest
+
+import dmlstudy.methods as methods
+from dmlstudy.experiments import compare
+from dmlstudy.methods import GROUPS, METHOD_INFO, METHODS, list_methods, method_info, register_method
+
+PLUGIN = textwrap.dedent('''
+    """A sixth method in one file: GeM pooling and Proxy-Anchor, registered with its label and group."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from dmlstudy.losses import build_loss
+    from dmlstudy.methods import Method, register_method
+
+
+    @register_method("throwaway_gem", label="Proxy-Anchor on GeM (test)", group="classic", paper="none (a test)")
+    class ThrowawayGeM(Method):
+        """Generalised-mean pooling, a linear embedding and the Proxy-Anchor loss."""
+
+        def __init__(self, backbone, *, embedding_dim=128, num_classes, power=3.0):
+            super().__init__(backbone, embedding_dim=embedding_dim)
+            self.power = power
+            self.embedding = nn.Linear(backbone.num_features, embedding_dim)
+            self.criterion = build_loss("proxyanchor", num_classes=num_classes, embedding_dim=embedding_dim)
+
+        def forward(self, images):
+            maps = self.backbone(images).clamp_min(1e-6).pow(self.power)
+            return F.normalize(self.embedding(maps.mean(dim=(2, 3)).pow(1.0 / self.power)), dim=1)
+
+        def loss(self, images, labels):
+            value = self.criterion(*self.gather(self(images), labels))
+            return value, {"proxyanchor": float(value.detach())}
+
+        def head_parameters(self):
+            return list(self.criterion.parameters())
+''')
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """The plugin module on sys.path and in DMLSTUDY_METHOD_MODULES; unregistered afterwards."""
+    (tmp_path / "throwaway_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(methods.PLUGIN_VARIABLE, "throwaway_plugin")
+    yield "throwaway_gem"
+    METHODS.pop("throwaway_gem", None)
+    METHOD_INFO.pop("throwaway_gem", None)
+    sys.modules.pop("throwaway_plugin", None)
+
+
+def test_every_module_of_the_package_is_registered_without_a_hand_list():
+    modules = {module.name for module in pkgutil.iter_modules(methods.__path__)} - {"base"}
+    assert {f"dmlstudy.methods.{name}" for name in modules} <= set(sys.modules)
+    assert "from dmlstudy.methods import baseline" not in open(methods.__file__).read()
+    assert {"ms", "crt", "diml", "cross_attention", "dgcrl", "triplet"} <= set(list_methods())
+
+
+def test_labels_and_groups_come_from_the_registration():
+    assert method_info("crt").label == "CRT" and method_info("crt").group == "paper"
+    assert method_info("ms").label == "MS baseline" and method_info("ms").group == "classic"
+    assert set(list_methods(group="paper")) == {"crt", "diml", "cross_attention", "dgcrl", "gcrl"}
+    assert set(list_methods(group="paper")) | set(list_methods(group="classic")) == set(list_methods())
+    assert all(method_info(name).summary for name in list_methods())
+    assert compare.method_label("lifted") == "lifted structure" and compare.method_label("diml_rerank") == "MS + DIML re-ranking"
+    assert set(compare.classic_rows()) == set(list_methods(group="classic")) - {"ms"}
+    with pytest.raises(ValueError, match="group must be one of"):
+        register_method("nope", group="other")
+    with pytest.raises(KeyError, match="unknown method 'nope'"):
+        method_info("nope")
+    assert set(GROUPS) == {"paper", "classic"}
+
+
+def test_a_method_in_a_new_module_appears_in_the_comparison_of_a_tiny_run(plugin, tiny_data_root, tmp_path):
+    assert plugin not in METHODS
+    assert "throwaway_plugin" in methods.discover()
+    assert method_info(plugin).summary == "Generalised-mean pooling, a linear embedding and the Proxy-Anchor loss."
+    config = compare.CompareStudy(study="registry", runs_root=str(tmp_path / "runs"), data_root=str(tiny_data_root), datasets=["cub200"],
+                                  image_size=32, classes_per_batch=4, samples_per_class=3, epochs=1, steps_per_epoch=2,
+                                  train_classes=0, test_classes=0, methods=["ms"], classic_methods=[plugin], umap=False, tsne=False)
+    frame = compare.comparison_frame(compare.run_main(config), compare.run_classic(config), [], methods=config.methods)
+    table = compare.comparison_table(frame)
+    assert table["method"].tolist() == ["MS baseline", "Proxy-Anchor on GeM (test)"]
+    assert table.loc[1, "group"] == "classic" and 0.0 <= table.loc[1, "R@1_mean"] <= 100.0
+    assert "| Proxy-Anchor on GeM (test) (`throwaway_gem`) | Generalised-mean pooling" in compare.rows_markdown(config)
