@@ -524,7 +524,7 @@ def run(config: TrainConfig) -> RunResult:
         for group, base_lr in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base_lr * scale
         method.train()
-        started, totals, steps = time.perf_counter(), {}, 0
+        started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
         for images, labels in tqdm(_training_batches(train, sampler, loader, device, config.channels_last), desc=f"epoch {epoch + 1}",
                                    total=len(sampler), leave=False, disable=not show):
             with torch.autocast(device.type, dtype=precision or torch.bfloat16, enabled=precision is not None):
@@ -536,11 +536,12 @@ def run(config: TrainConfig) -> RunResult:
             optimizer.step()
             steps += 1
             _add_parts(totals, loss, parts)
-        row = {"epoch": epoch + 1, **{name: float(value) / max(steps, 1) for name, value in totals.items()}, "lr": base_lrs[0] * scale, "train_seconds": time.perf_counter() - started}
+        row = {"epoch": epoch + 1, **{name: float(value) / max(steps, 1) for name, value in totals.items()}, "lr": base_lrs[0] * scale, "train_seconds": time.perf_counter() - started,
+               "train_cpu_seconds": time.process_time() - started_cpu}
         if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
-            eval_started = time.perf_counter()
+            eval_started, eval_started_cpu = time.perf_counter(), time.process_time()
             latest, arrays = evaluate(method, datasets, **evaluation_options)
-            row.update(latest, eval_seconds=time.perf_counter() - eval_started)
+            row.update(latest, eval_seconds=time.perf_counter() - eval_started, eval_cpu_seconds=time.process_time() - eval_started_cpu)
         history.append(row)
         if main_process:
             pd.DataFrame(history).to_csv(run_dir / "history.csv", index=False)

@@ -14,6 +14,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.data.batch_transforms import (
+    axis_aligned_grid,
     crop_thetas,
     normalize_batch,
     random_resized_crop_boxes,
@@ -68,6 +69,12 @@ def test_a_crop_box_lands_where_the_pil_pipeline_puts_it(flip):
             assert np.allclose(box_centroid(mapped), (expected_y, expected_x), atol=0.3)
 
 
+def test_the_broadcast_grid_equals_affine_grid():
+    boxes = random_resized_crop_boxes(sample_uniforms(1, 0, np.arange(16)), 48, 64)
+    theta = crop_thetas(boxes, np.arange(16) % 2 == 0, 48, 64)
+    torch.testing.assert_close(axis_aligned_grid(theta, 24), F.affine_grid(theta, [16, 3, 24, 24], align_corners=False))
+
+
 def test_crop_boxes_follow_the_random_resized_crop_ranges():
     boxes = random_resized_crop_boxes(sample_uniforms(0, 0, np.arange(4000)), 64, 64)
     top, left, height, width = boxes.T
@@ -119,7 +126,7 @@ def test_the_glyphs_training_view_never_flips(tmp_path, tiny_config, monkeypatch
     from dmlstudy import train as engine
     from dmlstudy.data import DATASETS
 
-    small_glyphs = lambda name, root, split: DATASETS[name](root=root, split=split, num_classes=8, images_per_class=4)  # noqa: E731
+    small_glyphs = lambda name, root, split: DATASETS[name](root=root, split=split, num_classes=8, images_per_class=4)
     monkeypatch.setattr(engine, "build_dataset", small_glyphs)
     train = engine.load_datasets(tiny_config(data_root=str(tmp_path), dataset="glyphs"))["train"]
     assert isinstance(train, BatchAugmentedTrain) and train.split.flip_invariant is False

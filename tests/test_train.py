@@ -118,7 +118,7 @@ def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):
 
     from dmlstudy.train import load_datasets
 
-    config = tiny_config()
+    config = tiny_config(input_pipeline="files")  # the tensor pipeline's splits are tested in test_tensor_pipeline.py
     memoized, fresh = load_datasets(config)["query"], load_datasets(config)["query"]
     first = [memoized[i] for i in range(len(memoized))]
     for (image, label), (again, again_label) in zip(first, (fresh[i] for i in range(len(fresh)))):

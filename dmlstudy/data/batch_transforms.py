@@ -6,7 +6,7 @@ Train (:func:`augment_batch`): a random resized crop with torchvision's sampling
 :data:`~dmlstudy.data.transforms.CROP_RATIO`, up to 10 attempts, then the centre fallback), an optional
 horizontal flip (only for flip-invariant datasets), ImageNet normalisation. Every image gets its own crop
 box and flip, expressed as one affine matrix θ per image, and the whole batch is resampled by a single
-``affine_grid`` + ``grid_sample`` call (bilinear, ``align_corners=False``: output pixel centres map to the
+sampling grid + ``grid_sample`` call (bilinear, ``align_corners=False``: output pixel centres map to the
 same input coordinates as ``torchvision``'s ``resized_crop``). Decision, measured in ``benchmarks/README.md``
 (section "Training input pipeline"): this is faster than ``kornia.augmentation.RandomResizedCrop`` on our
 batches and, unlike kornia's sampler (one draw from the global generator per batch), its parameters are a
@@ -123,6 +123,15 @@ def crop_thetas(boxes: np.ndarray, flips: np.ndarray, height: int, width: int) -
     return theta
 
 
+def axis_aligned_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
+    """``F.affine_grid(theta, [B, C, size, size], align_corners=False)`` for θ without rotation or shear, built by
+    broadcasting (x depends on the column only, y on the row only): ≈ 10× less CPU time than the batched matmul."""
+    base = (torch.arange(size, device=theta.device, dtype=theta.dtype) * 2 + 1) / size - 1  # pixel centres in [−1, 1]
+    x = theta[:, 0, 0, None] * base + theta[:, 0, 2, None]  # B × size
+    y = theta[:, 1, 1, None] * base + theta[:, 1, 2, None]
+    return torch.stack(torch.broadcast_tensors(x[:, None, :], y[:, :, None]), dim=-1)  # B × size × size × 2
+
+
 def normalize_batch(images: torch.Tensor) -> torch.Tensor:
     """uint8 (or float in [0, 255]) ``B × 3 × H × W`` → float32 ``(x/255 − mean)/std`` with ImageNet statistics."""
     mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1) * 255.0
@@ -142,7 +151,7 @@ def augment_batch(images: torch.Tensor, indices, *, seed: int, epoch: int, image
     boxes = random_resized_crop_boxes(uniforms, height, width)
     flips = (uniforms[:, -1] < 0.5) if flip else np.zeros(len(uniforms), dtype=bool)
     theta = crop_thetas(boxes, flips, height, width).to(images.device, non_blocking=True)
-    grid = F.affine_grid(theta, [len(images), 3, image_size, image_size], align_corners=False)
+    grid = axis_aligned_grid(theta, image_size)
     cropped = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
     return normalize_batch(cropped)
 
