@@ -309,8 +309,9 @@ def _evaluation_batches(dataset, indices: np.ndarray, *, batch_size: int, device
         for start in range(0, len(rows), batch_size):
             yield base.batch(torch.as_tensor(rows[start:start + batch_size], device=base.crops.device), device)
         return
-    loader = DataLoader(Subset(dataset, indices.tolist()), batch_size=batch_size, shuffle=False, num_workers=resolve_num_workers(num_workers),
-                        pin_memory=device.type == "cuda")
+    memoized = isinstance(base, ImageListDataset) and base.is_memoized
+    loader = DataLoader(Subset(dataset, indices.tolist()), batch_size=batch_size, shuffle=False,
+                        num_workers=0 if memoized else resolve_num_workers(num_workers), pin_memory=device.type == "cuda")
     for images, _ in loader:
         yield images.to(device, non_blocking=True)
 

@@ -40,9 +40,10 @@ def test_same_seed_gives_identical_metrics_and_other_seed_differs(tiny_config):
 
 
 def test_training_lowers_the_loss(tiny_config):
-    result = run(tiny_config(run_name="learns", epochs=6, steps_per_epoch=4, lr_schedule="constant"))
+    # 48 steps: with 24 the MS loss of 4 × 3 batches was still within its batch-to-batch noise (either pipeline)
+    result = run(tiny_config(run_name="learns", epochs=8, steps_per_epoch=6, lr_schedule="constant", eval_every=8))
     losses = result.history["loss"].to_numpy()
-    assert losses[-2:].mean() < losses[:2].mean()
+    assert losses[-4:].mean() < losses[:4].mean()
 
 
 def test_complete_run_is_loaded_not_retrained(tiny_config):

@@ -93,6 +93,11 @@ class ImageListDataset(torch.utils.data.Dataset):
         each image once per run (on SynBirds that was ≈ 70 % of an evaluation's time)."""
         self._items = {}
 
+    @property
+    def is_memoized(self) -> bool:
+        """Whether :meth:`memoize_items` was called (DataLoader workers would fill and drop their own copies)."""
+        return self._items is not None
+
     def __getitem__(self, index: int):
         if self._items is not None and index in self._items:
             return self._items[index]

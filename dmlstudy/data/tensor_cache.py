@@ -11,7 +11,7 @@ Decisions:
   (``TrainConfig.tensor_budget_gib``) before anything is decoded.
 * **Cache files.** ``<dataset root>/.tensor-cache/<split>.npy`` (the array, written with ``np.save``) and
   ``<split>.json`` (key, shape, CRC-32 of the bytes), each written to a temporary file and renamed, the
-  JSON last. The key is a SHA-256 over the cache format, the split's name, every file's path (relative to
+  JSON last, under a file lock (``<split>.lock``) so that parallel runs decode a split once. The key is a SHA-256 over the cache format, the split's name, every file's path (relative to
   the root), size and modification time, and the generator marker ``GENERATED.json`` of an embedded set
   (generator name, version, seed, configuration). A key that differs (files or generator changed) or an
   array that cannot be read, has the wrong shape or fails its CRC is rebuilt with a :class:`UserWarning`;
@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock
 from PIL import Image
 
 from dmlstudy.data.base import ImageListDataset
@@ -150,6 +151,20 @@ def cached_images(dataset: ImageListDataset, root: str | Path) -> np.ndarray:
     root = Path(root)
     key = cache_key(dataset, root)
     array_file, meta_file = _cache_files(dataset, root)
+    lock: FileLock | None = FileLock(array_file.with_suffix(".lock"))
+    try:
+        array_file.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()  # concurrent runs of a study: one decodes, the others then read its file
+    except OSError:
+        lock = None  # a folder we cannot write: decode into memory (the write below warns)
+    try:
+        return _read_or_build(dataset, root, key, array_file, meta_file)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _read_or_build(dataset: ImageListDataset, root: Path, key: str, array_file: Path, meta_file: Path) -> np.ndarray:
     array = _read_cache(array_file, meta_file, key)
     if array is not None:
         return array
@@ -157,7 +172,6 @@ def cached_images(dataset: ImageListDataset, root: str | Path) -> np.ndarray:
     array = _decode(dataset, height, width)
     meta = {"key": key, "shape": list(array.shape), "crc32": _checksum(array), "format": CACHE_FORMAT, "name": dataset.name}
     try:
-        array_file.parent.mkdir(parents=True, exist_ok=True)
         _write_atomically(array_file, lambda handle: np.save(handle, array))
         _write_atomically(meta_file, lambda handle: handle.write(json.dumps(meta, indent=1).encode()))
     except OSError as error:
