@@ -256,7 +256,7 @@ def test_cuda_batches_equal_cpu_batches_and_stay_resident():
 
 
 @needs_cuda
-def test_cuda_run_uses_bfloat16_and_resident_tensors(tiny_config):
+def test_cuda_runs_train_on_both_pipelines_with_default_bfloat16(tiny_config):
     from dmlstudy.train import run
 
     result = run(tiny_config(run_name="cuda", device="cuda", epochs=1))
