@@ -14,6 +14,8 @@ handling are :mod:`dmlstudy.runs`; ``run`` calls into it at its start and its en
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from dmlstudy import distributed, runs
 from dmlstudy import metrics as metric_functions
 from dmlstudy.config import TypedConfig
 from dmlstudy.data import ClassBalancedBatchSampler, ImageListDataset, build_dataset, build_transforms, evaluation_protocol
+from dmlstudy.data.tensor_cache import BatchAugmentedTrain, DifferentImageSizes, EvaluationImages, TensorImageSplit, cached_images, split_bytes
 from dmlstudy.methods import Method, build_method
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root, runs_root
@@ -74,13 +77,18 @@ class TrainConfig(TypedConfig):
     eval_every: int = 1  # evaluate on the test classes every n epochs (and always after the last)
     recall_ks: list = field(default_factory=list)  # Recall@K list; empty: the dataset's standard list
     eval_batch_size: int = 256  # batch size when embedding the test set
-    num_workers: int = 0  # DataLoader worker processes
+    num_workers: int = -1  # DataLoader worker processes of the file pipeline; -1: min(8, cores)
     seed: int = 0  # seeds model init, batches and augmentation
     device: str = "auto"  # auto (CUDA when present), cpu, cuda or cuda:<i>
     sync_bn: bool = False  # SyncBatchNorm across ranks under torchrun (GPU); or use freeze_bn
     resume: bool = False  # continue an interrupted run from its last epoch checkpoint
     overwrite: bool = False  # replace the run folder's records (a finished run is otherwise loaded, not retrained)
     progress: bool = True  # tqdm progress bars
+    input_pipeline: str = "auto"  # auto (tensor when it fits), tensor (cached uint8 tensor, batched augmentation) or files (per-item PIL)
+    tensor_budget_gib: float = 2.0  # auto: the tensor pipeline only when all splits of the run fit in this many GiB
+    channels_last: bool = True  # channels_last memory format for the model and its inputs
+    autocast: str = "auto"  # auto (bfloat16 on CUDA, off on CPU), bf16 or off
+    compile: bool = False  # torch.compile the training step (see benchmarks/README.md for when it pays)
 
     def validate(self) -> None:
         """Check every field's type and range; the message names the offending parameter."""
@@ -97,6 +105,7 @@ class TrainConfig(TypedConfig):
             raise ValueError(f"parameter 'lr_schedule' must be one of {sorted(SCHEDULES)}, got {self.lr_schedule!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"parameter 'device' must be auto, cpu or cuda[:i], got {self.device!r}")
+        self.validate_speed_fields()
         self._validate_names()
 
     def _validate_names(self) -> None:
@@ -107,10 +116,21 @@ class TrainConfig(TypedConfig):
                 raise ValueError(f"parameter {name!r} must be a folder name (no '/', not empty, '.' or '..'), got {value!r}")
         if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.recall_ks):
             raise ValueError(f"parameter 'recall_ks' must be a list of positive integers, got {self.recall_ks!r}")
-        if self.steps_per_epoch < 0 or self.train_classes < 0 or self.test_classes < 0 or self.num_workers < 0:
-            raise ValueError("parameters 'steps_per_epoch', 'train_classes', 'test_classes' and 'num_workers' must be ≥ 0")
+        if self.steps_per_epoch < 0 or self.train_classes < 0 or self.test_classes < 0:
+            raise ValueError("parameters 'steps_per_epoch', 'train_classes' and 'test_classes' must be ≥ 0")
         if not (self.lr > 0 and self.head_lr > 0 and self.weight_decay >= 0) or not all(map(np.isfinite, (self.lr, self.head_lr, self.weight_decay))):
             raise ValueError(f"parameters 'lr' and 'head_lr' must be finite and > 0, 'weight_decay' ≥ 0; got {self.lr}, {self.head_lr}, {self.weight_decay}")
+
+    def validate_speed_fields(self) -> None:
+        """Ranges of the input-pipeline and compute fields (issue 15)."""
+        if self.input_pipeline not in INPUT_PIPELINES:
+            raise ValueError(f"parameter 'input_pipeline' must be one of {list(INPUT_PIPELINES)}, got {self.input_pipeline!r}")
+        if self.autocast not in AUTOCAST_MODES:
+            raise ValueError(f"parameter 'autocast' must be one of {list(AUTOCAST_MODES)}, got {self.autocast!r}")
+        if self.num_workers < -1:
+            raise ValueError(f"parameter 'num_workers' must be -1 (automatic) or >= 0, got {self.num_workers}")
+        if not self.tensor_budget_gib >= 0:
+            raise ValueError(f"parameter 'tensor_budget_gib' must be >= 0, got {self.tensor_budget_gib}")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -126,6 +146,8 @@ class TrainConfig(TypedConfig):
 
 
 
+INPUT_PIPELINES = ("auto", "tensor", "files")
+AUTOCAST_MODES = ("auto", "bf16", "off")
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": lambda groups, **kw: torch.optim.SGD(groups, momentum=0.9, **kw)}
 SCHEDULES = {
     "constant": lambda epoch, epochs: 1.0,
@@ -162,11 +184,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _first_classes(dataset: ImageListDataset, count: int) -> ImageListDataset | Subset:
+def _first_classes(dataset, count: int):
     """The images of the first ``count`` classes (all when ``count`` is 0)."""
     if count <= 0 or count >= dataset.num_classes:
         return dataset
     indices = np.flatnonzero(dataset.labels < count)
+    if isinstance(dataset, TensorImageSplit):
+        return dataset.subset(indices, num_classes=count)
     subset = Subset(dataset, indices.tolist())
     subset.labels = dataset.labels[indices]
     subset.num_classes = count
@@ -174,9 +198,12 @@ def _first_classes(dataset: ImageListDataset, count: int) -> ImageListDataset | 
 
 
 class SeededAugmentation(torch.utils.data.Dataset):
-    """Training view whose random augmentation of item ``i`` in epoch ``e`` is a pure function of
+    """Training view (file pipeline) whose random augmentation of item ``i`` in epoch ``e`` is a pure function of
     ``(seed, e, i)``: results do not depend on batch order, DataLoader workers, or how a global batch is
-    split across distributed ranks (so one process and N processes see identical images)."""
+    split across distributed ranks (so one process and N processes see identical images).
+
+    An item may be asked for as ``(epoch, index)`` (what :class:`EpochTaggedBatches` yields), so persistent
+    DataLoader workers, which keep their own copy of this object, still see the current epoch."""
 
     def __init__(self, dataset, *, seed: int) -> None:
         self.dataset, self.seed, self.epoch = dataset, seed, 0
@@ -188,48 +215,149 @@ class SeededAugmentation(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index):
+        epoch, index = index if isinstance(index, tuple) else (self.epoch, index)
         with torch.random.fork_rng(devices=[]):
             # the CPU generator only: torch.manual_seed also seeds every accelerator backend, ≈ 0.7 ms per item
-            torch.default_generator.manual_seed((self.seed * 1_000_003 + self.epoch * 7_919 + int(index) * 104_729) % 2**63)
+            torch.default_generator.manual_seed((self.seed * 1_000_003 + epoch * 7_919 + int(index) * 104_729) % 2**63)
             return self.dataset[index]
 
 
+class EpochTaggedBatches(torch.utils.data.Sampler[list[tuple[int, int]]]):
+    """A batch sampler's batches as ``[(epoch, index), …]`` (its ``epoch`` attribute at iteration time)."""
+
+    def __init__(self, sampler: ClassBalancedBatchSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self):
+        for batch in self.sampler:
+            yield [(self.sampler.epoch, index) for index in batch]
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
 EVALUATION_MEMO_BYTES = 1 << 30  # evaluation splits whose transformed images fit in this are kept in memory
+_logger = logging.getLogger(__name__)
+
+
+def resolve_num_workers(num_workers: int) -> int:
+    """DataLoader workers of the file pipeline: ``num_workers``, or min(8, usable cores) for -1."""
+    if num_workers >= 0:
+        return num_workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(8, cores)
+
+
+def _tensor_splits(config: TrainConfig, root: Path, splits: Mapping[str, ImageListDataset | None]) -> dict[str, TensorImageSplit] | None:
+    """The splits as cached uint8 tensors, or None for the file pipeline (``files``, over budget, mixed sizes).
+
+    ``auto`` decides for all the splits of the run together: tensors only when their total size fits
+    ``tensor_budget_gib`` and every split's images share one size; otherwise the reason is logged.
+    ``tensor`` raises instead of falling back.
+    """
+    if config.input_pipeline == "files":
+        return None
+    present = {name: split for name, split in splits.items() if split is not None}
+    total = sum(split_bytes(split) for split in present.values())
+    budget = int(config.tensor_budget_gib * 2**30)
+    try:
+        if total > budget:
+            raise MemoryError(f"{config.dataset}: its splits need {total / 2**30:.2f} GiB as uint8 tensors, over tensor_budget_gib = {config.tensor_budget_gib}")
+        return {name: TensorImageSplit(split, torch.from_numpy(cached_images(split, root))) for name, split in present.items()}
+    except (MemoryError, DifferentImageSizes) as reason:
+        if config.input_pipeline == "tensor":
+            raise ValueError(f"input_pipeline='tensor' is not possible: {reason}") from reason
+        _logger.info("%s; reading image files instead (input_pipeline='files', %d DataLoader workers)", reason, resolve_num_workers(config.num_workers))
+        return None
 
 
 def load_datasets(config: TrainConfig) -> dict[str, Any]:
-    """Train split (train transforms) and the evaluation splits (test transforms) of ``config.dataset``."""
+    """Train split (train augmentation) and the evaluation splits (test geometry) of ``config.dataset``.
+
+    Tensor pipeline (:mod:`dmlstudy.data.tensor_cache`): ``train`` is a :class:`BatchAugmentedTrain`,
+    ``query``/``gallery`` :class:`EvaluationImages`. File pipeline: per-item PIL transforms
+    (:class:`SeededAugmentation` and memoized test items). Both give ``dataset[i] = (image, label)``.
+    """
     root = Path(config.data_root or data_root()) / config.dataset
     protocol = evaluation_protocol(config.dataset)
     train = build_dataset(config.dataset, root, "train")
+    query = build_dataset(config.dataset, root, protocol.query_split)
+    gallery = build_dataset(config.dataset, root, protocol.gallery_split) if protocol.gallery_split else None
+    tensors = _tensor_splits(config, root, {"train": train, "query": query, "gallery": gallery})
+    recall_ks = tuple(config.recall_ks) or protocol.recall_ks
+    if tensors is not None:
+        evaluation = {name: EvaluationImages(_first_classes(tensors[name], config.test_classes), config.image_size) if name in tensors else None
+                      for name in ("query", "gallery")}
+        return {"train": BatchAugmentedTrain(_first_classes(tensors["train"], config.train_classes), seed=config.seed, image_size=config.image_size),
+                **evaluation, "recall_ks": recall_ks}
     train.transform = build_transforms(config.image_size, train=True, hflip=train.flip_invariant)
     test_transform = build_transforms(config.image_size, train=False)
-    query = build_dataset(config.dataset, root, protocol.query_split, transform=test_transform)
-    gallery = build_dataset(config.dataset, root, protocol.gallery_split, transform=test_transform) if protocol.gallery_split else None
     for split in (query, gallery):
-        if split is not None and len(split) * 3 * config.image_size**2 * 4 <= EVALUATION_MEMO_BYTES:
-            split.memoize_items()
+        if split is not None:
+            split.transform = test_transform
+            if len(split) * 3 * config.image_size**2 * 4 <= EVALUATION_MEMO_BYTES:
+                split.memoize_items()
     return {
         "train": SeededAugmentation(_first_classes(train, config.train_classes), seed=config.seed),
         "query": _first_classes(query, config.test_classes),
         "gallery": _first_classes(gallery, config.test_classes) if gallery is not None else None,
-        "recall_ks": tuple(config.recall_ks) or protocol.recall_ks,
+        "recall_ks": recall_ks,
     }
 
 
+def place_on_device(datasets: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """Move tensor-pipeline splits onto ``device`` once (a small dataset then lives on the GPU); file splits stay."""
+    for value in datasets.values():
+        if isinstance(value, (BatchAugmentedTrain, EvaluationImages)):
+            value.to(device)
+    return dict(datasets)
+
+
+def autocast_dtype(config: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """bfloat16 when ``autocast`` is bf16, or auto on CUDA (on CPUs without bf16 units it is ~11× slower); else None."""
+    if config.autocast == "bf16" or (config.autocast == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def _as_input(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    return images.contiguous(memory_format=torch.channels_last) if channels_last and images.ndim == 4 else images
+
+
+def _evaluation_batches(dataset, indices: np.ndarray, *, batch_size: int, device: torch.device, num_workers: int):
+    """Image batches of ``dataset[indices]`` on ``device``: slices of the cropped tensor, or a DataLoader over files."""
+    base, rows = dataset, indices
+    while isinstance(base, Subset):
+        rows, base = np.asarray(base.indices)[rows], base.dataset
+    if isinstance(base, EvaluationImages):
+        for start in range(0, len(rows), batch_size):
+            yield base.batch(torch.as_tensor(rows[start:start + batch_size], device=base.crops.device), device)
+        return
+    memoized = isinstance(base, ImageListDataset) and base.is_memoized
+    loader = DataLoader(Subset(dataset, indices.tolist()), batch_size=batch_size, shuffle=False,
+                        num_workers=0 if memoized else resolve_num_workers(num_workers), pin_memory=device.type == "cuda")
+    for images, _ in loader:
+        yield images.to(device, non_blocking=True)
+
+
 @torch.no_grad()
-def embed(method: Method, dataset, *, batch_size: int = 256, device: torch.device | str = "cpu", num_workers: int = 0) -> np.ndarray:
+def embed(method: Method, dataset, *, batch_size: int = 256, device: torch.device | str = "cpu", num_workers: int = 0,
+          autocast: torch.dtype | None = None, channels_last: bool = False) -> np.ndarray:
     """Inference embeddings (``N × d``, float32) of a dataset, in dataset order.
 
+    Tensor-pipeline splits are read as slices of their cropped tensor (large batches, no per-item work).
     Under torchrun each rank embeds one contiguous shard and the shards are gathered once.
     """
+    device = torch.device(device)
     was_training = method.training
     method.eval()
     shard = np.array_split(np.arange(len(dataset)), distributed.world_size())[distributed.rank()]
     size = int(np.ceil(len(dataset) / distributed.world_size()))
-    loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=batch_size, shuffle=False, num_workers=num_workers)
-    chunks = [method(images.to(device)).float() for images, _ in loader]
+    chunks = []
+    with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        for images in _evaluation_batches(dataset, shard, batch_size=batch_size, device=device, num_workers=num_workers):
+            chunks.append(method(_as_input(images, channels_last)).float())
     local = torch.cat(chunks) if chunks else torch.zeros(0, method.embedding_dim, device=device)
     method.train(was_training)
     if distributed.world_size() == 1:
@@ -239,13 +367,15 @@ def embed(method: Method, dataset, *, batch_size: int = 256, device: torch.devic
     return torch.cat([part[:len(rows)] for part, rows in zip(gathered, np.array_split(np.arange(len(dataset)), distributed.world_size()))]).cpu().numpy()
 
 
-def evaluate(method: Method, datasets: Mapping[str, Any], *, batch_size: int, device: torch.device, num_workers: int = 0) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+def evaluate(method: Method, datasets: Mapping[str, Any], *, batch_size: int, device: torch.device, num_workers: int = 0,
+             autocast: torch.dtype | None = None, channels_last: bool = False) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Metrics of the spine on the evaluation splits, and the embeddings they were computed from."""
-    query = embed(method, datasets["query"], batch_size=batch_size, device=device, num_workers=num_workers)
+    options = {"batch_size": batch_size, "device": device, "num_workers": num_workers, "autocast": autocast, "channels_last": channels_last}
+    query = embed(method, datasets["query"], **options)
     arrays = {"embeddings": query, "labels": np.asarray(datasets["query"].labels)}
     gallery_kwargs = {}
     if datasets.get("gallery") is not None:
-        gallery = embed(method, datasets["gallery"], batch_size=batch_size, device=device, num_workers=num_workers)
+        gallery = embed(method, datasets["gallery"], **options)
         arrays.update(gallery_embeddings=gallery, gallery_labels=np.asarray(datasets["gallery"].labels))
         gallery_kwargs = {"gallery": gallery, "gallery_labels": arrays["gallery_labels"]}
     values = metric_functions.evaluate(query, arrays["labels"], ks=datasets["recall_ks"], **gallery_kwargs)
@@ -359,6 +489,43 @@ class _LossStep(nn.Module):
         return self.method.loss(images, labels)
 
 
+def prepare_compute(config: TrainConfig, method: Method, step: nn.Module, device: torch.device) -> nn.Module:
+    """The compute fast path: channels_last weights, cuDNN autotuning on CUDA, and ``torch.compile`` of the
+    training step when ``config.compile`` (measured in ``benchmarks/README.md``: on this project's CPUs its
+    compile time exceeds what it saves in a study-sized run). Returns the step to call."""
+    if config.channels_last:
+        method.to(memory_format=torch.channels_last)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    return torch.compile(step) if config.compile else step
+
+
+def _file_loader(train, sampler: ClassBalancedBatchSampler, config: TrainConfig, device: torch.device) -> DataLoader | None:
+    """The file pipeline's DataLoader, made once per run: workers, pinned memory and persistent workers on CUDA."""
+    if isinstance(train, BatchAugmentedTrain):
+        return None
+    workers = resolve_num_workers(config.num_workers)
+    return DataLoader(train, batch_sampler=EpochTaggedBatches(sampler), num_workers=workers, pin_memory=device.type == "cuda",
+                      persistent_workers=workers > 0 and device.type == "cuda")
+
+
+def _training_batches(train, sampler: ClassBalancedBatchSampler, loader: DataLoader | None, device: torch.device, channels_last: bool):
+    """``(images, labels)`` of one epoch on ``device``: augmented batches of the resident tensor, or the loader's."""
+    if loader is None:
+        for indices in sampler:
+            images, labels = train.batch(indices, device)
+            yield _as_input(images, channels_last), labels
+        return
+    for images, labels in loader:
+        yield _as_input(images.to(device, non_blocking=True), channels_last), labels.to(device, non_blocking=True)
+
+
+def _add_parts(totals: dict[str, Any], loss: torch.Tensor, parts: Mapping[str, Any]) -> None:
+    """Sum the step's loss and named parts without a host sync (tensors stay tensors until the epoch ends)."""
+    for name, value in {"loss": loss.detach(), **parts}.items():
+        totals[name] = totals.get(name, 0.0) + (value.detach() if isinstance(value, torch.Tensor) else value)
+
+
 def run(config: TrainConfig) -> RunResult:
     """Train ``config.method`` on ``config.dataset`` and evaluate it; see the module docstring for the records.
 
@@ -382,6 +549,7 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
     """The training loop of :func:`run` and the final records (``resume_from``: a checkpoint to continue)."""
     main_process = distributed.is_main_process()
     run_dir = config.run_dir
+    datasets = place_on_device(datasets, device)
     checkpoint_path = run_dir / "checkpoint.pt"
     train = datasets["train"]
     method = build_model(config, train.num_classes).to(device)
@@ -390,6 +558,10 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
         if config.sync_bn:
             step = nn.SyncBatchNorm.convert_sync_batchnorm(step)
         step = nn.parallel.DistributedDataParallel(step, find_unused_parameters=True)
+    step = prepare_compute(config, method, step, device)
+    precision = autocast_dtype(config, device)
+    evaluation_options = {"batch_size": config.eval_batch_size, "device": device, "num_workers": config.num_workers, "autocast": precision,
+                          "channels_last": config.channels_last}
     groups = method.parameter_groups(lr=config.lr, head_lr=config.head_lr, weight_decay=config.weight_decay)
     optimizer = OPTIMIZERS[config.optimizer]([{k: v for k, v in g.items() if k != "name"} for g in groups])
     base_lrs = [group["lr"] for group in optimizer.param_groups]
@@ -402,6 +574,7 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
         rank=distributed.rank(),
         world_size=distributed.world_size(),
     )
+    loader = _file_loader(train, sampler, config, device)
     history: list[dict[str, float]] = []
     start_epoch = 0
     watch = TrainingWatch(config, train, sampler)
@@ -423,22 +596,23 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
         for group, base_lr in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base_lr * scale
         method.train()
-        loader = DataLoader(train, batch_sampler=sampler, num_workers=config.num_workers)
-        started, totals, steps = time.perf_counter(), {}, 0
-        for images, labels in tqdm(loader, desc=f"epoch {epoch + 1}", leave=False, disable=not show):
-            loss, parts = step(images.to(device), labels.to(device))
+        started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
+        for images, labels in tqdm(_training_batches(train, sampler, loader, device, config.channels_last), desc=f"epoch {epoch + 1}",
+                                   total=len(sampler), leave=False, disable=not show):
+            with torch.autocast(device.type, dtype=precision or torch.bfloat16, enabled=precision is not None):
+                loss, parts = step(images, labels)
             watch.observe(loss, images, epoch=epoch, step=steps)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             steps += 1
-            for name, value in {"loss": float(loss.detach()), **parts}.items():
-                totals[name] = totals.get(name, 0.0) + value
-        row = {"epoch": epoch + 1, **{name: value / max(steps, 1) for name, value in totals.items()}, "lr": base_lrs[0] * scale, "train_seconds": time.perf_counter() - started}
+            _add_parts(totals, loss, parts)
+        row = {"epoch": epoch + 1, **{name: float(value) / max(steps, 1) for name, value in totals.items()}, "lr": base_lrs[0] * scale, "train_seconds": time.perf_counter() - started,
+               "train_cpu_seconds": time.process_time() - started_cpu}
         if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
-            eval_started = time.perf_counter()
-            latest, arrays = evaluate(method, datasets, batch_size=config.eval_batch_size, device=device, num_workers=config.num_workers)
-            row.update(latest, eval_seconds=time.perf_counter() - eval_started)
+            eval_started, eval_started_cpu = time.perf_counter(), time.process_time()
+            latest, arrays = evaluate(method, datasets, **evaluation_options)
+            row.update(latest, eval_seconds=time.perf_counter() - eval_started, eval_cpu_seconds=time.process_time() - eval_started_cpu)
         history.append(row)
         watch.end_epoch(epoch)
         if main_process:
@@ -447,7 +621,7 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
         epochs.set_postfix(loss=f"{row['loss']:.4f}", R1=f"{latest.get('R@1', float('nan')):.3f}")
 
     if not arrays:  # resumed after the last epoch's checkpoint but before the records were written
-        latest, arrays = evaluate(method, datasets, batch_size=config.eval_batch_size, device=device, num_workers=config.num_workers)
+        latest, arrays = evaluate(method, datasets, **evaluation_options)
     frame = pd.DataFrame(history)
     summary = {
         **latest,

@@ -27,15 +27,15 @@
 # ```
 
 # %% tags=["parameters"]
-study: str = 'notebook-01_train'  # runs are written to <runs_root>/<study>/<run_name>/
-run_name: str = ''  # default: <dataset>-<method>-seed<seed>
+study: str = 'notebook-01_train'  # runs are written to <runs_root>/<study>/<run folder>/ (see run_name)
+run_name: str = ''  # folder label, default <dataset>-<method>-seed<seed>; the config hash is appended
 runs_root: str = ''  # default: <project>/runs
 data_root: str = ''  # default: <project>/data; a dataset lives in <data_root>/<dataset>
-dataset: str = 'synbirds'  # a registered dataset name (dmlstudy.data.list_datasets())
-method: str = 'ms'  # a registered method name (dmlstudy.methods.list_methods())
+dataset: str = 'synbirds'  # a registered dataset name (dmlstudy list datasets)
+method: str = 'ms'  # a registered method name (dmlstudy list methods)
 method_kwargs: dict = {}  # keyword arguments of the method (e.g. {"K1": 16})
-backbone: str = 'dml_convnet'  # any timm model name
-pretrained: bool = False  # timm pretrained weights (must be available locally)
+backbone: str = 'dml_convnet'  # any timm model name (dmlstudy list backbones)
+pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
 checkpoint_path: str = ''  # local backbone weights file, loaded after construction
 freeze_bn: bool = False  # freeze BatchNorm statistics and affine parameters of the backbone
 output_stride: int = 0  # 0: the backbone's own; 8/16 for dilated ResNets (larger feature grid)
@@ -55,12 +55,18 @@ lr_schedule: str = 'cosine'  # constant or cosine (per epoch, to 1 % of lr)
 eval_every: int = 1  # evaluate on the test classes every n epochs (and always after the last)
 recall_ks: list = []  # Recall@K list; empty: the dataset's standard list
 eval_batch_size: int = 256  # batch size when embedding the test set
-num_workers: int = 0  # DataLoader worker processes
+num_workers: int = -1  # DataLoader worker processes of the file pipeline; -1: min(8, cores)
 seed: int = 0  # seeds model init, batches and augmentation
-device: str = 'auto'  # auto (CUDA when present), cpu or cuda
+device: str = 'auto'  # auto (CUDA when present), cpu, cuda or cuda:<i>
 sync_bn: bool = False  # SyncBatchNorm across ranks under torchrun (GPU); or use freeze_bn
-resume: bool = False  # continue from the run folder's checkpoint; a complete run is loaded, not retrained
+resume: bool = False  # continue an interrupted run from its last epoch checkpoint
+overwrite: bool = False  # replace the run folder's records (a finished run is otherwise loaded, not retrained)
 progress: bool = False  # tqdm progress bars
+input_pipeline: str = 'auto'  # auto (tensor when it fits), tensor (cached uint8 tensor, batched augmentation) or files (per-item PIL)
+tensor_budget_gib: float = 2.0  # auto: the tensor pipeline only when all splits of the run fit in this many GiB
+channels_last: bool = True  # channels_last memory format for the model and its inputs
+autocast: str = 'auto'  # auto (bfloat16 on CUDA, off on CPU), bf16 or off
+compile: bool = False  # torch.compile the training step (see benchmarks/README.md for when it pays)
 
 # %%
 from dmlstudy import plots

@@ -42,9 +42,10 @@ def test_same_seed_gives_identical_metrics_and_other_seed_differs(tiny_config):
 
 
 def test_training_lowers_the_loss(tiny_config):
-    result = run(tiny_config(run_name="learns", epochs=6, steps_per_epoch=4, lr_schedule="constant"))
+    # 48 steps: with 24 the MS loss of 4 × 3 batches was still within its batch-to-batch noise (either pipeline)
+    result = run(tiny_config(run_name="learns", epochs=8, steps_per_epoch=6, lr_schedule="constant", eval_every=8))
     losses = result.history["loss"].to_numpy()
-    assert losses[-2:].mean() < losses[:2].mean()
+    assert losses[-4:].mean() < losses[:4].mean()
 
 
 def test_complete_run_is_loaded_not_retrained(tiny_config):
@@ -124,7 +125,7 @@ def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):
 
     from dmlstudy.train import load_datasets
 
-    config = tiny_config()
+    config = tiny_config(input_pipeline="files")  # the tensor pipeline's splits are tested in test_tensor_pipeline.py
     memoized, fresh = load_datasets(config)["query"], load_datasets(config)["query"]
     first = [memoized[i] for i in range(len(memoized))]
     for (image, label), (again, again_label) in zip(first, (fresh[i] for i in range(len(fresh)))):

@@ -70,6 +70,13 @@ class ImageListDataset(torch.utils.data.Dataset):
         """The RGB image at ``index``; a file that cannot be decoded raises :class:`CorruptImageError`."""
         if self._cache is not None and index in self._cache:
             return self._cache[index]
+        image = self.read_image(index)
+        if self._cache is not None:
+            self._cache[index] = image
+        return image
+
+    def read_image(self, index: int) -> Image.Image:
+        """Decode the RGB image at ``index`` from its file, bypassing the in-memory cache (used to build the tensor cache)."""
         path = self.paths[index]
         try:
             with Image.open(path) as handle:
@@ -78,8 +85,6 @@ class ImageListDataset(torch.utils.data.Dataset):
             raise DatasetLayoutError(f"{self.name}: image file listed but missing: {path}") from error
         except (UnidentifiedImageError, OSError, SyntaxError) as error:
             raise CorruptImageError(f"{self.name}: cannot decode image file {path}: {error}") from error
-        if self._cache is not None:
-            self._cache[index] = image
         return image
 
     def memoize_items(self) -> None:
@@ -87,6 +92,11 @@ class ImageListDataset(torch.utils.data.Dataset):
         transforms) on a split that fits in memory: evaluating after every epoch then decodes and transforms
         each image once per run (on SynBirds that was ≈ 70 % of an evaluation's time)."""
         self._items = {}
+
+    @property
+    def is_memoized(self) -> bool:
+        """Whether :meth:`memoize_items` was called (DataLoader workers would fill and drop their own copies)."""
+        return self._items is not None
 
     def __getitem__(self, index: int):
         if self._items is not None and index in self._items:

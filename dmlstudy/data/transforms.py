@@ -3,6 +3,9 @@
 Train: ``RandomResizedCrop(image_size, scale=crop_scale)`` → optional ``RandomHorizontalFlip`` →
 float tensor in [0, 1] → ImageNet normalisation. Test: ``Resize(round(image_size · resize_ratio))``
 (shorter side; 256 for 224) → ``CenterCrop(image_size)`` → same normalisation.
+
+These per-item transforms serve the file pipeline; :mod:`dmlstudy.data.batch_transforms` applies the same
+geometry (the constants below) to whole uint8 batches on the training device.
 """
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ from torchvision.transforms import v2
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+CROP_SCALE = (0.2, 1.0)  # RandomResizedCrop's area range (fraction of the image)
+CROP_RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect-ratio range (torchvision's default)
+RESIZE_RATIO = 8 / 7  # test: shorter side resized to round(image_size · 8/7), then the centre crop (256 → 224)
 
 
 def _check_args(image_size: int, resize_ratio: float, crop_scale: tuple[float, float]) -> None:
@@ -30,8 +36,8 @@ def build_transforms(
     *,
     train: bool,
     hflip: bool = True,
-    resize_ratio: float = 8 / 7,
-    crop_scale: tuple[float, float] = (0.2, 1.0),
+    resize_ratio: float = RESIZE_RATIO,
+    crop_scale: tuple[float, float] = CROP_SCALE,
 ) -> Callable:
     """PIL image (or uint8 ``C × H × W`` tensor) → normalised ``float32`` tensor ``3 × image_size × image_size``.
 
@@ -45,7 +51,7 @@ def build_transforms(
         v2.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
     ]
     if train:
-        geometry = [v2.RandomResizedCrop(image_size, scale=tuple(crop_scale), antialias=True)]
+        geometry = [v2.RandomResizedCrop(image_size, scale=tuple(crop_scale), ratio=CROP_RATIO, antialias=True)]
         if hflip:
             geometry.append(v2.RandomHorizontalFlip(p=0.5))
     else:

@@ -36,10 +36,12 @@ class Baseline(Method):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.embedding(global_pool(self.backbone(images), self.pooling)), dim=1)
 
-    def loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss and its one named part, kept as a detached tensor (no host sync or graph break in the step;
+        the training loop converts the epoch's sums to floats once)."""
         embeddings, labels = self.gather(self(images), labels)
         value = self.criterion(embeddings, labels)
-        return value, {self.loss_name: float(value.detach())}
+        return value, {self.loss_name: value.detach()}
 
     def head_parameters(self) -> list[nn.Parameter]:
         return list(self.criterion.parameters())

@@ -1,0 +1,191 @@
+"""Training input pipeline and compute path, old against new, side by side in one process (issue 15).
+
+Run: ``.venv/bin/python benchmarks/bench_training.py [--dataset synbirds] [--threads 1 2] [--epochs 3]``
+(``--compile`` adds the compiled variant; ``--augment`` adds the batch-augmentation micro-benchmark;
+``--quality`` runs the R@1 check instead, see below). Results go to ``benchmarks/README.md``.
+
+Speed: for each device (CPU at every ``--threads`` count, and CUDA when present) the same MS run is trained
+through ``dmlstudy.train.run`` with
+
+* ``old``: ``input_pipeline="files"`` (PNG decoding and per-item PIL transforms in the main process,
+  ``num_workers=0``), ``channels_last=False``, no compile: the pipeline before issue 15;
+* ``new``: the defaults (``input_pipeline="auto"`` → the cached uint8 tensor with batched augmentation,
+  ``channels_last=True``; bf16 autocast on CUDA only);
+* ``new+compile`` (with ``--compile``): ``new`` with ``compile=True``; its first epoch holds the compile time.
+
+evaluated after every epoch. Per variant: the first epoch (old: it decodes every PNG; compile: it compiles),
+the mean of the later ("steady") epochs, evaluation seconds (mean over evaluations after the first, which
+for ``old`` decodes and memoizes the test images), training images/s in the steady epochs, and the process
+CPU seconds of the same (history columns ``train_cpu_seconds``/``eval_cpu_seconds``, all threads of the
+process: on a shared, overloaded machine wall time measures the neighbours as much as the code). The tensor cache
+is built (or found) once before the runs; its build time is printed.
+
+Quality (``--quality``): final R@1 of MS, old vs new, for ``--seeds`` × ``--datasets`` with the study's
+6-epoch settings, printed as mean ± standard deviation over seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dmlstudy.data import build_dataset, build_transforms
+from dmlstudy.data.batch_transforms import augment_batch
+from dmlstudy.data.tensor_cache import cached_images
+from dmlstudy.paths import data_root
+from dmlstudy.train import TrainConfig, run
+
+OLD = {"input_pipeline": "files", "channels_last": False, "compile": False, "num_workers": 0}
+NEW = {"input_pipeline": "auto"}
+NEW_COMPILED = {"input_pipeline": "auto", "compile": True}
+
+
+def build_cache(dataset: str) -> float:
+    """Seconds to find or build the tensor cache of every split of ``dataset``."""
+    started = time.perf_counter()
+    root = Path(data_root()) / dataset
+    for split in ("train", "test"):
+        cached_images(build_dataset(dataset, root, split), root)
+    return time.perf_counter() - started
+
+
+def timed_run(config: TrainConfig) -> dict[str, float]:
+    started_cpu = time.process_time()
+    result = run(config)
+    total_cpu = time.process_time() - started_cpu
+    train_seconds = result.history["train_seconds"].to_numpy()
+    eval_seconds = result.history["eval_seconds"].dropna().to_numpy()
+    eval_cpu = result.history["eval_cpu_seconds"].dropna().to_numpy()
+    steady = train_seconds[1:] if len(train_seconds) > 1 else train_seconds
+    steady_cpu = result.history["train_cpu_seconds"].to_numpy()[1:] if len(train_seconds) > 1 else result.history["train_cpu_seconds"].to_numpy()
+    steps = config.steps_per_epoch or len(build_dataset(config.dataset, Path(data_root()) / config.dataset, "train")) // (config.classes_per_batch * config.samples_per_class)
+    return {
+        "first epoch s": float(train_seconds[0]),
+        "steady epoch s": float(steady.mean()),
+        "eval s": float(eval_seconds[1:].mean() if len(eval_seconds) > 1 else eval_seconds.mean()),
+        "first eval s": float(eval_seconds[0]),
+        "train img/s": steps * config.classes_per_batch * config.samples_per_class / float(steady.mean()),
+        "steady epoch CPU s": float(steady_cpu.mean()),
+        "eval CPU s": float(eval_cpu[1:].mean() if len(eval_cpu) > 1 else eval_cpu.mean()),
+        "run CPU s": total_cpu,
+        "R@1": result.metrics["R@1"],
+    }
+
+
+def speed(args: argparse.Namespace) -> None:
+    print(f"tensor cache of {args.dataset}: {build_cache(args.dataset):.1f} s (found or built)")
+    devices = [("cpu", threads) for threads in args.threads]
+    if torch.cuda.is_available():
+        devices.append(("cuda", args.threads[-1]))
+    variants = {"old": OLD, "new": NEW, **({"new+compile": NEW_COMPILED} if args.compile else {})}
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+    rows = []
+    with tempfile.TemporaryDirectory() as runs:
+        for device, threads in devices:
+            torch.set_num_threads(threads)
+            measured = {}
+            for name, options in variants.items():
+                config = TrainConfig(study="bench", run_name=f"{device}-{threads}-{name}", runs_root=runs, dataset=args.dataset, method="ms",
+                                     epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, eval_every=1, device=device, progress=False, seed=0,
+                                     **options)
+                measured[name] = timed_run(config)
+                print(device, threads, name, {k: round(v, 3) for k, v in measured[name].items()}, flush=True)
+            for name, values in measured.items():
+                rows.append((device, threads, name, values, measured["old"]))
+    print(f"load average at end: {os.getloadavg()[0]:.1f}\n")
+    print("| device | threads | pipeline | first epoch s | steady epoch s | × old | epoch CPU s | × old | eval s | × old | eval CPU s | × old "
+          "| train img/s | first eval s | run CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for device, threads, name, values, old in rows:
+        ratio = {key: old[key] / values[key] for key in values}
+        print(f"| {device} | {threads} | {name} | {values['first epoch s']:.1f} | {values['steady epoch s']:.2f} | {ratio['steady epoch s']:.2f} | "
+              f"{values['steady epoch CPU s']:.2f} | {ratio['steady epoch CPU s']:.2f} | {values['eval s']:.2f} | {ratio['eval s']:.2f} | "
+              f"{values['eval CPU s']:.2f} | {ratio['eval CPU s']:.2f} | {values['train img/s']:.0f} | {values['first eval s']:.2f} | {values['run CPU s']:.0f} |")
+
+
+def augmentation(args: argparse.Namespace) -> None:
+    """Per-sample random resized crop + flip + normalisation of one batch: ours, kornia, per-item PIL."""
+    import kornia.augmentation as K
+
+    from dmlstudy.data.transforms import (
+        CROP_RATIO,
+        CROP_SCALE,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+    )
+
+    root = Path(data_root()) / args.dataset
+    split = build_dataset(args.dataset, root, "train")
+    images = torch.from_numpy(cached_images(split, root)[: args.batch])
+    pictures = [split.read_image(i) for i in range(args.batch)]
+    per_item = build_transforms(64, train=True)
+    kornia_pipeline = K.AugmentationSequential(
+        K.RandomResizedCrop((64, 64), scale=CROP_SCALE, ratio=CROP_RATIO), K.RandomHorizontalFlip(),
+        K.Normalize(mean=torch.tensor(IMAGENET_MEAN), std=torch.tensor(IMAGENET_STD)))
+    candidates = {
+        "per-sample θ, grid_sample (ours)": lambda: augment_batch(images, np.arange(args.batch), seed=0, epoch=0, image_size=64, flip=True),
+        "kornia.augmentation (RandomResizedCrop, flip, normalise)": lambda: kornia_pipeline(images.float() / 255),
+        "per-item PIL transforms (old)": lambda: torch.stack([per_item(p) for p in pictures]),
+    }
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        print(f"\n| batch {args.batch}, 64 px, {threads} thread(s) | wall ms per batch | CPU ms per batch |\n|---|---|---|")
+        for label, function in candidates.items():
+            function()
+            walls, cpus = [], []
+            for _ in range(args.repeats):
+                started, started_cpu = time.perf_counter(), time.process_time()
+                function()
+                walls.append(time.perf_counter() - started)
+                cpus.append(time.process_time() - started_cpu)
+            print(f"| {label} | {1000 * statistics.median(walls):.2f} | {1000 * statistics.median(cpus):.2f} |")
+
+
+def quality(args: argparse.Namespace) -> None:
+    print("| dataset | pipeline | R@1 per seed | mean ± sd | seconds |\n|---|---|---|---|---|")
+    torch.set_num_threads(args.threads[-1])
+    with tempfile.TemporaryDirectory() as runs:
+        for dataset in args.datasets:
+            for name, options in {"old": OLD, "new": NEW}.items():
+                values, started = [], time.perf_counter()
+                for seed in args.seeds:
+                    config = TrainConfig(study="quality", run_name=f"{dataset}-{name}-{seed}", runs_root=runs, dataset=dataset, method="ms", epochs=6,
+                                         steps_per_epoch=0, train_classes=0, test_classes=0, lr=0.004, eval_every=3, seed=seed, device="cpu",
+                                         progress=False, **options)
+                    values.append(run(config).metrics["R@1"])
+                    print(dataset, name, seed, round(values[-1], 4), flush=True)
+                spread = statistics.stdev(values) if len(values) > 1 else 0.0
+                print(f"| {dataset} | {name} | {', '.join(f'{100 * v:.1f}' for v in values)} | {100 * statistics.mean(values):.1f} ± {100 * spread:.1f} | "
+                      f"{time.perf_counter() - started:.0f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="synbirds")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps-per-epoch", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="also measure compile=True")
+    parser.add_argument("--augment", action="store_true", help="only the batch-augmentation micro-benchmark")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--quality", action="store_true", help="only the R@1 check (old vs new, 6 epochs)")
+    parser.add_argument("--datasets", nargs="+", default=["synbirds", "glyphs"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    if args.augment:
+        augmentation(args)
+    elif args.quality:
+        quality(args)
+    else:
+        speed(args)
+
+
+if __name__ == "__main__":
+    main()

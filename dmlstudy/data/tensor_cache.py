@@ -1,0 +1,296 @@
+"""Datasets as tensors: a split decoded once into ``uint8`` N × 3 × H × W, cached on disk, read as batches.
+
+Decisions:
+
+* **Which datasets.** Every image of a split must share one stored size to stack into one tensor; the
+  embedded sets do (64 px). Real benchmarks (CUB, Cars, SOP, In-Shop) mix sizes: :func:`stored_size` finds
+  that out from the image headers and :class:`DifferentImageSizes` sends them to the file pipeline (per-item
+  PIL transforms in DataLoader workers). Resizing them to a common size would change what the model sees, so
+  that is not done silently.
+* **Budget.** The caller compares :func:`split_bytes` of all the splits of a run with its budget
+  (``TrainConfig.tensor_budget_gib``) before anything is decoded.
+* **Cache files.** ``<dataset root>/.tensor-cache/<split>.npy`` (the array, written with ``np.save``) and
+  ``<split>.json`` (key, shape, CRC-32 of the bytes), each written to a temporary file and renamed, the
+  JSON last, under a file lock (``<split>.lock``) so that parallel runs decode a split once. The key is a SHA-256 over the cache format, the split's name, every file's path (relative to
+  the root), size and modification time, and the generator marker ``GENERATED.json`` of an embedded set
+  (generator name, version, seed, configuration). A key that differs (files or generator changed) or an
+  array that cannot be read, has the wrong shape or fails its CRC is rebuilt with a :class:`UserWarning`;
+  nothing else in the folder is touched. A folder that cannot be written is warned about and the decoded
+  tensor is used from memory.
+* **Reading.** The ``.npy`` is opened memory-mapped and copied into one tensor (CPU), which
+  :meth:`TensorImageSplit.to` moves to the training device once; there are no per-batch host copies.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import uuid
+import warnings
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from filelock import FileLock
+from PIL import Image
+
+from dmlstudy.data.base import ImageListDataset
+from dmlstudy.data.batch_transforms import (
+    augment_batch,
+    evaluation_crop,
+    normalize_batch,
+)
+
+CACHE_FORMAT = 1
+CACHE_FOLDER = ".tensor-cache"
+GENERATOR_MARKER = "GENERATED.json"  # written by dmlstudy.data.embedded.ensure_generated
+logger = logging.getLogger(__name__)
+
+
+class DifferentImageSizes(ValueError):
+    """The images of a split do not all have the same stored size, so they cannot stack into one tensor."""
+
+
+def stored_size(dataset: ImageListDataset) -> tuple[int, int]:
+    """``(height, width)`` shared by every image of ``dataset`` (read from the file headers, nothing decoded)."""
+    sizes: set[tuple[int, int]] = set()
+    for path in dataset.paths:
+        with Image.open(path) as handle:
+            sizes.add((handle.height, handle.width))
+        if len(sizes) > 1:
+            raise DifferentImageSizes(f"{dataset.name}: images differ in size ({sorted(sizes)[:2]} …), so they cannot stack into one tensor")
+    if not sizes:
+        raise DifferentImageSizes(f"{dataset.name}: no images")
+    return sizes.pop()
+
+
+def split_bytes(dataset: ImageListDataset) -> int:
+    """Bytes of the uint8 tensor of ``dataset``, estimated from its first image's size (cheap, before any decoding)."""
+    if not len(dataset):
+        return 0
+    with Image.open(dataset.paths[0]) as handle:
+        return len(dataset) * 3 * handle.height * handle.width
+
+
+def cache_key(dataset: ImageListDataset, root: Path) -> str:
+    """SHA-256 over the cache format, the split's name, (relative path, size, mtime) of every file, and the generator marker."""
+    digest = hashlib.sha256(f"format {CACHE_FORMAT}\n{dataset.name}\n".encode())
+    marker = root / GENERATOR_MARKER
+    digest.update(marker.read_bytes() if marker.is_file() else b"no generator marker")
+    for path in dataset.paths:
+        stat = path.stat()
+        try:
+            relative = path.relative_to(root).as_posix()
+        except ValueError:
+            relative = str(path)
+        digest.update(f"\n{relative} {stat.st_size} {stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def _decode(dataset: ImageListDataset, height: int, width: int) -> np.ndarray:
+    array = np.empty((len(dataset), 3, height, width), dtype=np.uint8)
+    for index in range(len(dataset)):
+        pixels = np.asarray(dataset.read_image(index))
+        if pixels.shape != (height, width, 3):
+            raise DifferentImageSizes(f"{dataset.name}: {dataset.paths[index]} is {pixels.shape[1]}×{pixels.shape[0]}, the others {width}×{height}")
+        array[index] = pixels.transpose(2, 0, 1)
+    return array
+
+
+def _checksum(array: np.ndarray) -> int:
+    return zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B"))
+
+
+def _cache_files(dataset: ImageListDataset, root: Path) -> tuple[Path, Path]:
+    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in (dataset.name or "split"))
+    folder = root / CACHE_FOLDER
+    return folder / f"{stem}.npy", folder / f"{stem}.json"
+
+
+def _read_cache(array_file: Path, meta_file: Path, key: str) -> np.ndarray | None:
+    """The cached array when present, current and intact; ``None`` (with a warning unless simply absent) otherwise."""
+    if not meta_file.is_file():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        warnings.warn(f"tensor cache {meta_file} is unreadable ({error}); rebuilding it", stacklevel=3)
+        return None
+    if meta.get("key") != key:
+        warnings.warn(f"tensor cache {array_file} is stale (the image files or the generator changed); rebuilding it", stacklevel=3)
+        return None
+    try:
+        array = np.load(array_file, mmap_mode="r")
+        if list(array.shape) != meta.get("shape") or array.dtype != np.uint8 or _checksum(array) != meta.get("crc32"):
+            raise ValueError(f"shape {array.shape}, dtype {array.dtype} or checksum differ from {meta_file}")
+        return np.array(array)
+    except (OSError, ValueError) as error:
+        warnings.warn(f"tensor cache {array_file} is corrupt ({error}); rebuilding it", stacklevel=3)
+        return None
+
+
+def _write_atomically(path: Path, write) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temporary, "wb") as handle:
+            write(handle)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def cached_images(dataset: ImageListDataset, root: str | Path) -> np.ndarray:
+    """``uint8`` N × 3 × H × W of ``dataset``, from ``root/.tensor-cache`` or decoded (and cached) now.
+
+    Raises :class:`DifferentImageSizes` when the images cannot stack; see the module docstring for the key.
+    """
+    root = Path(root)
+    key = cache_key(dataset, root)
+    array_file, meta_file = _cache_files(dataset, root)
+    lock: FileLock | None = FileLock(array_file.with_suffix(".lock"))
+    try:
+        array_file.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()  # concurrent runs of a study: one decodes, the others then read its file
+    except OSError:
+        lock = None  # a folder we cannot write: decode into memory (the write below warns)
+    try:
+        return _read_or_build(dataset, root, key, array_file, meta_file)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _read_or_build(dataset: ImageListDataset, root: Path, key: str, array_file: Path, meta_file: Path) -> np.ndarray:
+    array = _read_cache(array_file, meta_file, key)
+    if array is not None:
+        return array
+    height, width = stored_size(dataset)
+    array = _decode(dataset, height, width)
+    meta = {"key": key, "shape": list(array.shape), "crc32": _checksum(array), "format": CACHE_FORMAT, "name": dataset.name}
+    try:
+        _write_atomically(array_file, lambda handle: np.save(handle, array))
+        _write_atomically(meta_file, lambda handle: handle.write(json.dumps(meta, indent=1).encode()))
+    except OSError as error:
+        warnings.warn(f"cannot write the tensor cache {array_file} ({error}); using the decoded images from memory", stacklevel=2)
+    return array
+
+
+class TensorImageSplit(torch.utils.data.Dataset):
+    """A split as one ``uint8`` tensor ``images`` (N × 3 × H × W) with the metadata of its :class:`ImageListDataset`.
+
+    ``split[i]`` is ``(uint8 3 × H × W, label)``; :meth:`load_image` gives the RGB picture (for figures).
+    """
+
+    def __init__(self, source: ImageListDataset | Any, images: torch.Tensor, *, labels: np.ndarray | None = None, paths: Sequence[Path] | None = None) -> None:
+        self.images = images
+        self.labels = np.asarray(source.labels if labels is None else labels, dtype=np.int64)
+        self.paths = list(source.paths if paths is None else paths)
+        self.class_names, self.name, self.flip_invariant = source.class_names, source.name, source.flip_invariant
+        if len(self.images) != len(self.labels):
+            raise ValueError(f"{self.name}: {len(self.images)} images but {len(self.labels)} labels")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.images[index], int(self.labels[index])
+
+    def load_image(self, index: int) -> Image.Image:
+        return Image.fromarray(self.images[index].permute(1, 2, 0).cpu().numpy())
+
+    def subset(self, indices: Sequence[int], *, num_classes: int | None = None) -> TensorImageSplit:
+        """The images at ``indices`` (a copy), e.g. the first n classes; ``num_classes`` keeps only that many names."""
+        rows = np.asarray(indices, dtype=np.int64)
+        part = TensorImageSplit(self, self.images[torch.as_tensor(rows, device=self.images.device)], labels=self.labels[rows], paths=[self.paths[i] for i in rows])
+        if num_classes is not None:
+            part.class_names = self.class_names[:num_classes]
+        return part
+
+    def to(self, device: torch.device | str) -> TensorImageSplit:
+        """Move the images to ``device`` once (in place); returns ``self``."""
+        self.images = self.images.to(device)
+        return self
+
+
+class EvaluationImages(torch.utils.data.Dataset):
+    """The test view of a :class:`TensorImageSplit`: resized and centre-cropped once (uint8 ``crops``);
+    ``view[i]`` is the normalised float image as the per-item test transform gives it, :meth:`batch` a whole batch."""
+
+    def __init__(self, split: TensorImageSplit, image_size: int) -> None:
+        self.split, self.image_size = split, image_size
+        self.crops = evaluation_crop(split.images, image_size)
+        self.labels, self.name = split.labels, split.name
+
+    @property
+    def num_classes(self) -> int:
+        return self.split.num_classes
+
+    @property
+    def paths(self) -> list[Path]:
+        return self.split.paths
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int):
+        return normalize_batch(self.crops[index][None].cpu())[0], int(self.labels[index])
+
+    def load_image(self, index: int) -> Image.Image:
+        return self.split.load_image(index)
+
+    def batch(self, indices: Sequence[int] | slice, device: torch.device | str) -> torch.Tensor:
+        """Normalised float32 images of ``indices`` on ``device``."""
+        return normalize_batch(self.crops[indices].to(device, non_blocking=True))
+
+    def to(self, device: torch.device | str) -> EvaluationImages:
+        self.crops = self.crops.to(device)
+        self.split.to(device)
+        return self
+
+
+class BatchAugmentedTrain(torch.utils.data.Dataset):
+    """The training view of a :class:`TensorImageSplit`: :meth:`batch` augments a whole batch on the images'
+    device (random resized crop, flip only when the split is flip-invariant) with per-sample parameters
+    fixed by ``(seed, epoch, index)`` (:func:`dmlstudy.data.batch_transforms.sample_uniforms`). ``view[i]`` is
+    row i of the batch ``[i]`` (the same image any batch containing ``i`` would give)."""
+
+    def __init__(self, split: TensorImageSplit, *, seed: int, image_size: int) -> None:
+        self.split, self.seed, self.image_size, self.epoch = split, seed, image_size, 0
+        self.labels = split.labels
+
+    @property
+    def num_classes(self) -> int:
+        return self.split.num_classes
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int):
+        images, labels = self.batch([index], self.split.images.device)
+        return images[0].cpu(), int(labels[0])
+
+    def load_image(self, index: int) -> Image.Image:
+        return self.split.load_image(index)
+
+    def batch(self, indices: Sequence[int], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Augmented, normalised float32 images ``B × 3 × s × s`` and int64 labels of ``indices``, on ``device``."""
+        rows = torch.as_tensor(np.asarray(indices, dtype=np.int64), device=self.split.images.device)
+        images = augment_batch(self.split.images[rows].to(device, non_blocking=True), indices, seed=self.seed, epoch=self.epoch,
+                               image_size=self.image_size, flip=self.split.flip_invariant)
+        labels = torch.as_tensor(self.labels[np.asarray(indices, dtype=np.int64)]).to(device, non_blocking=True)
+        return images, labels
+
+    def to(self, device: torch.device | str) -> BatchAugmentedTrain:
+        self.split.to(device)
+        return self

@@ -1,0 +1,265 @@
+"""The tensor input pipeline (issue 15): cached uint8 datasets, per-sample batched augmentation on the device,
+the evaluation geometry, fallbacks to the file pipeline, cache invalidation and the compute fast path."""
+import logging
+import os
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torchvision.transforms.v2 import functional as TF
+
+from dmlstudy.data import build_dataset, build_transforms
+from dmlstudy.data.batch_transforms import (
+    axis_aligned_grid,
+    crop_thetas,
+    normalize_batch,
+    random_resized_crop_boxes,
+    sample_uniforms,
+)
+from dmlstudy.data.tensor_cache import (
+    CACHE_FOLDER,
+    BatchAugmentedTrain,
+    EvaluationImages,
+    TensorImageSplit,
+    cached_images,
+)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def smooth_image(height: int = 48, width: int = 64, seed: int = 0) -> np.ndarray:
+    """An H × W × 3 uint8 image with structure at every scale but no pixel-level noise (so resampling methods agree)."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    rng = np.random.default_rng(seed)
+    channels = [127 + 60 * np.sin(x / rng.uniform(4, 9) + rng.uniform(0, 6)) + 60 * np.cos(y / rng.uniform(4, 9)) for _ in range(3)]
+    return np.clip(np.stack(channels, axis=2), 0, 255).astype(np.uint8)
+
+
+def box_centroid(image: torch.Tensor) -> tuple[float, float]:
+    weights = image.float().sum(0)
+    y, x = torch.meshgrid(torch.arange(image.shape[-2]).float(), torch.arange(image.shape[-1]).float(), indexing="ij")
+    return float((weights * y).sum() / weights.sum()), float((weights * x).sum() / weights.sum())
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_a_crop_box_lands_where_the_pil_pipeline_puts_it(flip):
+    pixels = smooth_image()
+    picture = Image.fromarray(pixels)
+    tensor = torch.from_numpy(pixels).permute(2, 0, 1)[None]
+    boxes = random_resized_crop_boxes(sample_uniforms(3, 1, np.arange(12)), 48, 64)
+    theta = crop_thetas(boxes, np.full(len(boxes), flip), 48, 64)
+    grid = F.affine_grid(theta, [len(boxes), 3, 32, 32], align_corners=False)
+    ours = F.grid_sample(tensor.float().expand(len(boxes), -1, -1, -1), grid, mode="bilinear", align_corners=False)
+    for row, (top, left, height, width) in enumerate(boxes):
+        reference = TF.pil_to_tensor(TF.resized_crop(picture, int(top), int(left), int(height), int(width), [32, 32], antialias=True)).float()
+        if flip:
+            reference = TF.horizontal_flip(reference)
+        assert (ours[row] - reference).abs().mean() < 4.0, (row, boxes[row])  # intensity levels; a 1-px shift costs ≈ 15
+        marked = torch.zeros(1, 3, 48, 64)
+        marked[..., 20:26, 30:34] = 255.0  # a square inside every box is placed where the crop maps it
+        if top <= 20 and top + height >= 26 and left <= 30 and left + width >= 34:
+            mapped = F.grid_sample(marked, grid[row:row + 1], mode="bilinear", align_corners=False)[0]
+            expected_y = (23 - top) * 32 / height - 0.5
+            expected_x = (32 - left) * 32 / width - 0.5
+            expected_x = 31 - expected_x if flip else expected_x
+            assert np.allclose(box_centroid(mapped), (expected_y, expected_x), atol=0.3)
+
+
+def test_the_broadcast_grid_equals_affine_grid():
+    boxes = random_resized_crop_boxes(sample_uniforms(1, 0, np.arange(16)), 48, 64)
+    theta = crop_thetas(boxes, np.arange(16) % 2 == 0, 48, 64)
+    torch.testing.assert_close(axis_aligned_grid(theta, 24), F.affine_grid(theta, [16, 3, 24, 24], align_corners=False))
+
+
+def test_crop_boxes_follow_the_random_resized_crop_ranges():
+    boxes = random_resized_crop_boxes(sample_uniforms(0, 0, np.arange(4000)), 64, 64)
+    top, left, height, width = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + height <= 64).all() and (left + width <= 64).all()
+    area = height * width / 64**2
+    assert area.min() >= 0.2 - 0.03 and area.max() <= 1.0
+    assert 0.5 < np.median(area) < 0.7  # U(0.2, 1) before the rejections of boxes wider or taller than the image
+    assert (width / height).min() >= 0.75 - 0.06 and (width / height).max() <= 4 / 3 + 0.06
+
+
+def test_per_sample_parameters_depend_on_seed_epoch_and_index_only():
+    first = sample_uniforms(7, 2, [5, 11, 3])
+    again = sample_uniforms(7, 2, [3, 99, 5, 11])
+    np.testing.assert_array_equal(first, again[[2, 3, 0]])
+    assert not np.array_equal(sample_uniforms(7, 3, [5]), first[:1]) and not np.array_equal(sample_uniforms(8, 2, [5]), first[:1])
+    images = torch.from_numpy(np.stack([smooth_image(seed=s) for s in range(4)])).permute(0, 3, 1, 2).contiguous()
+    split = TensorImageSplit(_metadata(4), images)
+    view = BatchAugmentedTrain(split, seed=7, image_size=32)
+    batch, _ = view.batch([0, 1, 2, 3], "cpu")
+    shuffled, _ = view.batch([3, 1], "cpu")
+    torch.testing.assert_close(shuffled, batch[[3, 1]])
+    torch.testing.assert_close(view[2][0], batch[2])
+
+
+def _metadata(count: int, *, flip_invariant: bool = True) -> SimpleNamespace:
+    """The metadata a TensorImageSplit copies from its ImageListDataset."""
+    return SimpleNamespace(labels=np.arange(count) % 2, paths=[f"image{i}.png" for i in range(count)], class_names=["a", "b"],
+                           name="synthetic/train", flip_invariant=flip_invariant)
+
+
+@pytest.mark.parametrize("flip_invariant", [False, True])
+def test_no_flip_ever_reaches_a_flip_sensitive_dataset(flip_invariant):
+    ramp = torch.arange(64, dtype=torch.float32).mul(4).to(torch.uint8).expand(1, 3, 64, 64).contiguous()  # brighter to the right
+    split = TensorImageSplit(_metadata(1, flip_invariant=flip_invariant), ramp)
+    view = BatchAugmentedTrain(split, seed=0, image_size=32)
+    slopes = []
+    for epoch in range(50):
+        view.set_epoch(epoch)
+        images, _ = view.batch([0], "cpu")
+        slopes.append(float(images[0, :, :, -4:].mean() - images[0, :, :, :4].mean()))
+    flipped = sum(slope < 0 for slope in slopes)
+    if flip_invariant:
+        assert 10 < flipped < 40  # p = 0.5 per draw: the test can see a flip
+    else:
+        assert flipped == 0
+
+
+def test_the_glyphs_training_view_never_flips(tmp_path, tiny_config, monkeypatch):
+    from dmlstudy import train as engine
+    from dmlstudy.data import DATASETS
+
+    small_glyphs = lambda name, root, split: DATASETS[name](root=root, split=split, num_classes=8, images_per_class=4)
+    monkeypatch.setattr(engine, "build_dataset", small_glyphs)
+    train = engine.load_datasets(tiny_config(data_root=str(tmp_path), dataset="glyphs"))["train"]
+    assert isinstance(train, BatchAugmentedTrain) and train.split.flip_invariant is False
+    train.split.images = torch.arange(64, dtype=torch.float32).mul(4).to(torch.uint8).expand(len(train), 3, 64, 64).contiguous()  # brighter to the right
+    images, _ = train.batch(list(range(len(train))), "cpu")
+    assert (images[..., -4:].mean(dim=(1, 2, 3)) > images[..., :4].mean(dim=(1, 2, 3))).all()
+
+
+def test_evaluation_view_matches_the_test_transform(tiny_data_root):
+    split = build_dataset("cub200", tiny_data_root / "cub200", "test")
+    images = torch.from_numpy(cached_images(split, tiny_data_root / "cub200"))
+    view = EvaluationImages(TensorImageSplit(split, images), 40)
+    transform = build_transforms(40, train=False)
+    for index in (0, 7, len(split) - 1):
+        reference = transform(split.load_image(index))
+        assert view[index][0].shape == reference.shape == (3, 40, 40)
+        assert (view[index][0] - reference).abs().mean() < 0.03  # ≈ 2 intensity levels of resampling difference
+    torch.testing.assert_close(view.batch(slice(0, 3), "cpu"), torch.stack([view[i][0] for i in range(3)]))
+    torch.testing.assert_close(normalize_batch(images[:1]), normalize_batch(images[:1].float()))
+
+
+def test_cache_is_reused_without_decoding(tiny_data_root, monkeypatch):
+    root = tiny_data_root / "cub200"
+    split = build_dataset("cub200", root, "train")
+    first = cached_images(split, root)
+    monkeypatch.setattr(type(split), "read_image", lambda self, index: pytest.fail("decoded although the cache is current"))
+    np.testing.assert_array_equal(cached_images(split, root), first)
+    assert first.shape == (len(split), 3, 64, 64) and first.dtype == np.uint8
+    np.testing.assert_array_equal(first[5].transpose(1, 2, 0), np.asarray(Image.open(split.paths[5]).convert("RGB")))
+
+
+def test_stale_or_corrupt_cache_is_rebuilt_with_a_warning_and_nothing_else_lost(tiny_data_root, tmp_path):
+    root = tmp_path / "cub200"
+    shutil.copytree(tiny_data_root / "cub200", root)
+    split = build_dataset("cub200", root, "train")
+    reference = cached_images(split, root)
+    array_file = next((root / CACHE_FOLDER).glob("*train.npy"))
+    untouched = root / CACHE_FOLDER / "notes.txt"
+    untouched.write_text("keep me")
+    files_before = {p: p.read_bytes() for p in (root / "images").rglob("*.png")}
+
+    data = bytearray(array_file.read_bytes())
+    data[-100] ^= 0xFF
+    array_file.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="corrupt"):
+        np.testing.assert_array_equal(cached_images(split, root), reference)
+    array_file.write_bytes(array_file.read_bytes()[:200])  # truncated
+    with pytest.warns(UserWarning, match="corrupt"):
+        np.testing.assert_array_equal(cached_images(split, root), reference)
+
+    changed = split.paths[3]
+    Image.fromarray(smooth_image(64, 64)).save(changed)
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    with pytest.warns(UserWarning, match="stale"):
+        rebuilt = cached_images(split, root)
+    np.testing.assert_array_equal(rebuilt[3].transpose(1, 2, 0), smooth_image(64, 64))
+    np.testing.assert_array_equal(np.delete(rebuilt, 3, axis=0), np.delete(reference, 3, axis=0))
+    assert untouched.read_text() == "keep me"
+    assert {p for p in (root / "images").rglob("*.png")} == set(files_before)
+
+
+def test_over_budget_dataset_falls_back_to_files_with_a_logged_message(tiny_config, caplog):
+    from dmlstudy.train import SeededAugmentation, load_datasets
+
+    with caplog.at_level(logging.INFO, logger="dmlstudy.train"):
+        datasets = load_datasets(tiny_config(tensor_budget_gib=1e-6))
+    assert isinstance(datasets["train"], SeededAugmentation)
+    assert "over tensor_budget_gib" in caplog.text and "reading image files instead" in caplog.text
+    with pytest.raises(ValueError, match="input_pipeline='tensor' is not possible"):
+        load_datasets(tiny_config(tensor_budget_gib=1e-6, input_pipeline="tensor"))
+    assert isinstance(load_datasets(tiny_config())["train"], BatchAugmentedTrain)
+
+
+def test_images_of_different_sizes_fall_back_to_files(tiny_data_root, tmp_path, tiny_config, caplog):
+    from dmlstudy.train import SeededAugmentation, load_datasets
+
+    root = tmp_path / "data" / "cub200"
+    shutil.copytree(tiny_data_root / "cub200", root)
+    first = build_dataset("cub200", root, "test").paths[0]
+    Image.fromarray(smooth_image(50, 70)).save(first)
+    with caplog.at_level(logging.INFO, logger="dmlstudy.train"):
+        datasets = load_datasets(tiny_config(data_root=str(tmp_path / "data")))
+    assert isinstance(datasets["train"], SeededAugmentation) and "differ in size" in caplog.text
+
+
+@pytest.mark.parametrize("pipeline", ["tensor", "files"])
+def test_same_seed_gives_identical_metrics_with_0_and_2_workers(tiny_config, pipeline):
+    from dmlstudy.train import run
+
+    results = [run(tiny_config(run_name=f"{pipeline}-{workers}", input_pipeline=pipeline, num_workers=workers, epochs=1)) for workers in (0, 2)]
+    assert results[0].metrics["R@1"] == results[1].metrics["R@1"]
+    np.testing.assert_array_equal(results[0].embeddings["embeddings"], results[1].embeddings["embeddings"])
+
+
+def test_autocast_defaults_to_bfloat16_on_cuda_only(tiny_config):
+    from dmlstudy.train import autocast_dtype
+
+    assert autocast_dtype(tiny_config(), torch.device("cpu")) is None
+    assert autocast_dtype(tiny_config(), torch.device("cuda")) is torch.bfloat16
+    assert autocast_dtype(tiny_config(autocast="off"), torch.device("cuda")) is None
+    assert autocast_dtype(tiny_config(autocast="bf16"), torch.device("cpu")) is torch.bfloat16
+    with pytest.raises(ValueError, match="autocast"):
+        tiny_config(autocast="fp8")
+    with pytest.raises(ValueError, match="input_pipeline"):
+        tiny_config(input_pipeline="gpu")
+
+
+def test_baseline_training_step_has_no_graph_break():
+    from dmlstudy.methods import build_method
+    from dmlstudy.models import build_backbone
+
+    method = build_method("ms", backbone=build_backbone("dml_convnet", image_size=32), embedding_dim=16, num_classes=4)
+    images, labels = torch.randn(8, 3, 32, 32), torch.arange(4).repeat_interleave(2)
+    explanation = torch._dynamo.explain(method.loss)(images, labels)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@needs_cuda
+def test_cuda_batches_equal_cpu_batches_and_stay_resident():
+    images = torch.from_numpy(np.stack([smooth_image(seed=s) for s in range(4)])).permute(0, 3, 1, 2).contiguous()
+    cpu = BatchAugmentedTrain(TensorImageSplit(_metadata(4), images.clone()), seed=1, image_size=32)
+    gpu = BatchAugmentedTrain(TensorImageSplit(_metadata(4), images.clone()), seed=1, image_size=32).to("cuda")
+    assert gpu.split.images.is_cuda
+    on_gpu, labels = gpu.batch([2, 0, 3], "cuda")
+    assert on_gpu.is_cuda and labels.is_cuda
+    torch.testing.assert_close(on_gpu.cpu(), cpu.batch([2, 0, 3], "cpu")[0], atol=1e-3, rtol=1e-3)
+
+
+@needs_cuda
+def test_cuda_runs_train_on_both_pipelines_with_default_bfloat16(tiny_config):
+    from dmlstudy.train import run
+
+    result = run(tiny_config(run_name="cuda", device="cuda", epochs=1))
+    assert np.isfinite(result.metrics["R@1"]) and next(result.method.parameters()).is_cuda
+    files = run(tiny_config(run_name="cuda-files", device="cuda", epochs=1, input_pipeline="files", num_workers=2))
+    assert np.isfinite(files.metrics["R@1"])
