@@ -15,8 +15,11 @@ Decisions:
   (:mod:`dmlstudy.data.transforms`), so the pretrained features see the same input scale as fine-tuning.
 * **Held-out accuracy**: the last ``holdout_per_class`` images of every class are never trained on; their
   top-1 accuracy (centre view) is the card's ``source_accuracy``.
-* **SGD** (Nesterov momentum 0.9, weight decay, label smoothing 0.1) with a linear warm-up over the first
-  epoch and cosine decay: the standard recipe for a BN CNN trained from scratch on a classification set.
+* **AdamW** (the study's optimizer; weight decay on weights only, label smoothing 0.1) with a linear warm-up
+  over the first epoch and cosine decay. SGD at lr 0.1 (Nesterov) stayed at chance loss for two epochs on
+  400 classes; AdamW started learning sooner in a 60-step side-by-side on 50 classes (loss 4.00 → 3.86 vs
+  3.97 → 3.91). ``source_classes`` (default 200 of the 400) and ``epochs`` (default 4) were cut to fit the
+  time measured on the shared machine; the full set is there for a longer run.
 * **Determinism**: every random draw comes from generators seeded by ``seed``; with ``threads`` = 1 and
   ``torch.use_deterministic_algorithms`` the file is bit-identical on one machine type and torch version.
   Across CPUs (other SIMD kernels) float sums can round differently, so :func:`verify` compares the hash
@@ -64,12 +67,13 @@ class PretrainConfig:
     dataset_seed: int = 0
     num_classes: int = 400
     images_per_class: int = 30
+    source_classes: int = 200  # train on the first n classes of the set (0: all), to fit the time budget
     holdout_per_class: int = 5
     image_size: int = 64
-    epochs: int = 6
+    epochs: int = 4
     batch_size: int = 128
-    lr: float = 0.1
-    weight_decay: float = 5e-4
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
     seed: int = 0
     threads: int = 1
     out: str = DEFAULT_WEIGHTS  # relative paths are taken from the project root
@@ -78,6 +82,8 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         positive = ("num_classes", "images_per_class", "image_size", "epochs", "batch_size", "threads")
         bad = [f"{key}={getattr(self, key)!r}" for key in positive if getattr(self, key) < 1]
+        if not 0 <= self.source_classes <= self.num_classes:
+            bad.append(f"source_classes={self.source_classes} (must be in [0, num_classes])")
         if not 0 <= self.holdout_per_class < self.images_per_class:
             bad.append(f"holdout_per_class={self.holdout_per_class} (must be in [0, images_per_class))")
         if not self.lr > 0:
@@ -209,6 +215,9 @@ def pretrain(config: PretrainConfig, *, log=print) -> PretrainResult:
 def _pretrain(config: PretrainConfig, *, log) -> PretrainResult:
     start, cpu_start = time.perf_counter(), time.process_time()
     pixels, labels, num_classes, marker = load_source(config)
+    if config.source_classes:
+        keep = labels < config.source_classes
+        pixels, labels, num_classes = pixels[keep], labels[keep], config.source_classes
     held_out = holdout_mask(labels, config.holdout_per_class)
     train_pixels, train_labels = pixels[~held_out], labels[~held_out]
     log(
@@ -219,11 +228,9 @@ def _pretrain(config: PretrainConfig, *, log) -> PretrainResult:
     model = timm.create_model(config.backbone, num_classes=num_classes)
     decay = [p for n, p in model.named_parameters() if p.ndim > 1]
     no_decay = [p for n, p in model.named_parameters() if p.ndim <= 1]
-    optimizer = torch.optim.SGD(
+    optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=config.lr,
-        momentum=0.9,
-        nesterov=True,
     )
     steps_per_epoch = len(train_labels) // config.batch_size
     if steps_per_epoch < 1:

@@ -122,6 +122,7 @@ def test_fractals_registered_and_readable(tmp_path):
 def tiny_pretrain_options(tmp_path: Path, out: str) -> dict:
     return dict(
         num_classes=6,
+        source_classes=0,
         images_per_class=8,
         holdout_per_class=2,
         image_size=32,
@@ -254,3 +255,10 @@ def test_committed_weights_match_their_card_and_load():
     assert PretrainConfig(**card["config"]).command() == card["command"]
     backbone = build_backbone("dml_convnet", checkpoint_path=COMMITTED)
     assert not torch.equal(backbone.model.features[0].weight, fresh_model().features[0].weight)
+
+
+def test_pretrain_config_names_bad_settings():
+    with pytest.raises(ValueError, match=r"source_classes=500"):
+        PretrainConfig(source_classes=500)
+    with pytest.raises(ValueError, match=r"out='w\.pt' \(must end in \.safetensors\)"):
+        PretrainConfig(out="w.pt")
