@@ -232,6 +232,19 @@ TRAIN_EPILOG = """examples:
                                                    one run of the default study's protocol
   dmlstudy train --config plans/papers/crt_cub200.yaml --data-root /data/dml
 valid names: dmlstudy list methods|datasets|backbones|plans"""
+def _pretrain(args: argparse.Namespace) -> int:
+    from dmlstudy.pretrain import PretrainConfig, pretrain, verify
+    if args.verify:
+        return 0 if verify(args.verify) else 1
+    pretrain(PretrainConfig(**{k: v for k, v in vars(args).items() if k in PretrainConfig.field_types()}))
+    return 0
+def _add_pretrain_parser(commands: argparse._SubParsersAction) -> None:
+    from dmlstudy.pretrain import PretrainConfig
+    parser = commands.add_parser("pretrain", help="pretrain a backbone on the fractals source set; writes weights/ + a model card")
+    for name, kind in PretrainConfig.field_types().items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=argparse.SUPPRESS)
+    parser.add_argument("--verify", default="", metavar="CARD", help="rebuild what a model card describes; compare hash (or accuracy)")
+    parser.set_defaults(handler=_pretrain)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -273,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--runs-root", default=None, help="where run folders are [default: <project>/runs]")
     table.add_argument("--out", default="", help="output stem [default: results/runs for the default study, runs/<study>/results/runs otherwise]")
     table.set_defaults(handler=_study_table)
+    _add_pretrain_parser(commands)
     return parser
 
 

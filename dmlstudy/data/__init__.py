@@ -13,7 +13,7 @@ from dmlstudy.data.base import (
     list_datasets,
     register_dataset,
 )
-from dmlstudy.data import cub, cars, sop, inshop, synbirds, glyphs  # noqa: F401,E401  (register readers)
+from dmlstudy.data import cub, cars, sop, inshop, synbirds, glyphs, fractals  # noqa: F401,E401  (register readers)
 from dmlstudy.data.sampler import ClassBalancedBatchSampler
 from dmlstudy.data.transforms import build_transforms, denormalize
 

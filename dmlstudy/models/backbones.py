@@ -5,6 +5,7 @@ class/distillation (prefix) tokens are dropped; NHWC models (Swin, …) are perm
 """
 from __future__ import annotations
 
+import copy
 import difflib
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from dmlstudy.models import convnet  # noqa: F401  (registers dml_convnet with timm)
+from dmlstudy.models.cards import ModelCardError, card_path, read_card, sha256_file
 
 
 class Backbone(nn.Module):
@@ -55,7 +57,7 @@ class Backbone(nn.Module):
         if self.model is None:
             self.model = timm.create_model(name, pretrained=pretrained, **options)
         if checkpoint_path:
-            load_backbone_checkpoint(self.model, checkpoint_path)
+            load_backbone_checkpoint(self.model, checkpoint_path, name=name)
         self.num_features = int(self.model.num_features)
         self.num_prefix_tokens = int(getattr(self.model, "num_prefix_tokens", 0))
         self.output_nhwc = getattr(self.model, "output_fmt", "NCHW") == "NHWC"
@@ -88,23 +90,60 @@ class Backbone(nn.Module):
         return features
 
 
-def load_backbone_checkpoint(model: nn.Module, path: str | Path) -> None:
+class CheckpointError(ValueError):
+    """A backbone weights file (or its model card) cannot be used; the message names the file and what was expected."""
+
+
+def load_backbone_checkpoint(model: nn.Module, path: str | Path, *, name: str | None = None) -> None:
     """Load a local weights file into ``model``; keys of a classifier head the backbone lacks are ignored.
 
-    Any other missing or unexpected key raises, naming the keys, so a wrong architecture is never half-loaded.
+    Verified before anything is assigned, so a bad file leaves ``model`` untouched (never half-loaded):
+
+    * a model card beside the file (:func:`dmlstudy.models.cards.card_path`) must match: its SHA-256 is the
+      file's, and its ``backbone`` is ``name`` when both are given;
+    * the file must read as a state dict (a truncated or foreign file raises :class:`CheckpointError`);
+    * every key of ``model`` must be there with its shape, and no other key except a classifier head's
+      (a checkpoint of another backbone raises, naming the differing keys).
+
+    The weights are then loaded into a copy of ``model`` and copied over only when that succeeded.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"backbone checkpoint not found: {path}")
-    state = timm.models.load_state_dict(str(path))
+    card = card_path(path)
+    if card.is_file():
+        try:
+            fields = read_card(card)
+        except (ModelCardError, OSError) as error:
+            raise CheckpointError(f"checkpoint {path}: its model card {card} cannot be read: {error}") from error
+        actual = sha256_file(path)
+        if actual != str(fields["sha256"]):
+            rebuild = f"; rebuild it with `{fields['command']}`" if fields.get("command") else ""
+            raise CheckpointError(f"checkpoint {path}: SHA-256 {actual} does not match {fields['sha256']} recorded in its model card "
+                                  f"{card} (the file is damaged or was replaced){rebuild}")
+        if name and fields.get("backbone") and fields["backbone"] != name:
+            raise CheckpointError(f"checkpoint {path} holds backbone {fields['backbone']!r} (its model card {card}), expected {name!r}")
+    try:
+        state = timm.models.load_state_dict(str(path))
+    except Exception as error:  # safetensors, pickle and zip readers each raise their own types on a damaged file
+        expected = name or type(model).__name__
+        raise CheckpointError(f"checkpoint {path} cannot be read as a state dict ({type(error).__name__}: {error}); "
+                              f"expected a complete weights file for {expected} (.safetensors or torch.save)") from error
+    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
+        raise CheckpointError(f"checkpoint {path}: expected a state dict of tensors for {name or type(model).__name__}")
     own = model.state_dict()
     unexpected = [key for key in state if key not in own]
     head_like = [key for key in unexpected if key.split(".")[0] in {"fc", "head", "classifier", "last_linear", "head_dist"}]
     unexpected = [key for key in unexpected if key not in head_like]
     missing = [key for key in own if key not in state]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not match {type(model).__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}")
-    model.load_state_dict({key: value for key, value in state.items() if key in own})
+    reshaped = [f"{key} {tuple(state[key].shape)} vs {tuple(value.shape)}"
+                for key, value in own.items() if key in state and state[key].shape != value.shape]
+    if missing or unexpected or reshaped:
+        raise CheckpointError(f"checkpoint {path} does not match backbone {name or type(model).__name__}: missing {missing[:8]}, "
+                              f"unexpected {unexpected[:8]}, shape (file vs model) {reshaped[:8]}")
+    candidate = copy.deepcopy(model)
+    candidate.load_state_dict({key: value for key, value in state.items() if key in own}, strict=True)
+    model.load_state_dict(candidate.state_dict())
 
 
 # timm models the study's notebooks and the paper configs use; any other timm model name works as well.
