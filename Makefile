@@ -28,7 +28,7 @@ study: $(STAMP)
 	exit $$status
 
 ## ruff lint rules and formatting, as configured in pyproject.toml (`ruff format` + `ruff check --fix` repair most)
-LINT_PATHS := $(wildcard dmlstudy tests benchmarks tools notebooks)
+LINT_PATHS := $(wildcard dmlstudy tests benchmarks examples notebooks)
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)

@@ -29,6 +29,7 @@ Every (part, size) runs in a fresh subprocess, so ``ru_maxrss`` is that configur
 Usage: ``python benchmarks/bench_ann.py [--sizes 100000 1000000] [--queries 2000] [--data structured isotropic]
 [--parts ann evaluate] [--out FILE]`` (``--out`` writes the bare tables).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,16 @@ IVF_NPROBES = (8, 32, 128)
 HNSW_EF_SEARCH = (64, 128, 256)
 
 
-def make_structured(n_gallery: int, n_queries: int, *, seed: int, dim: int = DIM, noise: float = 0.8, spread: float = 0.7, per_super: int = 100):
+def make_structured(
+    n_gallery: int,
+    n_queries: int,
+    *,
+    seed: int,
+    dim: int = DIM,
+    noise: float = 0.8,
+    spread: float = 0.7,
+    per_super: int = 100,
+):
     """Gallery of n_gallery / CLASS_SIZE classes × CLASS_SIZE items and n_queries extra items of random classes;
     hierarchical classes in a space with a decaying spectrum (see the module docstring)."""
     rng = np.random.default_rng(seed)
@@ -61,7 +71,10 @@ def make_structured(n_gallery: int, n_queries: int, *, seed: int, dim: int = DIM
     n_classes = n_gallery // CLASS_SIZE
     n_super = max(1, n_classes // per_super)
     supers = rng.standard_normal((n_super, dim), dtype=np.float32) * scale
-    centres = supers[rng.integers(0, n_super, n_classes)] + spread * rng.standard_normal((n_classes, dim), dtype=np.float32) * scale
+    centres = (
+        supers[rng.integers(0, n_super, n_classes)]
+        + spread * rng.standard_normal((n_classes, dim), dtype=np.float32) * scale
+    )
     gallery_labels = np.repeat(np.arange(n_classes), CLASS_SIZE)
     gallery = centres[gallery_labels]
     gallery += noise * rng.standard_normal(gallery.shape, dtype=np.float32) * scale
@@ -123,7 +136,9 @@ def worker_ann(n_gallery: int, n_queries: int, seed: int, data: str) -> list[dic
         build_seconds = None
         if key not in built:
             built.clear()  # free the previous index before building the next one
-            built[key], build_seconds = _timed(M.build_neighbor_index, gallery, index=kind, index_params=build_params, use_gpu=False)
+            built[key], build_seconds = _timed(
+                M.build_neighbor_index, gallery, index=kind, index_params=build_params, use_gpu=False
+            )
         index = built[key]
         index.params.update(search_params)  # search-time parameters only: no rebuild
         (found, _), search_seconds = _timed(index.search, queries, k=K)
@@ -131,14 +146,21 @@ def worker_ann(n_gallery: int, n_queries: int, seed: int, data: str) -> list[dic
         if reference is None:
             reference = (found, metrics)
         overlap = np.mean([len(set(a) & set(b)) / K for a, b in zip(found.tolist(), reference[0].tolist())])
-        rows.append({
-            "N": n_gallery, "queries": n_queries, "data": data, "index": kind,
-            "params": ", ".join(f"{k}={v}" for k, v in {**index.params, **search_params}.items()) or "–",
-            "build_s": build_seconds, "search_s": search_seconds, "neighbour_recall@10": float(overlap),
-            **{name: metrics[name] for name in ("R@1", f"R@{K}", "MAP@R")},
-            **{f"err {name}": abs(metrics[name] - reference[1][name]) for name in ("R@1", f"R@{K}", "MAP@R")},
-            "peak_rss_mb": _peak_rss_mb(),
-        })
+        rows.append(
+            {
+                "N": n_gallery,
+                "queries": n_queries,
+                "data": data,
+                "index": kind,
+                "params": ", ".join(f"{k}={v}" for k, v in {**index.params, **search_params}.items()) or "–",
+                "build_s": build_seconds,
+                "search_s": search_seconds,
+                "neighbour_recall@10": float(overlap),
+                **{name: metrics[name] for name in ("R@1", f"R@{K}", "MAP@R")},
+                **{f"err {name}": abs(metrics[name] - reference[1][name]) for name in ("R@1", f"R@{K}", "MAP@R")},
+                "peak_rss_mb": _peak_rss_mb(),
+            }
+        )
     return rows
 
 
@@ -161,18 +183,34 @@ def worker_evaluate(name: str, seed: int) -> list[dict]:
     backend = M.nmi_backend_for(len(x), n_classes)
     nmi_value, nmi_seconds = _timed(M.nmi, x, y)
     (esd, rho), geometry_seconds = _timed(lambda: (M.embedding_space_density(x, y), M.spectral_decay(x)))
-    return [{
-        "set": name, "N": len(x), "classes": n_classes,
-        "gallery": len(retrieval_kwargs.get("gallery", x)),
-        "retrieval_s": retrieval_seconds, "nmi_backend": backend, "nmi_s": nmi_seconds, "geometry_s": geometry_seconds,
-        "rss_data_mb": base_rss, "rss_after_retrieval_mb": rss_after_retrieval, "peak_rss_mb": _peak_rss_mb(),
-        "metrics": {**{k: round(v, 4) for k, v in retrieval.items()}, "NMI": round(nmi_value, 4), "ESD": round(esd, 4), "rho": round(rho, 4)},
-    }]
+    return [
+        {
+            "set": name,
+            "N": len(x),
+            "classes": n_classes,
+            "gallery": len(retrieval_kwargs.get("gallery", x)),
+            "retrieval_s": retrieval_seconds,
+            "nmi_backend": backend,
+            "nmi_s": nmi_seconds,
+            "geometry_s": geometry_seconds,
+            "rss_data_mb": base_rss,
+            "rss_after_retrieval_mb": rss_after_retrieval,
+            "peak_rss_mb": _peak_rss_mb(),
+            "metrics": {
+                **{k: round(v, 4) for k, v in retrieval.items()},
+                "NMI": round(nmi_value, 4),
+                "ESD": round(esd, 4),
+                "rho": round(rho, 4),
+            },
+        }
+    ]
 
 
 def run_worker(args: list[str]) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    completed = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True, env=env, cwd=REPO)
+    completed = subprocess.run(
+        [sys.executable, __file__, "--worker", *args], capture_output=True, text=True, env=env, cwd=REPO
+    )
     if completed.returncode != 0:
         raise RuntimeError(f"worker {args} failed:\n{completed.stderr[-4000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -187,8 +225,10 @@ def _fmt(value, digits: int = 4) -> str:
 
 
 def ann_table(rows: list[dict]) -> str:
-    header = ("| data | N | index | parameters | build s | search s (queries) | neighbour recall@10 | R@1 | R@10 | MAP@R | "
-              "R@1 error | R@10 error | MAP@R error | peak RSS MB |")
+    header = (
+        "| data | N | index | parameters | build s | search s (queries) | neighbour recall@10 | R@1 | R@10 | MAP@R | "
+        "R@1 error | R@10 error | MAP@R error | peak RSS MB |"
+    )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         lines.append(
@@ -223,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         part, *rest = args.worker
-        rows = worker_ann(int(rest[0]), int(rest[1]), int(rest[2]), rest[3]) if part == "ann" else worker_evaluate(rest[0], int(rest[1]))
+        rows = (
+            worker_ann(int(rest[0]), int(rest[1]), int(rest[2]), rest[3])
+            if part == "ann"
+            else worker_evaluate(rest[0], int(rest[1]))
+        )
         print(json.dumps(rows))
         return 0
 
@@ -246,9 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     load_end = os.getloadavg()
     import faiss
 
-    print(f"\nstarted {started:%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, faiss {faiss.__version__} "
-          f"(GPUs seen: {faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0}), "
-          f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end")
+    print(
+        f"\nstarted {started:%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, faiss {faiss.__version__} "
+        f"(GPUs seen: {faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0}), "
+        f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end"
+    )
     if args.out:
         Path(args.out).write_text("\n\n".join(sections) + "\n")
     return 0

@@ -4,6 +4,7 @@ Run: ``.venv/bin/python benchmarks/bench_backbones.py [--image-size 64] [--batch
 backbone (all measured in this one process, side by side): feature map at the image size, parameters, and
 images/s for a training step (MS baseline: forward, loss, backward, AdamW step) and for inference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,13 +51,13 @@ def main() -> None:
         optimizer = torch.optim.AdamW(method.parameters(), lr=1e-3)
         grid = tuple(backbone(images[:1]).shape[1:])
 
-        def train_step():
+        def train_step(method=method, optimizer=optimizer):
             loss, _ = method.loss(images, labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
 
-        def inference_step():
+        def inference_step(method=method):
             with torch.no_grad():
                 method(images)
 
@@ -65,7 +66,10 @@ def main() -> None:
         method.eval()
         inference_speed = images_per_second(inference_step, args.batch, args.repeats)
         parameters = sum(p.numel() for p in method.parameters()) / 1e6
-        print(f"| {label} | {grid[0]}×{grid[1]}×{grid[2]} | {parameters:.2f} M | {train_speed:.0f} | {inference_speed:.0f} |", flush=True)
+        print(
+            f"| {label} | {grid[0]}×{grid[1]}×{grid[2]} | {parameters:.2f} M | {train_speed:.0f} | {inference_speed:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ AdamW update, as in ``dmlstudy.train``. The table reports the median step time o
 Usage: ``python benchmarks/bench_cross_attention.py [--batches 32 64 128] [--repeats 15] [--backbone dml_convnet]
 [--image-size 64] [--blocks 6] [--independent] [--threads 0]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,13 @@ from dmlstudy.models import build_backbone
 
 def build(method: str, *, backbone: str, image_size: int, embedding_dim: int, **kwargs):
     torch.manual_seed(0)
-    model = build_method(method, backbone=build_backbone(backbone, image_size=image_size), embedding_dim=embedding_dim, num_classes=100, **kwargs)
+    model = build_method(
+        method,
+        backbone=build_backbone(backbone, image_size=image_size),
+        embedding_dim=embedding_dim,
+        num_classes=100,
+        **kwargs,
+    )
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
@@ -40,7 +47,17 @@ def step(model, optimizer, images: torch.Tensor, labels: torch.Tensor) -> float:
     return time.perf_counter() - started
 
 
-def measure(batch: int, *, backbone: str, image_size: int, blocks: int, independent: bool, repeats: int, warmup: int, device: str) -> dict:
+def measure(
+    batch: int,
+    *,
+    backbone: str,
+    image_size: int,
+    blocks: int,
+    independent: bool,
+    repeats: int,
+    warmup: int,
+    device: str,
+) -> dict:
     """Median step seconds of the baseline and of the method at one batch size, interleaved."""
     common = dict(backbone=backbone, image_size=image_size, embedding_dim=128)
     contenders = {
@@ -60,7 +77,13 @@ def measure(batch: int, *, backbone: str, image_size: int, blocks: int, independ
                 times[name].append(seconds)
     baseline, method = (statistics.median(times[name]) for name in ("ms", "cross_attention"))
     extra = sum(p.numel() for p in contenders["cross_attention"][0].blocks.parameters())
-    return {"batch": batch, "ms_ms": 1000 * baseline, "ca_ms": 1000 * method, "ratio": method / baseline, "block_params": extra}
+    return {
+        "batch": batch,
+        "ms_ms": 1000 * baseline,
+        "ca_ms": 1000 * method,
+        "ratio": method / baseline,
+        "block_params": extra,
+    }
 
 
 def main() -> None:
@@ -77,16 +100,31 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"# cross-attention overhead, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
-    print(f"# backbone {args.backbone} at {args.image_size} px, d = 128, N = {args.blocks} "
-          f"{'independent' if args.independent else 'shared'} blocks, median of {args.repeats} interleaved steps")
+    print(
+        f"# cross-attention overhead, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}"
+    )
+    print(
+        f"# backbone {args.backbone} at {args.image_size} px, d = 128, N = {args.blocks} "
+        f"{'independent' if args.independent else 'shared'} blocks, median of {args.repeats} interleaved steps"
+    )
     print("| batch | MS step (ms) | + cross-attention (ms) | ratio | block parameters |")
     print("|---:|---:|---:|---:|---:|")
     for batch in args.batches:
-        row = measure(batch, backbone=args.backbone, image_size=args.image_size, blocks=args.blocks, independent=args.independent,
-                      repeats=args.repeats, warmup=args.warmup, device=args.device)
-        print(f"| {row['batch']} | {row['ms_ms']:.1f} | {row['ca_ms']:.1f} | {row['ratio']:.2f} | {row['block_params']:,} |", flush=True)
+        row = measure(
+            batch,
+            backbone=args.backbone,
+            image_size=args.image_size,
+            blocks=args.blocks,
+            independent=args.independent,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            device=args.device,
+        )
+        print(
+            f"| {row['batch']} | {row['ms_ms']:.1f} | {row['ca_ms']:.1f} | {row['ratio']:.2f} | {row['block_params']:,} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ trustworthy ratios there).
 
 Usage: ``python benchmarks/bench_crt.py [--backbone dml_convnet] [--image-size 64] [--batch 16 4] [--rounds 12] [--threads 1]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,9 @@ def build(name: str, kwargs: dict, *, backbone: str, image_size: int, output_str
     """The method and its AdamW optimizer, seeded identically for every variant."""
     torch.manual_seed(0)
     options = {"output_stride": output_stride} if output_stride else {}
-    method = build_method(name, backbone=build_backbone(backbone, image_size=image_size, **options), num_classes=100, **kwargs).to(device)
+    method = build_method(
+        name, backbone=build_backbone(backbone, image_size=image_size, **options), num_classes=100, **kwargs
+    ).to(device)
     return method, torch.optim.AdamW(method.parameters(), lr=1e-3, weight_decay=1e-4)
 
 
@@ -70,8 +73,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default. With 1 thread the CPU "
-                        "time of a step is close to its time on an idle core even when the machine is shared")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads; 0: torch's default. With 1 thread the CPU "
+        "time of a step is close to its time on an idle core even when the machine is shared",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -83,7 +91,16 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(classes * per_class, 3, args.image_size, args.image_size, generator=generator).to(device)
     labels = torch.arange(classes).repeat_interleave(per_class).to(device)
-    models = {v: build(*VARIANTS[v], backbone=args.backbone, image_size=args.image_size, output_stride=args.output_stride or None, device=device) for v in args.variants}
+    models = {
+        v: build(
+            *VARIANTS[v],
+            backbone=args.backbone,
+            image_size=args.image_size,
+            output_stride=args.output_stride or None,
+            device=device,
+        )
+        for v in args.variants
+    }
     wall: dict[str, list[float]] = {v: [] for v in models}
     cpu: dict[str, list[float]] = {v: [] for v in models}
     for round_index in range(args.rounds + 1):
@@ -95,15 +112,21 @@ def main() -> None:
                 cpu[variant].append(_cpu_seconds() - cpu_started)
 
     base_wall, base_cpu = statistics.median(wall["ms"]), statistics.median(cpu["ms"])
-    print(f"# CRT training-step overhead — {datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, device {device}, load average {os.getloadavg()[0]:.1f}")
-    print(f"backbone {args.backbone}, {args.image_size} px, batch {classes}×{per_class}, {args.rounds} timed rounds (interleaved)\n")
+    print(
+        f"# CRT training-step overhead — {datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, device {device}, load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"backbone {args.backbone}, {args.image_size} px, batch {classes}×{per_class}, {args.rounds} timed rounds (interleaved)\n"
+    )
     print("| variant | params (M) | wall ms/step | × ms | CPU ms/step | × ms |")
     print("|---|---|---|---|---|---|")
     for variant, (method, _) in models.items():
         w, c = statistics.median(wall[variant]), statistics.median(cpu[variant])
         params = sum(p.numel() for p in method.parameters()) / 1e6
-        print(f"| {variant} | {params:.2f} | {1000 * w:.0f} | {w / base_wall:.2f} | {1000 * c:.0f} | {c / base_cpu:.2f} |")
+        print(
+            f"| {variant} | {params:.2f} | {1000 * w:.0f} | {w / base_wall:.2f} | {1000 * c:.0f} | {c / base_cpu:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ than wall time; on an idle machine wall time with the default threads is what a 
 
 Usage: ``python benchmarks/bench_dgcrl.py [--rounds 10] [--classes 100] [--steps-per-epoch 62] [--threads 1 --clock cpu]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,9 @@ def variant_specs() -> dict[str, dict]:
     return {name: specs[name] for name in VARIANTS}
 
 
-def loss_only_seconds(protocol: ProtocolConfig, specs: dict[str, dict], *, num_classes: int, rounds: int, clock: str = "wall") -> dict[str, float]:
+def loss_only_seconds(
+    protocol: ProtocolConfig, specs: dict[str, dict], *, num_classes: int, rounds: int, clock: str = "wall"
+) -> dict[str, float]:
     """Median seconds of loss + backward on fixed features (no backbone), interleaved over the variants."""
     now = study.CLOCKS[clock]
     torch.manual_seed(0)
@@ -50,7 +53,13 @@ def loss_only_seconds(protocol: ProtocolConfig, specs: dict[str, dict], *, num_c
     features = torch.randn(batch, protocol.embedding_dim)
     heads = {}
     for name, spec in specs.items():
-        method = build_method(spec["method"], backbone=build_backbone(protocol.backbone), embedding_dim=protocol.embedding_dim, num_classes=num_classes, **dict(spec.get("method_kwargs") or {}))
+        method = build_method(
+            spec["method"],
+            backbone=build_backbone(protocol.backbone),
+            embedding_dim=protocol.embedding_dim,
+            num_classes=num_classes,
+            **dict(spec.get("method_kwargs") or {}),
+        )
         heads[name] = method
     timings: dict[str, list[float]] = {name: [] for name in specs}
     for round_index in range(rounds + 1):
@@ -70,7 +79,9 @@ def _loss_on_features(method, features: torch.Tensor, labels: torch.Tensor) -> t
     """The method's loss on given features, bypassing the backbone (same code paths as ``method.loss``)."""
     if isinstance(method, study.DGCRL):
         original = method.scaled_features
-        method.scaled_features = lambda images: study.normalize_scale(features, alpha=method.alpha) if method.normalize_scale else features
+        method.scaled_features = lambda images: (
+            study.normalize_scale(features, alpha=method.alpha) if method.normalize_scale else features
+        )
         try:
             return method.loss(torch.empty(0), labels)[0]
         finally:
@@ -82,9 +93,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--classes", type=int, default=100, help="training classes (centres): SynBirds has 100")
-    parser.add_argument("--steps-per-epoch", type=int, default=62, help="one full pass over SynBirds' 4000 training images at batch 64")
+    parser.add_argument(
+        "--steps-per-epoch", type=int, default=62, help="one full pass over SynBirds' 4000 training images at batch 64"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--clock", choices=sorted(study.CLOCKS), default="wall", help="wall time, or this process's CPU time (steadier on a shared machine; use with --threads 1)")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(study.CLOCKS),
+        default="wall",
+        help="wall time, or this process's CPU time (steadier on a shared machine; use with --threads 1)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,13 +111,19 @@ def main() -> None:
     full = study.step_seconds(protocol, specs, num_classes=args.classes, rounds=args.rounds, clock=args.clock)
     loss_only = loss_only_seconds(protocol, specs, num_classes=args.classes, rounds=args.rounds, clock=args.clock)
     reference = full["dgcrl"]
-    print(f"# bench_dgcrl — {datetime.date.today()} — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"# batch {protocol.classes_per_batch}×{protocol.samples_per_class} at {protocol.image_size} px, {protocol.backbone}, d = {protocol.embedding_dim}, "
-          f"{args.classes} classes, {args.rounds} rounds (median), {args.steps_per_epoch} steps per epoch, {args.clock} clock")
+    print(
+        f"# bench_dgcrl — {datetime.date.today()} — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"  # noqa: E501
+    )
+    print(
+        f"# batch {protocol.classes_per_batch}×{protocol.samples_per_class} at {protocol.image_size} px, {protocol.backbone}, d = {protocol.embedding_dim}, "
+        f"{args.classes} classes, {args.rounds} rounds (median), {args.steps_per_epoch} steps per epoch, {args.clock} clock"
+    )
     print("| loss | full step (ms) | s / epoch | × dgcrl | loss + backward only (ms) |")
     print("|---|---:|---:|---:|---:|")
     for name in specs:
-        print(f"| {name} | {1000 * full[name]:.1f} | {full[name] * args.steps_per_epoch:.2f} | {full[name] / reference:.2f} | {1000 * loss_only[name]:.2f} |")
+        print(
+            f"| {name} | {1000 * full[name]:.1f} | {full[name] * args.steps_per_epoch:.2f} | {full[name] / reference:.2f} | {1000 * loss_only[name]:.2f} |"
+        )
 
 
 if __name__ == "__main__":

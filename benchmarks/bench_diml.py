@@ -13,6 +13,7 @@
 Usage: ``python benchmarks/bench_diml.py [--queries 5000] [--loop-queries 40] [--threads 1]``
 Prints a markdown table (copy it to ``benchmarks/results_diml.md``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,7 +102,9 @@ def bench_rerank(args) -> list[dict]:
     candidates, _ = metrics.nearest_neighbors(global_, k=args.top_k)
     search_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    batched = candidate_structural_similarity(global_, local, global_, local, candidates, options=options, query_chunk=args.query_chunk)
+    batched = candidate_structural_similarity(
+        global_, local, global_, local, candidates, options=options, query_chunk=args.query_chunk
+    )
     batched_seconds = time.perf_counter() - started
     subset = candidates[: args.loop_queries]
     started = time.perf_counter()
@@ -111,9 +114,24 @@ def bench_rerank(args) -> list[dict]:
     looped_numpy = numpy_loop(global_, local, subset, options)
     numpy_seconds = (time.perf_counter() - started) * args.queries / args.loop_queries
     rows = [
-        {"implementation": f"batched (chunks of {args.query_chunk or 'auto'} queries × K)", "seconds": batched_seconds, "measured on": f"{args.queries} queries", "max |Δ| vs batched": 0.0},
-        {"implementation": "per-pair loop, torch", "seconds": torch_seconds, "measured on": f"{args.loop_queries} queries, extrapolated", "max |Δ| vs batched": float(np.abs(looped_torch - batched[: args.loop_queries]).max())},
-        {"implementation": "per-pair loop, numpy", "seconds": numpy_seconds, "measured on": f"{args.loop_queries} queries, extrapolated", "max |Δ| vs batched": float(np.abs(looped_numpy - batched[: args.loop_queries]).max())},
+        {
+            "implementation": f"batched (chunks of {args.query_chunk or 'auto'} queries × K)",
+            "seconds": batched_seconds,
+            "measured on": f"{args.queries} queries",
+            "max |Δ| vs batched": 0.0,
+        },
+        {
+            "implementation": "per-pair loop, torch",
+            "seconds": torch_seconds,
+            "measured on": f"{args.loop_queries} queries, extrapolated",
+            "max |Δ| vs batched": float(np.abs(looped_torch - batched[: args.loop_queries]).max()),
+        },
+        {
+            "implementation": "per-pair loop, numpy",
+            "seconds": numpy_seconds,
+            "measured on": f"{args.loop_queries} queries, extrapolated",
+            "max |Δ| vs batched": float(np.abs(looped_numpy - batched[: args.loop_queries]).max()),
+        },
     ]
     for row in rows:
         row["queries/s"] = args.queries / row["seconds"]
@@ -126,7 +144,10 @@ def bench_training(args) -> list[dict]:
     torch.manual_seed(0)
     images = torch.randn(args.batch_classes * args.batch_samples, 3, 64, 64)
     labels = torch.arange(args.batch_classes).repeat_interleave(args.batch_samples)
-    methods = {name: build_method(name, backbone=build_backbone("dml_convnet"), embedding_dim=args.dim, num_classes=100) for name in ("ms", "diml")}
+    methods = {
+        name: build_method(name, backbone=build_backbone("dml_convnet"), embedding_dim=args.dim, num_classes=100)
+        for name in ("ms", "diml")
+    }
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in methods.items()}
     times: dict[str, list[float]] = {name: [] for name in methods}
     iterations: list[float] = []
@@ -144,7 +165,10 @@ def bench_training(args) -> list[dict]:
                     iterations.append(parts["sinkhorn_iterations"])
     base = float(np.median(times["ms"]))
     print(f"DIML mean Sinkhorn iterations per pair: {np.mean(iterations):.1f}")
-    return [{"method": name, "seconds/step (median)": float(np.median(t)), "relative": float(np.median(t)) / base} for name, t in times.items()]
+    return [
+        {"method": name, "seconds/step (median)": float(np.median(t)), "relative": float(np.median(t)) / base}
+        for name, t in times.items()
+    ]
 
 
 def markdown(rows: list[dict]) -> str:
@@ -170,11 +194,17 @@ def main() -> None:
     parser.add_argument("--skip-training", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"# DIML benchmark, {datetime.date.today()}, {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s)")
-    print(f"\n## Re-ranking: {args.queries} queries, K = {args.top_k}, G = {args.grid}, d = {args.dim}, ε = 0.05, tolerance {TransportOptions().tolerance:g}\n")
+    print(
+        f"# DIML benchmark, {datetime.date.today()}, {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s)"
+    )
+    print(
+        f"\n## Re-ranking: {args.queries} queries, K = {args.top_k}, G = {args.grid}, d = {args.dim}, ε = 0.05, tolerance {TransportOptions().tolerance:g}\n"
+    )
     print(markdown(bench_rerank(args)))
     if not args.skip_training:
-        print(f"\n## Training step: batch {args.batch_classes}×{args.batch_samples}, 64 px, dml_convnet, d = {args.dim}\n")
+        print(
+            f"\n## Training step: batch {args.batch_classes}×{args.batch_samples}, 64 px, dml_convnet, d = {args.dim}\n"
+        )
         print(markdown(bench_training(args)))
 
 

@@ -17,6 +17,7 @@ Usage (from the worktree, with a base worktree made by ``git worktree add ../das
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_engine.py --base /work/wt/dask-base --repeats 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,14 +53,22 @@ def grid_once(source: Path, spec: dict) -> dict:
     environment.pop("DMLSTUDY_SCHEDULER", None)
     environment.pop("DMLSTUDY_TASK_THREADS", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    completed = subprocess.run([sys.executable, "-c", GRID, json.dumps(spec)], env=environment, cwd=source,
-                               capture_output=True, text=True, check=False)
+    completed = subprocess.run(
+        [sys.executable, "-c", GRID, json.dumps(spec)],
+        env=environment,
+        cwd=source,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)  # the whole process tree, imports included
+    cpu = (after.ru_utime + after.ru_stime) - (
+        before.ru_utime + before.ru_stime
+    )  # the whole process tree, imports included
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     if completed.returncode or not lines:
         raise RuntimeError(f"grid in {source} failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
-    return {**json.loads(lines[-1][len("RESULT "):]), "cpu": cpu}
+    return {**json.loads(lines[-1][len("RESULT ") :]), "cpu": cpu}
 
 
 def task_overhead(tasks: int) -> float:
@@ -94,23 +103,42 @@ def main() -> None:
         for repeat in range(args.repeats):
             pair = {}
             for name, source in (("pool", args.base.resolve()), ("dask", HERE)):
-                spec = {"runs_root": f"{scratch}/{name}{repeat}", "data_root": args.data_root, "runs": args.runs,
-                        "epochs": args.epochs, "steps": args.steps_per_epoch, "test_classes": args.test_classes}
+                spec = {
+                    "runs_root": f"{scratch}/{name}{repeat}",
+                    "data_root": args.data_root,
+                    "runs": args.runs,
+                    "epochs": args.epochs,
+                    "steps": args.steps_per_epoch,
+                    "test_classes": args.test_classes,
+                }
                 pair[name] = grid_once(source, spec)
-                print(f"repeat {repeat} {name}: {pair[name]['seconds']:.1f} s wall, {pair[name]['cpu']:.1f} s CPU, R@1 {pair[name]['R@1']}", flush=True)
+                print(
+                    f"repeat {repeat} {name}: {pair[name]['seconds']:.1f} s wall, {pair[name]['cpu']:.1f} s CPU, R@1 {pair[name]['R@1']}",
+                    flush=True,
+                )
             rows.append(pair)
     noop = task_overhead(args.noop_tasks)
-    print(f"\nload average at start {load_start:.1f}, at end {os.getloadavg()[0]:.1f}; "
-          f"{args.runs} MS runs × {args.epochs} epochs × {args.steps_per_epoch} steps, {args.test_classes or 'all'} test classes, workers = 2\n")
-    print("| repeat | pool wall s | dask wall s | wall overhead | pool CPU s | dask CPU s | CPU overhead | same R@1 |\n|---|---|---|---|---|---|---|---|")
+    print(
+        f"\nload average at start {load_start:.1f}, at end {os.getloadavg()[0]:.1f}; "
+        f"{args.runs} MS runs × {args.epochs} epochs × {args.steps_per_epoch} steps, {args.test_classes or 'all'} test classes, workers = 2\n"
+    )
+    print(
+        "| repeat | pool wall s | dask wall s | wall overhead | pool CPU s | dask CPU s | CPU overhead | same R@1 |\n|---|---|---|---|---|---|---|---|"
+    )
     for repeat, pair in enumerate(rows):
         pool, dask = pair["pool"], pair["dask"]
-        print(f"| {repeat} | {pool['seconds']:.1f} | {dask['seconds']:.1f} | {100 * (dask['seconds'] - pool['seconds']) / pool['seconds']:+.1f} % "
-              f"| {pool['cpu']:.1f} | {dask['cpu']:.1f} | {100 * (dask['cpu'] - pool['cpu']) / pool['cpu']:+.1f} % | {pool['R@1'] == dask['R@1']} |")
-    total = {name: {key: sum(pair[name][key] for pair in rows) for key in ("seconds", "cpu")} for name in ("pool", "dask")}
-    print(f"| all | {total['pool']['seconds']:.1f} | {total['dask']['seconds']:.1f} | "
-          f"{100 * (total['dask']['seconds'] - total['pool']['seconds']) / total['pool']['seconds']:+.1f} % | {total['pool']['cpu']:.1f} | "
-          f"{total['dask']['cpu']:.1f} | {100 * (total['dask']['cpu'] - total['pool']['cpu']) / total['pool']['cpu']:+.1f} % | |")
+        print(
+            f"| {repeat} | {pool['seconds']:.1f} | {dask['seconds']:.1f} | {100 * (dask['seconds'] - pool['seconds']) / pool['seconds']:+.1f} % "
+            f"| {pool['cpu']:.1f} | {dask['cpu']:.1f} | {100 * (dask['cpu'] - pool['cpu']) / pool['cpu']:+.1f} % | {pool['R@1'] == dask['R@1']} |"
+        )
+    total = {
+        name: {key: sum(pair[name][key] for pair in rows) for key in ("seconds", "cpu")} for name in ("pool", "dask")
+    }
+    print(
+        f"| all | {total['pool']['seconds']:.1f} | {total['dask']['seconds']:.1f} | "
+        f"{100 * (total['dask']['seconds'] - total['pool']['seconds']) / total['pool']['seconds']:+.1f} % | {total['pool']['cpu']:.1f} | "
+        f"{total['dask']['cpu']:.1f} | {100 * (total['dask']['cpu'] - total['pool']['cpu']) / total['pool']['cpu']:+.1f} % | |"
+    )
     print(f"\nengine per trivial task on a warm 2-worker cluster: {1000 * noop:.1f} ms ({args.noop_tasks} tasks)")
 
 

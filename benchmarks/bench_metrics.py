@@ -18,6 +18,7 @@ data is reported too). Methods:
 
 Usage: ``python benchmarks/bench_metrics.py [--sizes 10000 60502] [--methods ours pml ...]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -119,6 +120,7 @@ def worker(method: str, n: int, dim: int, seed: int, noise: float, repeats: int)
     if method in ("pml", "pml_ip"):
         import pytorch_metric_learning  # noqa: F401
     import faiss  # noqa: F401
+
     import dmlstudy.metrics  # noqa: F401
 
     x, y = make_data(n, dim, seed=seed, noise=noise)
@@ -129,13 +131,35 @@ def worker(method: str, n: int, dim: int, seed: int, noise: float, repeats: int)
         results = run_method(method, x, y)
         times.append(time.perf_counter() - start)
         cpu_times.append(_cpu_seconds() - cpu_start)
-    return {"method": method, "n": n, "seconds": min(times), "times": times, "cpu_seconds": min(cpu_times),
-            "baseline_mb": baseline, "peak_mb": _peak_rss_mb(), "results": results}
+    return {
+        "method": method,
+        "n": n,
+        "seconds": min(times),
+        "times": times,
+        "cpu_seconds": min(cpu_times),
+        "baseline_mb": baseline,
+        "peak_mb": _peak_rss_mb(),
+        "results": results,
+    }
 
 
 def run_in_subprocess(method: str, n: int, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--worker", method, "--sizes", str(n), "--dim", str(args.dim),
-           "--seed", str(args.seed), "--noise", str(args.noise), "--repeats", str(args.repeats)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        method,
+        "--sizes",
+        str(n),
+        "--dim",
+        str(args.dim),
+        "--seed",
+        str(args.seed),
+        "--noise",
+        str(args.noise),
+        "--repeats",
+        str(args.repeats),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         return {"method": method, "n": n, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
@@ -153,19 +177,23 @@ def agreement(row: dict, ours: dict | None) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = ["| N | method | wall s, best (all runs) | ratio to ours | CPU s | peak RSS MB (baseline) | agrees with ours | metrics |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| N | method | wall s, best (all runs) | ratio to ours | CPU s | peak RSS MB (baseline) | agrees with ours | metrics |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     by_n: dict[int, dict] = {r["n"]: r for r in rows if r["method"] == "ours" and "seconds" in r}
     for r in rows:
         ours = by_n.get(r["n"])
         if "seconds" not in r:
-            lines.append(f"| {r['n']} | {r['method']} | – | – | – | – | – | not run: {r.get('error', r.get('skipped'))} |")
+            lines.append(
+                f"| {r['n']} | {r['method']} | – | – | – | – | – | not run: {r.get('error', r.get('skipped'))} |"
+            )
             continue
         comparable = ours is not None and r["method"] not in ("ours_geometry", "ours_nmi")
         ratio = f"{r['seconds'] / ours['seconds']:.2f}" if comparable else "-"
         shown = ", ".join(f"{k} {v:.4f}" for k, v in r["results"].items())
         lines.append(
-            f"| {r['n']} | {r['method']} | {r['seconds']:.2f} ({', '.join(f'{t:.1f}' for t in r['times'])}) | {ratio} | {r['cpu_seconds']:.2f} | {r['peak_mb']:.0f} ({r['baseline_mb']:.0f}) "
+            f"| {r['n']} | {r['method']} | {r['seconds']:.2f} ({', '.join(f'{t:.1f}' for t in r['times'])}) | {ratio} | {r['cpu_seconds']:.2f} | {r['peak_mb']:.0f} ({r['baseline_mb']:.0f}) "  # noqa: E501
             f"| {agreement(r, ours) if r['method'] != 'ours' else 'ref'} | {shown} |"
         )
     return "\n".join(lines)
@@ -185,14 +213,22 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args.sizes[0], args.dim, args.seed, args.noise, args.repeats)))
         return
-    print(f"# {datetime.date.today()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f} at start; d={args.dim}, seed={args.seed}, noise={args.noise}")
+    print(
+        f"# {datetime.date.today()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f} at start; d={args.dim}, seed={args.seed}, noise={args.noise}"
+    )
     rows = []
     for n in args.sizes:
         for method in args.methods:
             gb = n * n * 4 / 2**30
             if method == "torch_full" and gb > args.max_gb:
-                rows.append({"method": method, "n": n, "skipped": f"the N×N float32 matrix alone needs {gb:.1f} GB > {args.max_gb} GB"})
+                rows.append(
+                    {
+                        "method": method,
+                        "n": n,
+                        "skipped": f"the N×N float32 matrix alone needs {gb:.1f} GB > {args.max_gb} GB",
+                    }
+                )
                 continue
             rows.append(run_in_subprocess(method, n, args))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ is built (or found) once before the runs; its build time is printed.
 Quality (``--quality``): final R@1 of MS, old vs new, for ``--seeds`` × ``--datasets`` with the study's
 6-epoch settings, printed as mean ± standard deviation over seeds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,14 @@ def timed_run(config: TrainConfig) -> dict[str, float]:
     eval_seconds = result.history["eval_seconds"].dropna().to_numpy()
     eval_cpu = result.history["eval_cpu_seconds"].dropna().to_numpy()
     steady = train_seconds[1:] if len(train_seconds) > 1 else train_seconds
-    steady_cpu = result.history["train_cpu_seconds"].to_numpy()[1:] if len(train_seconds) > 1 else result.history["train_cpu_seconds"].to_numpy()
-    steps = config.steps_per_epoch or len(build_dataset(config.dataset, Path(data_root()) / config.dataset, "train")) // (config.classes_per_batch * config.samples_per_class)
+    steady_cpu = (
+        result.history["train_cpu_seconds"].to_numpy()[1:]
+        if len(train_seconds) > 1
+        else result.history["train_cpu_seconds"].to_numpy()
+    )
+    steps = config.steps_per_epoch or len(
+        build_dataset(config.dataset, Path(data_root()) / config.dataset, "train")
+    ) // (config.classes_per_batch * config.samples_per_class)
     return {
         "first epoch s": float(train_seconds[0]),
         "steady epoch s": float(steady.mean()),
@@ -91,22 +98,37 @@ def speed(args: argparse.Namespace) -> None:
             torch.set_num_threads(threads)
             measured = {}
             for name, options in variants.items():
-                config = TrainConfig(study="bench", run_name=f"{device}-{threads}-{name}", runs_root=runs, dataset=args.dataset, method="ms",
-                                     epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, eval_every=1, device=device, progress=False, seed=0,
-                                     **options)
+                config = TrainConfig(
+                    study="bench",
+                    run_name=f"{device}-{threads}-{name}",
+                    runs_root=runs,
+                    dataset=args.dataset,
+                    method="ms",
+                    epochs=args.epochs,
+                    steps_per_epoch=args.steps_per_epoch,
+                    eval_every=1,
+                    device=device,
+                    progress=False,
+                    seed=0,
+                    **options,
+                )
                 measured[name] = timed_run(config)
                 print(device, threads, name, {k: round(v, 3) for k, v in measured[name].items()}, flush=True)
             for name, values in measured.items():
                 rows.append((device, threads, name, values, measured["old"]))
     print(f"load average at end: {os.getloadavg()[0]:.1f}\n")
-    print("| device | threads | pipeline | first epoch s | steady epoch s | × old | epoch CPU s | × old | eval s | × old | eval CPU s | × old "
-          "| train img/s | first eval s | run CPU s |")
+    print(
+        "| device | threads | pipeline | first epoch s | steady epoch s | × old | epoch CPU s | × old | eval s | × old | eval CPU s | × old "
+        "| train img/s | first eval s | run CPU s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for device, threads, name, values, old in rows:
         ratio = {key: old[key] / values[key] for key in values}
-        print(f"| {device} | {threads} | {name} | {values['first epoch s']:.1f} | {values['steady epoch s']:.2f} | {ratio['steady epoch s']:.2f} | "
-              f"{values['steady epoch CPU s']:.2f} | {ratio['steady epoch CPU s']:.2f} | {values['eval s']:.2f} | {ratio['eval s']:.2f} | "
-              f"{values['eval CPU s']:.2f} | {ratio['eval CPU s']:.2f} | {values['train img/s']:.0f} | {values['first eval s']:.2f} | {values['run CPU s']:.0f} |")
+        print(
+            f"| {device} | {threads} | {name} | {values['first epoch s']:.1f} | {values['steady epoch s']:.2f} | {ratio['steady epoch s']:.2f} | "
+            f"{values['steady epoch CPU s']:.2f} | {ratio['steady epoch CPU s']:.2f} | {values['eval s']:.2f} | {ratio['eval s']:.2f} | "
+            f"{values['eval CPU s']:.2f} | {ratio['eval CPU s']:.2f} | {values['train img/s']:.0f} | {values['first eval s']:.2f} | {values['run CPU s']:.0f} |"
+        )
 
 
 def augmentation(args: argparse.Namespace) -> None:
@@ -126,16 +148,22 @@ def augmentation(args: argparse.Namespace) -> None:
     pictures = [split.read_image(i) for i in range(args.batch)]
     per_item = build_transforms(64, train=True)
     kornia_pipeline = K.AugmentationSequential(
-        K.RandomResizedCrop((64, 64), scale=CROP_SCALE, ratio=CROP_RATIO), K.RandomHorizontalFlip(),
-        K.Normalize(mean=torch.tensor(IMAGENET_MEAN), std=torch.tensor(IMAGENET_STD)))
+        K.RandomResizedCrop((64, 64), scale=CROP_SCALE, ratio=CROP_RATIO),
+        K.RandomHorizontalFlip(),
+        K.Normalize(mean=torch.tensor(IMAGENET_MEAN), std=torch.tensor(IMAGENET_STD)),
+    )
     candidates = {
-        "per-sample θ, grid_sample (ours)": lambda: augment_batch(images, np.arange(args.batch), seed=0, epoch=0, image_size=64, flip=True),
+        "per-sample θ, grid_sample (ours)": lambda: augment_batch(
+            images, np.arange(args.batch), seed=0, epoch=0, image_size=64, flip=True
+        ),
         "kornia.augmentation (RandomResizedCrop, flip, normalise)": lambda: kornia_pipeline(images.float() / 255),
         "per-item PIL transforms (old)": lambda: torch.stack([per_item(p) for p in pictures]),
     }
     for threads in args.threads:
         torch.set_num_threads(threads)
-        print(f"\n| batch {args.batch}, 64 px, {threads} thread(s) | wall ms per batch | CPU ms per batch |\n|---|---|---|")
+        print(
+            f"\n| batch {args.batch}, 64 px, {threads} thread(s) | wall ms per batch | CPU ms per batch |\n|---|---|---|"
+        )
         for label, function in candidates.items():
             function()
             walls, cpus = [], []
@@ -155,14 +183,31 @@ def quality(args: argparse.Namespace) -> None:
             for name, options in {"old": OLD, "new": NEW}.items():
                 values, started = [], time.perf_counter()
                 for seed in args.seeds:
-                    config = TrainConfig(study="quality", run_name=f"{dataset}-{name}-{seed}", runs_root=runs, dataset=dataset, method="ms", epochs=6,
-                                         steps_per_epoch=0, train_classes=0, test_classes=0, lr=0.004, eval_every=3, seed=seed, device="cpu",
-                                         progress=False, **options)
+                    config = TrainConfig(
+                        study="quality",
+                        run_name=f"{dataset}-{name}-{seed}",
+                        runs_root=runs,
+                        dataset=dataset,
+                        method="ms",
+                        epochs=6,
+                        steps_per_epoch=0,
+                        train_classes=0,
+                        test_classes=0,
+                        lr=0.004,
+                        eval_every=3,
+                        seed=seed,
+                        device="cpu",
+                        progress=False,
+                        **options,
+                    )
                     values.append(run(config).metrics["R@1"])
                     print(dataset, name, seed, round(values[-1], 4), flush=True)
                 spread = statistics.stdev(values) if len(values) > 1 else 0.0
-                print(f"| {dataset} | {name} | {', '.join(f'{100 * v:.1f}' for v in values)} | {100 * statistics.mean(values):.1f} ± {100 * spread:.1f} | "
-                      f"{time.perf_counter() - started:.0f} |", flush=True)
+                print(
+                    f"| {dataset} | {name} | {', '.join(f'{100 * v:.1f}' for v in values)} | {100 * statistics.mean(values):.1f} ± {100 * spread:.1f} | "
+                    f"{time.perf_counter() - started:.0f} |",
+                    flush=True,
+                )
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ and ``DATA LOST`` (a finished record destroyed or mixed). Every case runs in fre
 CUB-layout dataset (24 classes × 6 images at 32 px) in a temporary folder; the full-disk cases mount a
 1 MiB tmpfs (root only; skipped otherwise).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,17 @@ import dmlstudy  # noqa: E402  (the code under test: its project holds the plan 
 PROJECT = Path(dmlstudy.__file__).resolve().parent.parent
 WORK = Path(tempfile.mkdtemp(prefix="fault-battery-"))
 DATA = WORK / "data"
-TINY = {"dataset": "cub200", "image_size": 32, "classes_per_batch": 4, "samples_per_class": 3, "epochs": 2,
-        "steps_per_epoch": 2, "eval_batch_size": 64, "device": "cpu", "progress": False}
+TINY = {
+    "dataset": "cub200",
+    "image_size": 32,
+    "classes_per_batch": 4,
+    "samples_per_class": 3,
+    "epochs": 2,
+    "steps_per_epoch": 2,
+    "eval_batch_size": 64,
+    "device": "cpu",
+    "progress": False,
+}
 ENV = {**os.environ, "KMP_DUPLICATE_LIB_OK": "TRUE"}
 CASES: list[tuple[str, str, callable]] = []
 
@@ -51,7 +61,9 @@ class Outcome:
     def message(self) -> str:
         lines = [line for line in self.err.strip().splitlines() if line.strip()]
         for line in reversed(lines):
-            if line.startswith(("error:", "EXCEPTION")) or re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt|Exit)\b", line):
+            if line.startswith(("error:", "EXCEPTION")) or re.match(
+                r"^[A-Za-z_.]*(Error|Exception|Interrupt|Exit)\b", line
+            ):
                 return line[:220]
         return (lines[-1] if lines else self.out.strip().splitlines()[-1] if self.out.strip() else "")[:220]
 
@@ -61,6 +73,7 @@ def case(name: str, *interfaces: str):
         for interface in interfaces or ("cli",):
             CASES.append((name, interface, function))
         return function
+
     return register
 
 
@@ -101,7 +114,9 @@ except BaseException as error:
 """
 
 
-def command(interface: str, runs: Path, extra_cli: list[str] | None = None, data: Path | None = None, **fields) -> list[str]:
+def command(
+    interface: str, runs: Path, extra_cli: list[str] | None = None, data: Path | None = None, **fields
+) -> list[str]:
     values = {**TINY, "study": "b", "runs_root": str(runs), "data_root": str(data or DATA), **fields}
     if interface == "cli":
         return [sys.executable, "-m", "dmlstudy", "train", *options(values), *(extra_cli or [])]
@@ -149,7 +164,9 @@ def train(interface: str, runs: Path, **fields) -> Outcome:
 
 
 def start(arguments: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=str(WORK))
+    return subprocess.Popen(
+        arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=str(WORK)
+    )
 
 
 def wait_for(pattern: str, root: Path, process: subprocess.Popen, seconds: float = 240) -> Path | None:
@@ -204,7 +221,10 @@ def sweep(interface, runs):
     lrs = sorted(float(re.search(r"^lr: (.*)$", (f / "config.yaml").read_text(), re.M).group(1)) for f in folders)
     if len(folders) == 2 and lrs == [0.001, 0.004]:
         return "works", f"two folders: {', '.join(f.name for f in folders)}"
-    return "DATA LOST", f"{len(folders)} folder(s) for 2 configurations: the second overwrote the first ({folders[0].name})"
+    return (
+        "DATA LOST",
+        f"{len(folders)} folder(s) for 2 configurations: the second overwrote the first ({folders[0].name})",
+    )
 
 
 @case("re-run a finished run without --resume (killed as soon as its record changes)", "cli", "api")
@@ -218,11 +238,18 @@ def rerun_finished(interface, runs):
         if not (folder / "metrics.json").exists() or (folder / "metrics.json").stat().st_mtime_ns != stamp:
             process.kill()
             process.wait()
-            return "DATA LOST", "metrics.json deleted/rewritten at start; killed there, the finished run's metrics are gone"
+            return (
+                "DATA LOST",
+                "metrics.json deleted/rewritten at start; killed there, the finished run's metrics are gone",
+            )
         time.sleep(0.05)
     after = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")}
     kept = after == before and (folder / "metrics.json").stat().st_mtime_ns == stamp
-    return ("works", "finished record kept byte for byte (loaded, not retrained)") if kept else ("DATA LOST", "record rewritten")
+    return (
+        ("works", "finished record kept byte for byte (loaded, not retrained)")
+        if kept
+        else ("DATA LOST", "record rewritten")
+    )
 
 
 @case("same --run-name, another lr, no --resume", "cli")
@@ -332,14 +359,18 @@ def sigint(interface, runs):
         return "wrong blame", outcome.message
     if outcome.rc == 130 and "resume" in outcome.err and "Traceback" not in outcome.err:
         return "works", outcome.message
-    return ("clear error (traceback)" if "Traceback" in outcome.err else "no message"), f"exit {outcome.rc}: {outcome.message}"
+    return (
+        "clear error (traceback)" if "Traceback" in outcome.err else "no message"
+    ), f"exit {outcome.rc}: {outcome.message}"
 
 
 def write_plan(runs: Path, **parameters) -> Path:
     values = {**TINY, "data_root": str(DATA), **parameters}
     plan = WORK / f"plan-{runs.name}.yaml"
-    plan.write_text("study: b\nentries:\n  - name: train\n    notebook: notebooks/01_train.ipynb\n"
-                    f"    parameters: {json.dumps(values)}\n")
+    plan.write_text(
+        "study: b\nentries:\n  - name: train\n    notebook: notebooks/01_train.ipynb\n"
+        f"    parameters: {json.dumps(values)}\n"
+    )
     return plan
 
 
@@ -356,7 +387,9 @@ def plan_cwd_execute(arguments):
 @case("SIGTERM to `dmlstudy study run`", "cli")
 def sigterm_plan(interface, runs):
     plan = write_plan(runs, epochs=8, steps_per_epoch=3)
-    process = subprocess.Popen(study_run(plan, runs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=str(PROJECT))
+    process = subprocess.Popen(
+        study_run(plan, runs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=str(PROJECT)
+    )
     if not wait_for("b/*/checkpoint.pt", runs, process, seconds=400):
         return "wrong blame", finish(process).message
     process.send_signal(signal.SIGTERM)
@@ -386,9 +419,13 @@ def plan_rerun(interface, runs):
 @case("plan with lr: 1e-3", "api")
 def plan_float(interface, runs):
     plan = WORK / "float-plan.yaml"
-    plan.write_text("study: b\nentries:\n  - name: t\n    notebook: notebooks/01_train.ipynb\n    parameters: {lr: 1e-3}\n")
-    code = (f"from dmlstudy.study import load_plan\nfrom dmlstudy.train import TrainConfig\n"
-            f"entry = load_plan({str(plan)!r})[0]\nprint(type(entry.parameters['lr']).__name__)\nTrainConfig(lr=entry.parameters['lr'])")
+    plan.write_text(
+        "study: b\nentries:\n  - name: t\n    notebook: notebooks/01_train.ipynb\n    parameters: {lr: 1e-3}\n"
+    )
+    code = (
+        f"from dmlstudy.study import load_plan\nfrom dmlstudy.train import TrainConfig\n"
+        f"entry = load_plan({str(plan)!r})[0]\nprint(type(entry.parameters['lr']).__name__)\nTrainConfig(lr=entry.parameters['lr'])"
+    )
     outcome = execute([sys.executable, "-c", API_PRELUDE.format(body=textwrap.indent(code, "    "))])
     if outcome.rc == 0 and "float" in outcome.out:
         return "works", "lr read as float 0.001"
@@ -412,7 +449,9 @@ def plan_bad_yaml(interface, runs):
 @case("plan: unknown notebook parameter", "cli")
 def plan_unknown_parameter(interface, runs):
     plan = WORK / "unknown-plan.yaml"
-    plan.write_text("study: b\nentries:\n  - name: t\n    notebook: notebooks/01_train.ipynb\n    parameters: {learning_rate: 0.1}\n")
+    plan.write_text(
+        "study: b\nentries:\n  - name: t\n    notebook: notebooks/01_train.ipynb\n    parameters: {learning_rate: 0.1}\n"
+    )
     return judge_error(plan_cwd_execute(study_run(plan, runs)), "learning_rate")
 
 
@@ -420,9 +459,23 @@ def plan_unknown_parameter(interface, runs):
 def table_groups(interface, runs):
     train(interface, runs, lr=0.001)
     train(interface, runs, lr=0.004, run_name="cub200-ms-seed0-lr4")  # a second folder even where names collide
-    outcome = execute([sys.executable, "-m", "dmlstudy", "study", "table", "b", "--runs-root", str(runs), "--metrics", "R@1",
-                       "--out", str(WORK / f"table-{runs.name}")])
-    table = (WORK / f"table-{runs.name}.csv")
+    outcome = execute(
+        [
+            sys.executable,
+            "-m",
+            "dmlstudy",
+            "study",
+            "table",
+            "b",
+            "--runs-root",
+            str(runs),
+            "--metrics",
+            "R@1",
+            "--out",
+            str(WORK / f"table-{runs.name}"),
+        ]
+    )
+    table = WORK / f"table-{runs.name}.csv"
     if outcome.rc or not table.is_file():
         return judge_error(outcome, "table")
     rows = table.read_text().strip().splitlines()[1:]
@@ -451,7 +504,9 @@ def unknown_backbone(interface, runs):
 
 @case("unknown method keyword (crt K3)", "cli")
 def unknown_kwarg(interface, runs):
-    return judge_error(train(interface, runs, method="crt", method_kwargs={"K3": 4}, epochs=1, steps_per_epoch=1), "K3", runs=runs)
+    return judge_error(
+        train(interface, runs, method="crt", method_kwargs={"K3": 4}, epochs=1, steps_per_epoch=1), "K3", runs=runs
+    )
 
 
 @case("--recall-ks [1, 1000] (K larger than the gallery)", "cli", "api")
@@ -495,7 +550,11 @@ def absurd_lr(interface, runs):
     if "warning" in outcome.err.lower() and "lr" in outcome.err:
         line = next(line for line in outcome.err.splitlines() if "warning" in line.lower())
         return "warns", line[:200]
-    return ("SILENT WRONG", f"trains with no word: {outcome.out.strip().splitlines()[-1][:150]}") if outcome.rc == 0 else judge_error(outcome, "lr")
+    return (
+        ("SILENT WRONG", f"trains with no word: {outcome.out.strip().splitlines()[-1][:150]}")
+        if outcome.rc == 0
+        else judge_error(outcome, "lr")
+    )
 
 
 @case("--run-name ../../escaped", "cli")
@@ -548,7 +607,17 @@ def config_missing(interface, runs):
 def config_float(interface, runs):
     config = WORK / "float.yaml"
     config.write_text("lr: 1e-3\n")
-    outcome = execute([sys.executable, "-m", "dmlstudy", "train", "--config", str(config), *options({**TINY, "study": "b", "runs_root": str(runs), "data_root": str(DATA)})])
+    outcome = execute(
+        [
+            sys.executable,
+            "-m",
+            "dmlstudy",
+            "train",
+            "--config",
+            str(config),
+            *options({**TINY, "study": "b", "runs_root": str(runs), "data_root": str(DATA)}),
+        ]
+    )
     folders = finished_runs(runs)
     if outcome.rc == 0 and folders and "lr: 0.001" in (folders[0] / "config.yaml").read_text():
         return "works", "lr read as 0.001"
@@ -573,7 +642,9 @@ def resume_other(interface, runs):
     outcome = train(interface, runs, run_name="r", epochs=2, resume=True)
     folders = finished_runs(runs)
     if outcome.rc == 0 and len(folders) == 2:
-        return "works", "trained in its own folder; the epochs=1 run kept" + (" (warned)" if "warning" in outcome.err else "")
+        return "works", "trained in its own folder; the epochs=1 run kept" + (
+            " (warned)" if "warning" in outcome.err else ""
+        )
     if outcome.rc == 0:
         return "DATA LOST", "the epochs=1 run was replaced"
     return judge_error(outcome, "epochs")
@@ -654,7 +725,9 @@ def nan_images(interface, runs):
         ImageListDataset.__getitem__ = poisoned
         run(TrainConfig(**{values!r}))
     """)
-    outcome = finish(start([sys.executable, "-c", API_PRELUDE.format(body=textwrap.indent(body, "    "))]))  # patches a class: own process
+    outcome = finish(
+        start([sys.executable, "-c", API_PRELUDE.format(body=textwrap.indent(body, "    "))])
+    )  # patches a class: own process
     if outcome.rc and ".png" in outcome.message and "epoch 1, step 1" in outcome.message:
         return "clear error", outcome.message
     if outcome.rc:
@@ -671,12 +744,20 @@ def single_image_class(interface, runs):
     images = [line.split() for line in (root / "images.txt").read_text().splitlines()]
     dropped = {i for i, _ in images if labels[i] == "2"}
     dropped -= {min(dropped, key=int)}
-    for name, rows in (("images.txt", images), ("image_class_labels.txt", labels.items()), ("train_test_split.txt", split.items())):
+    for name, rows in (
+        ("images.txt", images),
+        ("image_class_labels.txt", labels.items()),
+        ("train_test_split.txt", split.items()),
+    ):
         (root / name).write_text("".join(f"{k} {v}\n" for k, v in rows if k not in dropped))
     outcome = train(interface, runs, data=data, epochs=1)
     if "warning" in outcome.err.lower() and "fewer than" in outcome.err:
         return "warns", next(line for line in outcome.err.splitlines() if "fewer than" in line)[:200]
-    return ("SILENT WRONG", "one image copied M times per batch, no warning") if outcome.rc == 0 else judge_error(outcome, "class")
+    return (
+        ("SILENT WRONG", "one image copied M times per batch, no warning")
+        if outcome.rc == 0
+        else judge_error(outcome, "class")
+    )
 
 
 def main() -> int:
@@ -696,13 +777,22 @@ def main() -> int:
             verdict, evidence = function(interface, runs)
         except Exception as error:  # a broken case must not stop the battery
             verdict, evidence = "battery error", f"{type(error).__name__}: {error}"
-        rows.append({"case": name, "interface": interface, "verdict": verdict, "evidence": evidence.replace("|", "/").replace("\n", " "),
-                     "seconds": round(time.perf_counter() - started, 1)})
+        rows.append(
+            {
+                "case": name,
+                "interface": interface,
+                "verdict": verdict,
+                "evidence": evidence.replace("|", "/").replace("\n", " "),
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
         print(f"[{len(rows)}] {name} ({interface}): {verdict} — {evidence[:160]}", file=sys.stderr, flush=True)
     print("| # | case | interface | verdict | evidence |\n|---|---|---|---|---|")
     for number, row in enumerate(rows, start=1):
         print(f"| {number} | {row['case']} | {row['interface']} | {row['verdict']} | {row['evidence'][:200]} |")
-    counts = {verdict: sum(row["verdict"] == verdict for row in rows) for verdict in sorted({row["verdict"] for row in rows})}
+    counts = {
+        verdict: sum(row["verdict"] == verdict for row in rows) for verdict in sorted({row["verdict"] for row in rows})
+    }
     print("\n" + ", ".join(f"{verdict}: {count}" for verdict, count in counts.items()))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

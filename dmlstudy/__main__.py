@@ -1,4 +1,5 @@
 """``python -m dmlstudy`` (and ``torchrun -m dmlstudy``) = the ``dmlstudy`` command."""
+
 import sys
 
 from dmlstudy.cli import main

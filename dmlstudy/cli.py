@@ -11,13 +11,14 @@ Errors print one line, ``error: <message>``, and exit with status 1; ``--debug``
 line) or ``DMLSTUDY_DEBUG=1`` shows the traceback instead. A run stopped by SIGTERM/SIGINT exits 143/130
 after printing how to resume it.
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import inspect
-import re
 import os
+import re
 import sys
 import typing
 import warnings
@@ -32,7 +33,12 @@ def _config_choices() -> dict[str, list[str]]:
     from dmlstudy.methods import list_methods
     from dmlstudy.train import OPTIMIZERS, SCHEDULES
 
-    return {"method": list_methods(), "dataset": list_datasets(), "optimizer": sorted(OPTIMIZERS), "lr_schedule": sorted(SCHEDULES)}
+    return {
+        "method": list_methods(),
+        "dataset": list_datasets(),
+        "optimizer": sorted(OPTIMIZERS),
+        "lr_schedule": sorted(SCHEDULES),
+    }
 
 
 def _option_help(comment: str, default: object, choices: list[str] | None) -> str:
@@ -59,11 +65,17 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         if spec.name == "backbone":
             text += "; e.g. " + ", ".join(list_backbones())
         if kind is bool:
-            parser.add_argument(option, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
+            parser.add_argument(
+                option, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
+            )
         elif kind in (dict, list):
-            parser.add_argument(option, dest=spec.name, type=load_yaml, default=argparse.SUPPRESS, metavar="YAML", help=text)
+            parser.add_argument(
+                option, dest=spec.name, type=load_yaml, default=argparse.SUPPRESS, metavar="YAML", help=text
+            )
         elif spec.name in choices:
-            parser.add_argument(option, dest=spec.name, choices=choices[spec.name], default=argparse.SUPPRESS, metavar="NAME", help=text)
+            parser.add_argument(
+                option, dest=spec.name, choices=choices[spec.name], default=argparse.SUPPRESS, metavar="NAME", help=text
+            )
         else:
             parser.add_argument(option, dest=spec.name, type=kind, default=argparse.SUPPRESS, help=text)
 
@@ -109,7 +121,9 @@ def _generate(args: argparse.Namespace) -> int:
     root = Path(args.data_root) if args.data_root else data_root()
     for name in args.datasets:
         train, test = build_dataset(name, root / name, "train"), build_dataset(name, root / name, "test")
-        print(f"{name}: {len(train)} train images / {train.num_classes} classes, {len(test)} test images / {test.num_classes} classes in {root / name}")
+        print(
+            f"{name}: {len(train)} train images / {train.num_classes} classes, {len(test)} test images / {test.num_classes} classes in {root / name}"
+        )
     return 0
 
 
@@ -143,7 +157,7 @@ def _plan_description(path: Path, *, width: int = 110) -> str:
             break
         words.append(text)
     sentence = re.split(r"(?<=\.)\s", " ".join(words), maxsplit=1)[0]
-    return sentence if len(sentence) <= width else sentence[:width - 1].rstrip() + "…"
+    return sentence if len(sentence) <= width else sentence[: width - 1].rstrip() + "…"
 
 
 def listing(what: str) -> dict[str, str]:
@@ -159,12 +173,18 @@ def listing(what: str) -> dict[str, str]:
     if what == "backbones":
         from dmlstudy.models import list_backbones
 
-        return {**list_backbones(), "<any timm model name>": "any name of timm.list_models(); --pretrained takes its weights from the Hugging Face cache (downloaded once when online)"}
+        return {
+            **list_backbones(),
+            "<any timm model name>": "any name of timm.list_models(); --pretrained takes its weights from the Hugging Face cache (downloaded once when online)",
+        }
     if what == "plans":
         from dmlstudy.paths import project_root
 
         plans = project_root() / "plans"
-        return {str(path.relative_to(project_root())): _plan_description(path) for path in [*sorted(plans.glob("*.yaml")), *sorted(plans.glob("*/*.yaml"))]}
+        return {
+            str(path.relative_to(project_root())): _plan_description(path)
+            for path in [*sorted(plans.glob("*.yaml")), *sorted(plans.glob("*/*.yaml"))]
+        }
     raise ValueError(f"cannot list {what!r}; valid: {', '.join(LISTABLE)}")
 
 
@@ -177,7 +197,9 @@ def _list(args: argparse.Namespace) -> int:
     for name, line in items.items():
         print(f"{name:<{width}}  {line}".rstrip())
     if args.what == "plans":
-        print("\nrun a study plan: dmlstudy study run plans/<plan>.yaml; train one paper config: dmlstudy train --config plans/papers/<config>.yaml")
+        print(
+            "\nrun a study plan: dmlstudy study run plans/<plan>.yaml; train one paper config: dmlstudy train --config plans/papers/<config>.yaml"
+        )
     return 0
 
 
@@ -213,7 +235,11 @@ def _study_table(args: argparse.Namespace) -> int:
         print(f"no finished runs under study {args.study!r}", file=sys.stderr)
         return 1
     table = summarize(frame, by=[*args.by, *configuration_columns(frame, args.by)], metrics=args.metrics)
-    out = Path(args.out) if args.out else study_outputs(args.study, "results", runs_root_override=args.runs_root or "") / "runs"
+    out = (
+        Path(args.out)
+        if args.out
+        else study_outputs(args.study, "results", runs_root_override=args.runs_root or "") / "runs"
+    )
     csv_path, md_path = write_table(table, out)
     print(table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]].to_markdown(index=False))
     print(f"\nwritten: {csv_path}, {md_path}")
@@ -223,7 +249,11 @@ def _study_table(args: argparse.Namespace) -> int:
 def _train_description() -> str:
     from dmlstudy.train import TrainConfig
 
-    return _first_line(TrainConfig.__doc__) + "\n\n" + inspect.cleandoc(TrainConfig.__doc__).split("\n\n", 1)[1].replace("``", "")
+    return (
+        _first_line(TrainConfig.__doc__)
+        + "\n\n"
+        + inspect.cleandoc(TrainConfig.__doc__).split("\n\n", 1)[1].replace("``", "")
+    )
 
 
 TRAIN_EPILOG = """examples:
@@ -232,30 +262,56 @@ TRAIN_EPILOG = """examples:
                                                    one run of the default study's protocol
   dmlstudy train --config plans/papers/crt_cub200.yaml --data-root /data/dml
 valid names: dmlstudy list methods|datasets|backbones|plans"""
+
+
 def _pretrain(args: argparse.Namespace) -> int:
     from dmlstudy.pretrain import PretrainConfig, pretrain, verify
+
     if args.verify:
         return 0 if verify(args.verify) else 1
     pretrain(PretrainConfig(**{k: v for k, v in vars(args).items() if k in PretrainConfig.field_types()}))
     return 0
+
+
 def _add_pretrain_parser(commands: argparse._SubParsersAction) -> None:
     from dmlstudy.pretrain import PretrainConfig
-    parser = commands.add_parser("pretrain", help="pretrain a backbone on the fractals source set; writes weights/ + a model card")
+
+    parser = commands.add_parser(
+        "pretrain", help="pretrain a backbone on the fractals source set; writes weights/ + a model card"
+    )
     for name, kind in PretrainConfig.field_types().items():
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=argparse.SUPPRESS)
-    parser.add_argument("--verify", default="", metavar="CARD", help="rebuild what a model card describes; compare hash (or accuracy)")
+    parser.add_argument(
+        "--verify", default="", metavar="CARD", help="rebuild what a model card describes; compare hash (or accuracy)"
+    )
     parser.set_defaults(handler=_pretrain)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dmlstudy", description=__doc__.splitlines()[0],
-                                     epilog="help on one command: dmlstudy <command> --help (e.g. dmlstudy train --help)")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (anywhere on the line; or DMLSTUDY_DEBUG=1)")
+    parser = argparse.ArgumentParser(
+        prog="dmlstudy",
+        description=__doc__.splitlines()[0],
+        epilog="help on one command: dmlstudy <command> --help (e.g. dmlstudy train --help)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error (anywhere on the line; or DMLSTUDY_DEBUG=1)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train and evaluate one method on one dataset", description=_train_description(),
-                                epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("--config", default="", help="YAML file of TrainConfig fields (its 'parameters' mapping, or the top level); options given here override it")
+    train = commands.add_parser(
+        "train",
+        help="train and evaluate one method on one dataset",
+        description=_train_description(),
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument(
+        "--config",
+        default="",
+        help="YAML file of TrainConfig fields (its 'parameters' mapping, or the top level); options given here override it",
+    )
     _add_config_options(train)
     train.set_defaults(handler=_train)
 
@@ -266,7 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     data = commands.add_parser("data", help="embedded datasets")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     generate = data_commands.add_parser("generate", help="generate the embedded datasets (cached under data/)")
-    generate.add_argument("datasets", nargs="*", default=["synbirds", "glyphs"], help="embedded datasets to generate [default: synbirds glyphs]")
+    generate.add_argument(
+        "datasets",
+        nargs="*",
+        default=["synbirds", "glyphs"],
+        help="embedded datasets to generate [default: synbirds glyphs]",
+    )
     generate.add_argument("--data-root", default="", help="where datasets live [default: <project>/data]")
     generate.set_defaults(handler=_generate)
 
@@ -276,15 +337,38 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("plan", help="a plan file, e.g. plans/smoke.yaml (dmlstudy list plans)")
     run.add_argument("--runs-root", default=None, help="where run folders go [default: <project>/runs]")
     run.add_argument("--only", default="", help="regular expression: run only matching run names")
-    run.add_argument("--overwrite", action="store_true", help="execute every entry again and retrain its runs (replaces their records)")
-    run.add_argument("--scheduler", default="", metavar="ADDRESS", help="Dask scheduler to train on (e.g. tcp://host:8786; sets DMLSTUDY_SCHEDULER); default: a local cluster of the plan's workers")
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="execute every entry again and retrain its runs (replaces their records)",
+    )
+    run.add_argument(
+        "--scheduler",
+        default="",
+        metavar="ADDRESS",
+        help="Dask scheduler to train on (e.g. tcp://host:8786; sets DMLSTUDY_SCHEDULER); default: a local cluster of the plan's workers",
+    )
     run.set_defaults(handler=_study_run)
     table = study_commands.add_parser("table", help="gather metrics.json of a study into mean ± std tables")
     table.add_argument("study", help="a study name: the folder runs/<study>/ (e.g. default, smoke)")
-    table.add_argument("--by", nargs="+", default=["dataset", "method"], help="config fields to group runs by [default: dataset method]")
-    table.add_argument("--metrics", nargs="+", default=["R@1", "R@2", "R@4", "R@8", "RP", "MAP@R", "NMI"], help="metrics.json keys to tabulate [default: R@1 R@2 R@4 R@8 RP MAP@R NMI]")
+    table.add_argument(
+        "--by",
+        nargs="+",
+        default=["dataset", "method"],
+        help="config fields to group runs by [default: dataset method]",
+    )
+    table.add_argument(
+        "--metrics",
+        nargs="+",
+        default=["R@1", "R@2", "R@4", "R@8", "RP", "MAP@R", "NMI"],
+        help="metrics.json keys to tabulate [default: R@1 R@2 R@4 R@8 RP MAP@R NMI]",
+    )
     table.add_argument("--runs-root", default=None, help="where run folders are [default: <project>/runs]")
-    table.add_argument("--out", default="", help="output stem [default: results/runs for the default study, runs/<study>/results/runs otherwise]")
+    table.add_argument(
+        "--out",
+        default="",
+        help="output stem [default: results/runs for the default study, runs/<study>/results/runs otherwise]",
+    )
     table.set_defaults(handler=_study_table)
     _add_pretrain_parser(commands)
     return parser
@@ -292,7 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _error_text(error: BaseException) -> str:
     """The message of an error as one would write it (a KeyError's message without its quotes)."""
-    text = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str) else str(error)
+    text = (
+        error.args[0]
+        if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str)
+        else str(error)
+    )
     return text or type(error).__name__
 
 

@@ -6,17 +6,19 @@ so a wrong type fails at once with the parameter's name, and builds a config fro
 :func:`load_yaml` is the one reader of every YAML the project accepts (plans, ``--config`` files,
 ``--method-kwargs`` and other YAML-valued options, stored ``config.yaml`` records).
 """
+
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
 import io
+import re
 import textwrap
 import tokenize
-import re
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
@@ -34,7 +36,9 @@ class TypedConfig:
             if expected is float and isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, spec.name, float(value))
             elif (expected is int and isinstance(value, bool)) or not isinstance(value, expected):
-                raise TypeError(f"parameter {spec.name!r} must be of type {expected.__name__}, got {type(value).__name__} {value!r}")
+                raise TypeError(
+                    f"parameter {spec.name!r} must be of type {expected.__name__}, got {type(value).__name__} {value!r}"
+                )
 
     @classmethod
     def field_names(cls) -> list[str]:

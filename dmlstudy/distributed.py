@@ -7,6 +7,7 @@ backward sums the gradients over ranks. Every rank then computes the same global
 rank receives for its own samples is W·∂L/∂(its part), and DDP's average over W ranks gives exactly ∂L/∂θ of
 one process with the whole batch (tested in ``tests/test_distributed.py``).
 """
+
 from __future__ import annotations
 
 import os
@@ -62,7 +63,7 @@ class _GatherWithGrad(torch.autograd.Function):
         gradient = gradient.contiguous()
         dist.all_reduce(gradient, op=dist.ReduceOp.SUM)
         start = rank() * context.rows
-        return gradient[start:start + context.rows]
+        return gradient[start : start + context.rows]
 
 
 def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:

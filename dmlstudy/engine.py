@@ -22,6 +22,7 @@ Decisions:
   ``train.resolve_device("auto")`` through the ``DMLSTUDY_DEVICE`` environment variable, which a worker
   started by hand may also set (``DMLSTUDY_DEVICE=cuda:1 dask worker ...``).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -110,10 +111,13 @@ def connect(address: str, *, timeout: float = CONNECT_SECONDS):
         raise EngineError(
             f"cannot reach the Dask scheduler at {address!r} (from {SCHEDULER_VARIABLE} or --scheduler) within "
             f"{timeout:g} s: {type(error).__name__}: {error}. Start one with `dask scheduler` (see docs/scaling.md) "
-            f"or unset {SCHEDULER_VARIABLE} to train on a local cluster.") from None
+            f"or unset {SCHEDULER_VARIABLE} to train on a local cluster."
+        ) from None
 
 
-def start_local_cluster(workers: int, *, threads: int | None = None, gpus: int | None = None, dashboard_address: str = ":0"):
+def start_local_cluster(
+    workers: int, *, threads: int | None = None, gpus: int | None = None, dashboard_address: str = ":0"
+):
     """A ``LocalCluster`` of ``workers`` processes with one Dask thread each, and its client. Each worker's
     device and torch thread count (:func:`local_worker_plans`) are set through its environment."""
     from distributed import Client, LocalCluster
@@ -121,11 +125,16 @@ def start_local_cluster(workers: int, *, threads: int | None = None, gpus: int |
     plans = local_worker_plans(workers, cores=available_cores(), gpus=gpu_count() if gpus is None else gpus)
     if threads:
         plans = [WorkerPlan(plan.name, plan.device, threads) for plan in plans]
-    cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True, dashboard_address=dashboard_address,
-                           memory_limit=0)  # runs hold no Dask data: no memory-based pausing; the OS decides
+    cluster = LocalCluster(
+        n_workers=0, threads_per_worker=1, processes=True, dashboard_address=dashboard_address, memory_limit=0
+    )  # runs hold no Dask data: no memory-based pausing; the OS decides
     template = cluster.new_spec
     for plan in plans:  # one spec per worker: the template with this worker's environment
-        options = {**template["options"], "env": {DEVICE_VARIABLE: plan.device, THREADS_VARIABLE: str(plan.threads)}, "name": plan.name}
+        options = {
+            **template["options"],
+            "env": {DEVICE_VARIABLE: plan.device, THREADS_VARIABLE: str(plan.threads)},
+            "name": plan.name,
+        }
         cluster.worker_spec[plan.name] = {"cls": template["cls"], "options": options}
     cluster.scale(len(plans))
     client = Client(cluster, set_as_default=False)
@@ -147,8 +156,10 @@ def get_client(workers: int = 1):
         client = connect(address)  # before closing the current cluster: an unreachable address changes nothing
         shutdown()
         cluster = None
-        print(f"dmlstudy engine: scheduler {address}, {len(client.scheduler_info().get('workers', {}))} workers, "
-              f"dashboard {client.dashboard_link}")
+        print(
+            f"dmlstudy engine: scheduler {address}, {len(client.scheduler_info().get('workers', {}))} workers, "
+            f"dashboard {client.dashboard_link}"
+        )
     else:
         shutdown()
         cluster, client = start_local_cluster(workers, threads=threads)
@@ -203,8 +214,12 @@ def task_values(config) -> dict[str, Any]:
 
     from dmlstudy.paths import data_root
 
-    return {**config.to_dict(), "runs_root": str(config.run_dir.parent.parent.resolve()),
-            "data_root": str(Path(config.data_root or data_root()).resolve()), "progress": False}
+    return {
+        **config.to_dict(),
+        "runs_root": str(config.run_dir.parent.parent.resolve()),
+        "data_root": str(Path(config.data_root or data_root()).resolve()),
+        "progress": False,
+    }
 
 
 def train_task(values: dict[str, Any]) -> dict[str, float]:
@@ -231,8 +246,15 @@ def failure_line(future) -> str:
     return traceback.format_exception_only(type(error), error)[-1].strip()
 
 
-def run_tasks(client, submissions: Sequence[tuple[str, Callable[..., Any], tuple, str]], *, what: str, progress: bool = True,
-              retries: int = 0, workers: Sequence[str] | None = None) -> dict[str, Any]:
+def run_tasks(
+    client,
+    submissions: Sequence[tuple[str, Callable[..., Any], tuple, str]],
+    *,
+    what: str,
+    progress: bool = True,
+    retries: int = 0,
+    workers: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Submit ``(label, function, args, key)`` tasks (on the given worker addresses only, if any), follow them
     with one tqdm bar (done / running / failed in its postfix), and return ``{label: result}``. Every task runs
     to its end; failures are raised together afterwards as a :class:`GridRunError` naming each failed label
@@ -240,8 +262,10 @@ def run_tasks(client, submissions: Sequence[tuple[str, Callable[..., Any], tuple
     from distributed import as_completed
     from tqdm.auto import tqdm
 
-    futures = {client.submit(function, *args, key=key, retries=retries, pure=False, workers=workers): label
-               for label, function, args, key in submissions}
+    futures = {
+        client.submit(function, *args, key=key, retries=retries, pure=False, workers=workers): label
+        for label, function, args, key in submissions
+    }
     results, failures = {}, []
     bar = tqdm(total=len(futures), desc=what, leave=False, disable=not progress)
     try:
@@ -259,7 +283,9 @@ def run_tasks(client, submissions: Sequence[tuple[str, Callable[..., Any], tuple
         for future in futures:  # interrupted: stop what is still queued
             future.cancel()
     if failures:
-        raise GridRunError(f"{len(failures)} of {len(submissions)} {what} failed (finished ones are kept):\n" + "\n".join(failures))
+        raise GridRunError(
+            f"{len(failures)} of {len(submissions)} {what} failed (finished ones are kept):\n" + "\n".join(failures)
+        )
     return results
 
 

@@ -8,9 +8,10 @@ pytorch-metric-learning's ``MultiSimilarityLoss`` with its ``MultiSimilarityMine
 The classic losses of the papers' tables come from pytorch-metric-learning; proxy/classifier losses own
 parameters, which the training loop puts in the optimizer at their own learning rate (``head_lr``).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,9 @@ def _log_one_plus_sum_exp(values: torch.Tensor, keep: torch.Tensor) -> torch.Ten
     return torch.logsumexp(torch.cat([zeros, masked], dim=1), dim=1)
 
 
-def multi_similarity_mining(similarity: torch.Tensor, labels: torch.Tensor, *, margin: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+def multi_similarity_mining(
+    similarity: torch.Tensor, labels: torch.Tensor, *, margin: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The MS miner (Eq. 7–8 of Wang et al.): informative positive and negative pairs per anchor.
 
     A positive pair (i, p) is kept if ``S_ip − ε < max_n S_in``; a negative (i, n) if ``S_in + ε > min_p S_ip``,
@@ -65,7 +68,9 @@ def multi_similarity_loss(
         mining: apply the MS miner with margin ε = ``margin``; otherwise use all pairs.
     """
     if similarity.ndim != 2 or similarity.shape[0] != similarity.shape[1] or similarity.shape[0] != labels.shape[0]:
-        raise ValueError(f"expected a B × B similarity matrix and B labels, got {tuple(similarity.shape)} and {tuple(labels.shape)}")
+        raise ValueError(
+            f"expected a B × B similarity matrix and B labels, got {tuple(similarity.shape)} and {tuple(labels.shape)}"
+        )
     if mining:
         positive, negative = multi_similarity_mining(similarity, labels, margin=margin)
     else:
@@ -80,12 +85,16 @@ def multi_similarity_loss(
 class MultiSimilarityLoss(nn.Module):
     """Multi-Similarity loss on the cosine similarities of a batch of embeddings (see :func:`multi_similarity_loss`)."""
 
-    def __init__(self, *, alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, margin: float = 0.1, mining: bool = True) -> None:
+    def __init__(
+        self, *, alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, margin: float = 0.1, mining: bool = True
+    ) -> None:
         super().__init__()
         self.alpha, self.beta, self.base, self.margin, self.mining = alpha, beta, base, margin, mining
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return multi_similarity_loss(similarity, labels, alpha=self.alpha, beta=self.beta, base=self.base, margin=self.margin, mining=self.mining)
+        return multi_similarity_loss(
+            similarity, labels, alpha=self.alpha, beta=self.beta, base=self.base, margin=self.margin, mining=self.mining
+        )
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         normalized = F.normalize(embeddings, dim=1)

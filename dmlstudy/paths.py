@@ -5,6 +5,7 @@ The project root is ``$DMLSTUDY_HOME`` if set, else the nearest folder at or abo
 that holds this project's ``pyproject.toml`` (so notebooks executed from ``notebooks/`` share the data
 and runs of the repository), else the working directory.
 """
+
 from __future__ import annotations
 
 import os

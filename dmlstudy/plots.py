@@ -2,10 +2,11 @@
 
 ``save_figure`` writes PNGs into ``figures/`` (the default study's figures are committed).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -53,7 +54,14 @@ def recall_curve(metrics: dict[str, float], *, title: str = "") -> plt.Figure:
     ks = sorted(int(key[2:]) for key in metrics if key.startswith("R@"))
     figure, axis = plt.subplots(figsize=(4, 3))
     axis.plot(ks, [100 * metrics[f"R@{k}"] for k in ks], marker="o")
-    axis.set(xscale="log", xticks=ks, xticklabels=[str(k) for k in ks], xlabel="K", ylabel="Recall@K (%)", title=title or "Recall@K")
+    axis.set(
+        xscale="log",
+        xticks=ks,
+        xticklabels=[str(k) for k in ks],
+        xlabel="K",
+        ylabel="Recall@K (%)",
+        title=title or "Recall@K",
+    )
     axis.grid(alpha=0.3)
     figure.tight_layout()
     return figure
@@ -76,7 +84,17 @@ def _framed(axis: plt.Axes, image: np.ndarray, colour: str | None, title: str = 
     axis.set_title(title, fontsize=8)
 
 
-def retrieval_grid(dataset, embeddings: np.ndarray, labels: np.ndarray, *, queries: Sequence[int] | None = None, num_queries: int = 5, top_k: int = 5, seed: int = 0, ranking: np.ndarray | None = None) -> plt.Figure:
+def retrieval_grid(
+    dataset,
+    embeddings: np.ndarray,
+    labels: np.ndarray,
+    *,
+    queries: Sequence[int] | None = None,
+    num_queries: int = 5,
+    top_k: int = 5,
+    seed: int = 0,
+    ranking: np.ndarray | None = None,
+) -> plt.Figure:
     """Queries (left column) and their top-``top_k`` retrievals, framed green (same class) or red.
 
     ``ranking`` (queries × ≥ top_k gallery indices) overrides the cosine ranking, e.g. a re-ranked list.
@@ -86,7 +104,9 @@ def retrieval_grid(dataset, embeddings: np.ndarray, labels: np.ndarray, *, queri
         queries = np.random.default_rng(seed).choice(len(labels), size=min(num_queries, len(labels)), replace=False)
     queries = np.asarray(queries)
     if ranking is None:
-        ranking, _ = metric_functions.nearest_neighbors(np.asarray(embeddings)[queries], np.asarray(embeddings), k=top_k + 1)
+        ranking, _ = metric_functions.nearest_neighbors(
+            np.asarray(embeddings)[queries], np.asarray(embeddings), k=top_k + 1
+        )
         ranking = np.stack([row[row != q][:top_k] for row, q in zip(ranking, queries)])
     figure, axes = plt.subplots(len(queries), top_k + 1, figsize=(1.4 * (top_k + 1), 1.5 * len(queries)), squeeze=False)
     for row, query in enumerate(queries):
@@ -98,7 +118,9 @@ def retrieval_grid(dataset, embeddings: np.ndarray, labels: np.ndarray, *, queri
     return figure
 
 
-def spectrum(embeddings_by_name: dict[str, np.ndarray], *, drop_first: int = 0, top: int | None = None, title: str = "") -> plt.Figure:
+def spectrum(
+    embeddings_by_name: dict[str, np.ndarray], *, drop_first: int = 0, top: int | None = None, title: str = ""
+) -> plt.Figure:
     """Normalised singular-value spectra (after dropping ``drop_first``) with ρ in the legend."""
     figure, axis = plt.subplots(figsize=(5, 3.2))
     for name, embeddings in embeddings_by_name.items():
@@ -107,14 +129,26 @@ def spectrum(embeddings_by_name: dict[str, np.ndarray], *, drop_first: int = 0, 
         rho = metric_functions.spectral_decay(embeddings, drop_first=drop_first)
         shown = values[:top] if top else values
         axis.plot(np.arange(1 + drop_first, 1 + drop_first + len(shown)), shown, label=f"{name} (ρ = {rho:.3f})")
-    axis.set(yscale="log", xlabel="singular value index", ylabel="normalised singular value", title=title or f"spectrum (drop_first = {drop_first})")
+    axis.set(
+        yscale="log",
+        xlabel="singular value index",
+        ylabel="normalised singular value",
+        title=title or f"spectrum (drop_first = {drop_first})",
+    )
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     figure.tight_layout()
     return figure
 
 
-def image_grid(images: Sequence[np.ndarray], *, columns: int, titles: Sequence[str] | None = None, row_labels: Sequence[str] | None = None, size: float = 1.2) -> plt.Figure:
+def image_grid(
+    images: Sequence[np.ndarray],
+    *,
+    columns: int,
+    titles: Sequence[str] | None = None,
+    row_labels: Sequence[str] | None = None,
+    size: float = 1.2,
+) -> plt.Figure:
     """Images in a grid, optionally with titles per image and labels per row."""
     rows = int(np.ceil(len(images) / columns))
     figure, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows), squeeze=False)
@@ -157,7 +191,9 @@ def crt_heatmap_figure(method, dataset, indices: Sequence[int], *, prototypes: i
     maps = code_maps(method, images, branch=branch)  # B × K × h × w
     chosen = selective_prototypes(maps, min(prototypes, maps.shape[1]))
     upsampled = F.interpolate(maps[:, chosen], size=images.shape[-2:], mode="bilinear", align_corners=False).cpu()
-    figure, axes = plt.subplots(len(indices), len(chosen) + 1, figsize=(1.5 * (len(chosen) + 1), 1.6 * len(indices)), squeeze=False)
+    figure, axes = plt.subplots(
+        len(indices), len(chosen) + 1, figsize=(1.5 * (len(chosen) + 1), 1.6 * len(indices)), squeeze=False
+    )
     for row, index in enumerate(indices):
         picture = source_image(dataset, index)
         axes[row, 0].imshow(picture)
@@ -166,7 +202,12 @@ def crt_heatmap_figure(method, dataset, indices: Sequence[int], *, prototypes: i
             heat = upsampled[row, column - 1].numpy()
             scaled = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
             axes[row, column].imshow(picture)
-            axes[row, column].imshow(np.asarray(scaled), cmap="jet", alpha=0.5, extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5))
+            axes[row, column].imshow(
+                np.asarray(scaled),
+                cmap="jet",
+                alpha=0.5,
+                extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
+            )
             axes[row, column].set_title(f"c_{prototype} (ā={float(maps[row, prototype].mean()):.2f})", fontsize=7)
     for axis in axes.flat:
         axis.set_xticks([])
@@ -198,7 +239,16 @@ def _cell_centres(grid: int, size: int) -> np.ndarray:
     return np.stack([xs.ravel(), ys.ravel()], axis=1)
 
 
-def diml_transport_figure(result, sets: Mapping, *, grid: int, queries: Sequence[int], retrievals: int = 3, options=None, top_lines: int | None = None) -> plt.Figure:
+def diml_transport_figure(
+    result,
+    sets: Mapping,
+    *,
+    grid: int,
+    queries: Sequence[int],
+    retrievals: int = 3,
+    options=None,
+    top_lines: int | None = None,
+) -> plt.Figure:
     """For each query and its top cosine retrievals: the two images side by side with the transport plan drawn
     as lines between grid-cell centres (width and opacity ∝ T_ij; the ``top_lines`` largest entries, default G²), and
     the marginals μ_s (on the query's cells) and μ_t (on the retrieval's) as G × G heat maps.
@@ -215,15 +265,29 @@ def diml_transport_figure(result, sets: Mapping, *, grid: int, queries: Sequence
     if sets.get("gallery") is not None:
         raise ValueError("diml_transport_figure: expected an all-vs-all evaluation set (no separate gallery)")
     dataset = load_datasets(result.config)["query"]
-    global_, local, labels = torch.as_tensor(query_set.global_), torch.as_tensor(query_set.local[grid]), query_set.labels
-    neighbours, _ = metric_functions.nearest_neighbors(query_set.global_[list(queries)], query_set.global_, k=retrievals + 1)
+    global_, local, labels = (
+        torch.as_tensor(query_set.global_),
+        torch.as_tensor(query_set.local[grid]),
+        query_set.labels,
+    )
+    neighbours, _ = metric_functions.nearest_neighbors(
+        query_set.global_[list(queries)], query_set.global_, k=retrievals + 1
+    )
     lines = top_lines or grid * grid
-    figure, axes = plt.subplots(len(queries) * retrievals, 3, figsize=(7.5, 2.3 * len(queries) * retrievals), gridspec_kw={"width_ratios": [2.2, 1, 1]}, squeeze=False)
+    figure, axes = plt.subplots(
+        len(queries) * retrievals,
+        3,
+        figsize=(7.5, 2.3 * len(queries) * retrievals),
+        gridspec_kw={"width_ratios": [2.2, 1, 1]},
+        squeeze=False,
+    )
     row = 0
     for query, hits in zip(queries, neighbours):
         hits = [h for h in hits if h != query][:retrievals]
         for rank, hit in enumerate(hits, start=1):
-            value, _, transport = pairwise_structural_similarity(local[[query]], global_[[query]], local[[hit]], global_[[hit]], options=options)
+            value, _, transport = pairwise_structural_similarity(
+                local[[query]], global_[[query]], local[[hit]], global_[[hit]], options=options
+            )
             plan = transport.plan[0, 0].numpy()  # G² × G²
             left, right = source_image(dataset, query), source_image(dataset, hit)
             size = left.shape[0]
@@ -238,13 +302,25 @@ def diml_transport_figure(result, sets: Mapping, *, grid: int, queries: Sequence
             for flat in np.argsort(plan.ravel())[::-1][:lines]:
                 i, j = divmod(int(flat), grid * grid)
                 strength = plan[i, j] / plan.max()
-                axis.plot([centres[i, 0], centres[j, 0] + offset], [centres[i, 1], centres[j, 1]], color="yellow",
-                          linewidth=0.3 + 3.0 * strength, alpha=0.25 + 0.7 * strength)
+                axis.plot(
+                    [centres[i, 0], centres[j, 0] + offset],
+                    [centres[i, 1], centres[j, 1]],
+                    color="yellow",
+                    linewidth=0.3 + 3.0 * strength,
+                    alpha=0.25 + 0.7 * strength,
+                )
             same = labels[hit] == labels[query]
-            axis.set_title(f"query {query} → #{rank} ({'same class' if same else 'other class'}): cos {float(global_[query] @ global_[hit]):.2f}, "
-                           f"s_struct {value.item():.2f}", fontsize=7, color=CORRECT if same else WRONG)
+            axis.set_title(
+                f"query {query} → #{rank} ({'same class' if same else 'other class'}): cos {float(global_[query] @ global_[hit]):.2f}, "
+                f"s_struct {value.item():.2f}",
+                fontsize=7,
+                color=CORRECT if same else WRONG,
+            )
             axis.axis("off")
-            for axis, marginal, title in ((axes[row, 1], plan.sum(axis=1), "μ_s (query cells)"), (axes[row, 2], plan.sum(axis=0), "μ_t (retrieval cells)")):
+            for axis, marginal, title in (
+                (axes[row, 1], plan.sum(axis=1), "μ_s (query cells)"),
+                (axes[row, 2], plan.sum(axis=0), "μ_t (retrieval cells)"),
+            ):
                 axis.imshow(marginal.reshape(grid, grid), cmap="magma")
                 axis.set_title(title, fontsize=7)
                 axis.set_xticks([])
@@ -254,7 +330,9 @@ def diml_transport_figure(result, sets: Mapping, *, grid: int, queries: Sequence
     return figure
 
 
-def cross_attention_explanation(method, dataset, query: int, retrievals: Sequence[int], *, level: int | None = None) -> plt.Figure | str:
+def cross_attention_explanation(
+    method, dataset, query: int, retrievals: Sequence[int], *, level: int | None = None
+) -> plt.Figure | str:
     """Cross-attention at block ``level`` (default the last): for each retrieval r, the attention over the
     query's locations when the query is conditioned on r, and over r's locations when r is conditioned on
     the query; one pass of the hierarchy over the batch [query, retrievals…], recorded with forward hooks."""
@@ -280,16 +358,29 @@ def cross_attention_explanation(method, dataset, query: int, retrievals: Sequenc
     figure, axes = plt.subplots(len(retrievals), 2, figsize=(4.2, 2.1 * len(retrievals)), squeeze=False)
     for row, retrieval in enumerate(retrievals, start=1):
         colour = CORRECT if labels[retrieval] == labels[query] else WRONG
-        for axis, (image, other, title) in zip(axes[row - 1], ((0, row, f"query | #{row}"), (row, 0, f"#{row} | query"))):
+        for axis, (image, other, title) in zip(
+            axes[row - 1], ((0, row, f"query | #{row}"), (row, 0, f"#{row} | query"))
+        ):
             picture = seen_image(dataset, indices[image])
             heat = weights[image, other].reshape(height, width).numpy()
             axis.imshow(picture)
-            axis.imshow(heat, cmap="jet", alpha=0.5, interpolation="bilinear", vmin=0, vmax=float(heat.max()) or 1.0,
-                        extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5))
+            axis.imshow(
+                heat,
+                cmap="jet",
+                alpha=0.5,
+                interpolation="bilinear",
+                vmin=0,
+                vmax=float(heat.max()) or 1.0,
+                extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
+            )
             axis.set_title(title, fontsize=8, color=colour)
             axis.set_xticks([])
             axis.set_yticks([])
     figure.tight_layout()
-    figure.suptitle(f"attention of block {level}: where an image looks when conditioned on the other\n"
-                    "(title green: the retrieval is of the query's class; red: another class)", fontsize=8, y=1.0 + 0.35 / figure.get_figheight())
+    figure.suptitle(
+        f"attention of block {level}: where an image looks when conditioned on the other\n"
+        "(title green: the retrieval is of the query's class; red: another class)",
+        fontsize=8,
+        y=1.0 + 0.35 / figure.get_figheight(),
+    )
     return figure

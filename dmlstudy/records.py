@@ -4,6 +4,7 @@ Every run leaves ``config.yaml``, ``metrics.json``, ``history.csv``, ``environme
 package versions, device) and its checkpoint in one folder; files are written atomically (temp file +
 rename) so a killed run never leaves a half-written record.
 """
+
 from __future__ import annotations
 
 import errno
@@ -15,15 +16,26 @@ import random
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 import yaml
 
-RECORDED_PACKAGES = ("torch", "torchvision", "timm", "numpy", "faiss-cpu", "pytorch-metric-learning", "scikit-learn", "papermill", "dmlstudy")
+RECORDED_PACKAGES = (
+    "torch",
+    "torchvision",
+    "timm",
+    "numpy",
+    "faiss-cpu",
+    "pytorch-metric-learning",
+    "scikit-learn",
+    "papermill",
+    "dmlstudy",
+)
 
 
 def seed_everything(seed: int) -> None:
@@ -38,8 +50,16 @@ def git_revision(folder: Path | None = None) -> str:
     """``<sha>`` of HEAD, with ``+dirty`` when the work tree has changes; ``unknown`` outside git."""
     try:
         cwd = str(folder) if folder else None
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=cwd).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True, cwd=cwd).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=cwd
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=cwd,
+        ).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -89,7 +109,11 @@ def defer_while_writing(action: Callable[[], None]) -> bool:
 
 
 _SPACE_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
-_ACCESS_ERRORS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only file system"}
+_ACCESS_ERRORS = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+}
 
 
 def _explained(error: OSError, path: Path, size: int) -> OSError:
@@ -99,7 +123,9 @@ def _explained(error: OSError, path: Path, size: int) -> OSError:
             free = f"{shutil.disk_usage(path.parent).free:,} bytes free there"
         except OSError:
             free = "free space unknown"
-        explained = RecordWriteError(f"cannot write {path}: {_SPACE_ERRORS[error.errno]} ({size:,} bytes needed, {free})")
+        explained = RecordWriteError(
+            f"cannot write {path}: {_SPACE_ERRORS[error.errno]} ({size:,} bytes needed, {free})"
+        )
     elif error.errno in _ACCESS_ERRORS:
         explained = RecordWriteError(f"cannot write {path}: {_ACCESS_ERRORS[error.errno]} ({size:,} bytes to write)")
     else:
@@ -112,7 +138,7 @@ def _write_all(handle: int, data: bytes) -> None:
     """Write every byte of ``data`` to the open file descriptor (tests replace it to simulate a full disk)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(handle, view):]
+        view = view[os.write(handle, view) :]
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:

@@ -35,6 +35,7 @@ Decisions (issue 16):
   against the training classes, classes with fewer than M images (warning), and the images themselves
   (:func:`dmlstudy.data.base.verify_images`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,14 +50,25 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from dmlstudy import records
 from dmlstudy.config import load_yaml
 
-NON_IDENTITY_FIELDS = ("study", "run_name", "runs_root", "data_root", "device", "num_workers", "eval_batch_size",
-                       "progress", "resume", "overwrite")
+NON_IDENTITY_FIELDS = (
+    "study",
+    "run_name",
+    "runs_root",
+    "data_root",
+    "device",
+    "num_workers",
+    "eval_batch_size",
+    "progress",
+    "resume",
+    "overwrite",
+)
 RECORD_FILES = ("metrics.json", "checkpoint.pt", "history.csv", "embeddings.npz", "environment.json", "config.yaml")
 LOCK_FILE, HOLDER_FILE = ".run.lock", ".run.lock.json"
 
@@ -143,31 +155,47 @@ def check_before_loading(config) -> None:
     from dmlstudy.methods import METHODS, list_methods
 
     if config.method not in METHODS:
-        raise KeyError(f"unknown method {config.method!r} (parameter 'method'); valid names: {', '.join(list_methods())}")
+        raise KeyError(
+            f"unknown method {config.method!r} (parameter 'method'); valid names: {', '.join(list_methods())}"
+        )
     if config.dataset not in list_datasets():
-        raise KeyError(f"unknown dataset {config.dataset!r} (parameter 'dataset'); valid names: {', '.join(list_datasets())}")
+        raise KeyError(
+            f"unknown dataset {config.dataset!r} (parameter 'dataset'); valid names: {', '.join(list_datasets())}"
+        )
     import difflib
 
     import timm
 
     if not timm.is_model(config.backbone):
         close = difflib.get_close_matches(config.backbone, timm.list_models(), n=8)
-        raise KeyError(f"unknown backbone {config.backbone!r} (parameter 'backbone'): not a timm model name. "
-                       f"Close matches: {close or 'none'}; the full list is timm.list_models().")
+        raise KeyError(
+            f"unknown backbone {config.backbone!r} (parameter 'backbone'): not a timm model name. "
+            f"Close matches: {close or 'none'}; the full list is timm.list_models()."
+        )
     builder = METHODS[config.method]
     if inspect.isfunction(builder) and builder.__name__ == "<lambda>":  # a preset method: its class (register_method)
         builder = inspect.getclosurevars(builder).nonlocals.get("builder", builder)
     parameters = inspect.signature(builder).parameters.values()
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        accepted = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL} - {"backbone", "embedding_dim", "num_classes"}
+        accepted = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL} - {
+            "backbone",
+            "embedding_dim",
+            "num_classes",
+        }
         unknown = sorted(set(config.method_kwargs) - accepted)
         if unknown:
-            raise TypeError(f"parameter 'method_kwargs': method {config.method!r} takes no {unknown}; it accepts {sorted(accepted)}")
+            raise TypeError(
+                f"parameter 'method_kwargs': method {config.method!r} takes no {unknown}; it accepts {sorted(accepted)}"
+            )
     if config.checkpoint_path and not Path(config.checkpoint_path).is_file():
-        raise FileNotFoundError(f"parameter 'checkpoint_path': backbone weights file not found: {config.checkpoint_path}")
+        raise FileNotFoundError(
+            f"parameter 'checkpoint_path': backbone weights file not found: {config.checkpoint_path}"
+        )
     if config.lr > 1.0 or config.head_lr > 10.0:
-        warn(f"learning rate lr={config.lr:g}, head_lr={config.head_lr:g} is far above the usual 1e-5 … 1e-2 of DML "
-             "training; expect a flat or diverging loss")
+        warn(
+            f"learning rate lr={config.lr:g}, head_lr={config.head_lr:g} is far above the usual 1e-5 … 1e-2 of DML "
+            "training; expect a flat or diverging loss"
+        )
 
 
 def _base_items(dataset) -> tuple[Any, list[int]]:
@@ -185,7 +213,9 @@ def describe_items(dataset, indices) -> str:
     """``index i (<path>)`` for training-set indices, through augmentation wrappers and class subsets."""
     base, positions = _base_items(dataset)
     paths = getattr(base, "paths", None)
-    return ", ".join(f"index {int(i)} ({paths[positions[int(i)]]})" if paths is not None else f"index {int(i)}" for i in indices)
+    return ", ".join(
+        f"index {int(i)} ({paths[positions[int(i)]]})" if paths is not None else f"index {int(i)}" for i in indices
+    )
 
 
 def check_loaded_data(config, datasets: Mapping[str, Any]) -> None:
@@ -195,33 +225,45 @@ def check_loaded_data(config, datasets: Mapping[str, Any]) -> None:
     train = datasets["train"]
     query, gallery = datasets["query"], datasets.get("gallery")
     retrievable = len(gallery) if gallery is not None else len(query) - 1
-    where = f"the {config.dataset} test set" + (" gallery" if gallery is not None else f" ({len(query)} images, each query excludes itself)")
+    where = f"the {config.dataset} test set" + (
+        " gallery" if gallery is not None else f" ({len(query)} images, each query excludes itself)"
+    )
     for k in datasets["recall_ks"]:
         if k > retrievable:
-            raise ValueError(f"parameter 'recall_ks': K={k} is larger than the {retrievable} images a query can retrieve from {where}")
+            raise ValueError(
+                f"parameter 'recall_ks': K={k} is larger than the {retrievable} images a query can retrieve from {where}"
+            )
     labels = list(map(int, train.labels))
     counts: dict[int, int] = {}
     for label in labels:
         counts[label] = counts.get(label, 0) + 1
     if config.classes_per_batch > len(counts):
-        raise ValueError(f"parameter 'classes_per_batch': P={config.classes_per_batch} but the {config.dataset} training split "
-                         f"has {len(counts)} classes" + (f" (train_classes={config.train_classes})" if config.train_classes else ""))
+        raise ValueError(
+            f"parameter 'classes_per_batch': P={config.classes_per_batch} but the {config.dataset} training split "
+            f"has {len(counts)} classes" + (f" (train_classes={config.train_classes})" if config.train_classes else "")
+        )
     if not config.steps_per_epoch and len(labels) < config.classes_per_batch * config.samples_per_class:
-        raise ValueError(f"batch P × M = {config.classes_per_batch} × {config.samples_per_class} is larger than the {len(labels)} "
-                         "training images; lower them or set steps_per_epoch")
+        raise ValueError(
+            f"batch P × M = {config.classes_per_batch} × {config.samples_per_class} is larger than the {len(labels)} "
+            "training images; lower them or set steps_per_epoch"
+        )
     for split_name, count in (("train", config.train_classes), ("test", config.test_classes)):
         available = (train if split_name == "train" else query).num_classes
         base, _ = _base_items(train if split_name == "train" else query)
         if count and count > getattr(base, "num_classes", available):
-            warn(f"parameter '{split_name}_classes'={count} is more than the {base.num_classes} {split_name} classes of "
-                 f"{config.dataset}; all of them are used")
+            warn(
+                f"parameter '{split_name}_classes'={count} is more than the {base.num_classes} {split_name} classes of "
+                f"{config.dataset}; all of them are used"
+            )
     small = sorted(label for label, count in counts.items() if count < config.samples_per_class)
     if small:
         base, _ = _base_items(train)
         names = [base.class_names[label] if hasattr(base, "class_names") else str(label) for label in small]
         shown = ", ".join(f"{name} ({counts[label]})" for name, label in zip(names[:10], small))
-        warn(f"{len(small)} training classes have fewer than M={config.samples_per_class} images and will repeat images "
-             f"within a batch: {shown}{' …' if len(small) > 10 else ''}")
+        warn(
+            f"{len(small)} training classes have fewer than M={config.samples_per_class} images and will repeat images "
+            f"within a batch: {shown}{' …' if len(small) > 10 else ''}"
+        )
     for split in (train, query, gallery):
         if split is None:
             continue
@@ -258,14 +300,25 @@ class RunLock:
             holder = self._holder()
             who = f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')}" if holder else "another process"
             since = f", since {holder['started']}" if holder.get("started") else ""
-            raise RunLockedError(f"run folder {self.run_dir} is being written by {who}{since} ({holder.get('command', '')}); "
-                                 "wait for it to finish or stop that process") from None
+            raise RunLockedError(
+                f"run folder {self.run_dir} is being written by {who}{since} ({holder.get('command', '')}); "
+                "wait for it to finish or stop that process"
+            ) from None
         previous = self._holder()
         if previous and previous.get("pid") != os.getpid():
-            warn(f"took over the stale lock of {self.run_dir}: PID {previous.get('pid')} on host {previous.get('host')} "
-                 f"(started {previous.get('started', '?')}) no longer holds it; that run was interrupted")
-        records.write_json(self.holder_file, {"pid": os.getpid(), "host": socket.gethostname(),
-                                              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)})
+            warn(
+                f"took over the stale lock of {self.run_dir}: PID {previous.get('pid')} on host {previous.get('host')} "
+                f"(started {previous.get('started', '?')}) no longer holds it; that run was interrupted"
+            )
+        records.write_json(
+            self.holder_file,
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": " ".join(sys.argv),
+            },
+        )
 
     def release(self) -> None:
         self.holder_file.unlink(missing_ok=True)
@@ -287,8 +340,11 @@ def interruptible(run_dir: Path, epochs: int) -> Iterator[None]:
             history = Path(run_dir) / "history.csv"
             done = max(0, len(history.read_text().splitlines()) - 1) if history.is_file() else 0
             kept = f"the checkpoint of epoch {done}/{epochs} is kept" if done else "no epoch had finished"
-            raise RunInterrupted(signum, f"interrupted by {signal.Signals(signum).name}: {kept} in {run_dir}; "
-                                         f"continue with: {resume_command(run_dir)} (Python: resume=True)")
+            raise RunInterrupted(
+                signum,
+                f"interrupted by {signal.Signals(signum).name}: {kept} in {run_dir}; "
+                f"continue with: {resume_command(run_dir)} (Python: resume=True)",
+            )
 
         if not records.defer_while_writing(stop):
             stop()
@@ -319,7 +375,7 @@ class RunSession:
         self.reusable, self.resume_from = False, None
         self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> "RunSession":
+    def __enter__(self) -> RunSession:
         try:
             if self.writer:
                 self._make_folder()
@@ -348,8 +404,10 @@ class RunSession:
         requested = config.to_dict()
         differing = differing_fields(stored, requested) if stored is not None else {}
         if differing and not config.overwrite:
-            raise RunConflictError(f"run folder {run_dir} holds a run with another configuration ({describe_differences(differing)}); "
-                                   "choose another run_name or study, or pass --overwrite (overwrite=True) to replace it")
+            raise RunConflictError(
+                f"run folder {run_dir} holds a run with another configuration ({describe_differences(differing)}); "
+                "choose another run_name or study, or pass --overwrite (overwrite=True) to replace it"
+            )
         if config.overwrite:
             if self.writer and any((run_dir / name).exists() for name in RECORD_FILES):
                 warn(f"--overwrite: deleting the records of {run_dir} before training")
@@ -364,8 +422,10 @@ class RunSession:
             if config.resume:
                 self.resume_from = checkpoint
             elif self.writer:
-                warn(f"{run_dir} holds an interrupted run of this configuration; starting it again from epoch 1 "
-                     "(pass --resume / resume=True to continue it instead)")
+                warn(
+                    f"{run_dir} holds an interrupted run of this configuration; starting it again from epoch 1 "
+                    "(pass --resume / resume=True to continue it instead)"
+                )
         elif config.resume and self.writer:
             self._point_at_siblings()
 
@@ -376,8 +436,10 @@ class RunSession:
             stored = read_config_record(sibling) if sibling != self.run_dir else None
             if stored is not None:
                 changes = describe_differences(differing_fields(stored, self.config.to_dict()))
-                warn(f"resume: no run of this configuration yet ({self.run_dir.name}); {sibling.name} holds one with other "
-                     f"settings ({changes}); starting a new run")
+                warn(
+                    f"resume: no run of this configuration yet ({self.run_dir.name}); {sibling.name} holds one with other "
+                    f"settings ({changes}); starting a new run"
+                )
                 return
 
     def write_start_records(self, environment: Mapping[str, Any]) -> None:
@@ -385,5 +447,7 @@ class RunSession:
         if self.writer:
             # resume/overwrite are actions, not configuration: the record holds them off, so that
             # `dmlstudy train --config <run>/config.yaml --resume` continues the run and never deletes it
-            records.write_yaml(self.run_dir / "config.yaml", {**self.config.to_dict(), "resume": False, "overwrite": False})
+            records.write_yaml(
+                self.run_dir / "config.yaml", {**self.config.to_dict(), "resume": False, "overwrite": False}
+            )
             records.write_json(self.run_dir / "environment.json", dict(environment))

@@ -27,6 +27,7 @@ and exit 143/130 (:class:`dmlstudy.runs.RunInterrupted`). Plans are read with
 varies among the gathered runs (:func:`configuration_columns`), so runs of different settings are never
 averaged together as if they were seeds.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,9 +37,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
@@ -113,13 +115,17 @@ def notebook_parameters(notebook: Path) -> dict[str, dict]:
     return papermill.inspect_notebook(str(notebook))
 
 
-def injected_parameters(entry: PlanEntry, declared: Iterable[str], root: Path, *, overwrite: bool = False) -> dict[str, Any]:
+def injected_parameters(
+    entry: PlanEntry, declared: Iterable[str], root: Path, *, overwrite: bool = False
+) -> dict[str, Any]:
     """The entry's parameters plus ``study``/``run_name``/``runs_root`` where the notebook declares them,
     ``resume=True`` (plans resume by default) and, when ``overwrite``, ``overwrite=True``."""
     declared = set(declared)
     unknown = sorted(set(entry.parameters) - declared)
     if unknown:
-        raise PlanError(f"entry {entry.run_name!r}: {entry.notebook.name} has no parameters {unknown}; it declares {sorted(declared)}")
+        raise PlanError(
+            f"entry {entry.run_name!r}: {entry.notebook.name} has no parameters {unknown}; it declares {sorted(declared)}"
+        )
     extra = {"study": entry.study, "run_name": entry.run_name, "runs_root": str(root), "resume": True}
     forced = {"overwrite": True} if overwrite and "overwrite" in declared else {}
     return {**{k: v for k, v in extra.items() if k in declared}, **entry.parameters, **forced}
@@ -137,7 +143,9 @@ def _is_complete(record: Path, parameters: dict[str, Any]) -> bool:
     if not record.is_file():
         return False
     stored = json.loads(record.read_text())
-    return stored.get("status") == "complete" and stored.get("parameters") == json.loads(json.dumps(parameters, default=str))
+    return stored.get("status") == "complete" and stored.get("parameters") == json.loads(
+        json.dumps(parameters, default=str)
+    )
 
 
 def kernel_config():
@@ -181,7 +189,9 @@ class PlanProgress:
         while not self._stop.wait(self.heartbeat):
             with self._lock:
                 if self.entry:
-                    self.bar.set_postfix_str(f"{self.entry} running {self._tqdm.format_interval(time.perf_counter() - self.started)}")
+                    self.bar.set_postfix_str(
+                        f"{self.entry} running {self._tqdm.format_interval(time.perf_counter() - self.started)}"
+                    )
 
     def start(self, name: str) -> None:
         with self._lock:
@@ -200,9 +210,13 @@ class PlanProgress:
 
     def cell_bar(self) -> dict[str, Any] | bool:
         """papermill's ``progress_bar`` argument: a bar over the cells one line below, cleared when done."""
-        return {"unit": "cell", "desc": "  cells", "position": 1, "leave": False, "dynamic_ncols": True} if self.enabled else False
+        return (
+            {"unit": "cell", "desc": "  cells", "position": 1, "leave": False, "dynamic_ncols": True}
+            if self.enabled
+            else False
+        )
 
-    def __enter__(self) -> "PlanProgress":
+    def __enter__(self) -> PlanProgress:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -215,8 +229,15 @@ class PlanProgress:
         self.bar.close()
 
 
-def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = "", kernel_name: str = "python3", progress: bool = True,
-             overwrite: bool = False) -> list[EntryOutcome]:
+def run_plan(
+    plan: str | Path,
+    *,
+    root: str | Path | None = None,
+    only: str = "",
+    kernel_name: str = "python3",
+    progress: bool = True,
+    overwrite: bool = False,
+) -> list[EntryOutcome]:
     """Execute every entry of a plan with papermill (see the module docstring); returns one outcome per entry."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -224,7 +245,9 @@ def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = ""
     root = Path(root) if root else runs_root()
     entries = [e for e in load_plan(plan) if re.search(only, e.run_name)] if only else load_plan(plan)
     declared = {notebook: notebook_parameters(notebook) for notebook in {e.notebook for e in entries}}
-    prepared = [(entry, injected_parameters(entry, declared[entry.notebook], root, overwrite=overwrite)) for entry in entries]
+    prepared = [
+        (entry, injected_parameters(entry, declared[entry.notebook], root, overwrite=overwrite)) for entry in entries
+    ]
     outcomes: list[EntryOutcome] = []
     with PlanProgress(len(prepared), enabled=progress) as shown:
         for number, (entry, parameters) in enumerate(prepared, start=1):
@@ -242,21 +265,45 @@ def run_plan(plan: str | Path, *, root: str | Path | None = None, only: str = ""
             try:
                 with _plan_interruptible(plan, record, entry, parameters, started):
                     papermill.execute_notebook(
-                        str(entry.notebook), str(run_dir / entry.notebook.name), parameters=parameters,
-                        kernel_name=kernel_name, cwd=str(project_root()), progress_bar=shown.cell_bar(), config=kernel_config(),
+                        str(entry.notebook),
+                        str(run_dir / entry.notebook.name),
+                        parameters=parameters,
+                        kernel_name=kernel_name,
+                        cwd=str(project_root()),
+                        progress_bar=shown.cell_bar(),
+                        config=kernel_config(),
                     )
                 outcome = EntryOutcome(entry, "complete", time.perf_counter() - started)
             except PapermillExecutionError as error:
-                outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"cell {error.exec_count}: {error.ename}: {error.evalue}")
+                outcome = EntryOutcome(
+                    entry,
+                    "failed",
+                    time.perf_counter() - started,
+                    f"cell {error.exec_count}: {error.ename}: {error.evalue}",
+                )
             except Exception as error:  # a kernel that died, a notebook that could not be read, …
-                outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}")
-            write_json(record, {"status": outcome.status, "notebook": str(entry.notebook), "parameters": parameters, "seconds": outcome.seconds, "error": outcome.error})
+                outcome = EntryOutcome(
+                    entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}"
+                )
+            write_json(
+                record,
+                {
+                    "status": outcome.status,
+                    "notebook": str(entry.notebook),
+                    "parameters": parameters,
+                    "seconds": outcome.seconds,
+                    "error": outcome.error,
+                },
+            )
             shown.write(f"    {outcome.status} in {outcome.seconds:.0f} s {outcome.error}")
             shown.done()
             outcomes.append(outcome)
     failures = [o for o in outcomes if o.status == "failed"]
-    print(f"plan {Path(plan).name}: {sum(o.status == 'complete' for o in outcomes)} ran, "
-          f"{sum(o.status == 'skipped' for o in outcomes)} skipped, {len(failures)} failed", flush=True)
+    print(
+        f"plan {Path(plan).name}: {sum(o.status == 'complete' for o in outcomes)} ran, "
+        f"{sum(o.status == 'skipped' for o in outcomes)} skipped, {len(failures)} failed",
+        flush=True,
+    )
     for failure in failures:
         print(f"  FAILED {failure.entry.run_name} ({failure.entry.notebook.name}) — {failure.error}", flush=True)
     return outcomes
@@ -281,10 +328,20 @@ def _plan_interruptible(plan: str | Path, record: Path, entry: PlanEntry, parame
 
     def stop() -> None:
         signum = received[0]
-        message = (f"plan {Path(plan).name} interrupted by {signal.Signals(signum).name} during entry {entry.run_name}; "
-                   f"finished entries are kept and interrupted runs resume: dmlstudy study run {plan}")
-        write_json(record, {"status": "interrupted", "notebook": str(entry.notebook), "parameters": parameters,
-                            "seconds": time.perf_counter() - started, "error": message})
+        message = (
+            f"plan {Path(plan).name} interrupted by {signal.Signals(signum).name} during entry {entry.run_name}; "
+            f"finished entries are kept and interrupted runs resume: dmlstudy study run {plan}"
+        )
+        write_json(
+            record,
+            {
+                "status": "interrupted",
+                "notebook": str(entry.notebook),
+                "parameters": parameters,
+                "seconds": time.perf_counter() - started,
+                "error": message,
+            },
+        )
         print(message, file=sys.stderr, flush=True)
         raise RunInterrupted(signum, message)
 
@@ -334,7 +391,9 @@ def configuration_columns(frame: pd.DataFrame, by: Iterable[str]) -> list[str]:
 
 def _flatten(prefix: str, value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()}
+        return {
+            k: v for key, item in value.items() for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()
+        }
     return {prefix: json.dumps(value) if isinstance(value, list) else value}
 
 
@@ -358,7 +417,9 @@ def mean_std_text(mean: float, std: float, runs: int, *, decimals: int = 1) -> s
     return f"{mean:.{decimals}f} ± {std:.{decimals}f}" if runs > 1 else f"{mean:.{decimals}f}"
 
 
-def summarize(frame: pd.DataFrame, *, by: list[str], metrics: list[str], percent: bool = True, decimals: int = 1) -> pd.DataFrame:
+def summarize(
+    frame: pd.DataFrame, *, by: list[str], metrics: list[str], percent: bool = True, decimals: int = 1
+) -> pd.DataFrame:
     """Mean ± std over the runs of each group (seeds): a tidy table with a ``runs`` column.
 
     Retrieval metrics (fractions) are shown in percent when ``percent``; other columns as they are. A
@@ -377,15 +438,37 @@ def summarize(frame: pd.DataFrame, *, by: list[str], metrics: list[str], percent
     return table.reset_index()
 
 
-PERCENT_METRICS = {"R@1", "R@2", "R@4", "R@8", "R@10", "R@16", "R@20", "R@30", "R@32", "R@100", "R@1000", "P@1", "RP", "MAP@R", "NMI"}
+PERCENT_METRICS = {
+    "R@1",
+    "R@2",
+    "R@4",
+    "R@8",
+    "R@10",
+    "R@16",
+    "R@20",
+    "R@30",
+    "R@32",
+    "R@100",
+    "R@1000",
+    "P@1",
+    "RP",
+    "MAP@R",
+    "NMI",
+}
 
 
-def write_table(table: pd.DataFrame, path_stem: str | Path, *, display_columns: list[str] | None = None) -> tuple[Path, Path]:
+def write_table(
+    table: pd.DataFrame, path_stem: str | Path, *, display_columns: list[str] | None = None
+) -> tuple[Path, Path]:
     """Write ``<stem>.csv`` (all columns) and ``<stem>.md`` (the display columns) and return both paths."""
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = stem.with_suffix(".csv"), stem.with_suffix(".md")
     table.to_csv(csv_path, index=False)
-    shown = table[display_columns] if display_columns else table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
+    shown = (
+        table[display_columns]
+        if display_columns
+        else table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
+    )
     md_path.write_text(shown.to_markdown(index=False) + "\n")
     return csv_path, md_path

@@ -11,15 +11,17 @@ checkpoint of epoch e continues exactly as the uninterrupted run (on CPU).
 Run folders, reuse of finished runs, the one-writer lock, checks before data loads and SIGTERM/SIGINT
 handling are :mod:`dmlstudy.runs`; ``run`` calls into it at its start and its end.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,8 +33,21 @@ from tqdm.auto import tqdm
 from dmlstudy import distributed, runs
 from dmlstudy import metrics as metric_functions
 from dmlstudy.config import TypedConfig
-from dmlstudy.data import ClassBalancedBatchSampler, ImageListDataset, build_dataset, build_transforms, evaluation_protocol
-from dmlstudy.data.tensor_cache import BatchAugmentedTrain, DifferentImageSizes, EvaluationImages, TensorImageSplit, cached_images, split_bytes
+from dmlstudy.data import (
+    ClassBalancedBatchSampler,
+    ImageListDataset,
+    build_dataset,
+    build_transforms,
+    evaluation_protocol,
+)
+from dmlstudy.data.tensor_cache import (
+    BatchAugmentedTrain,
+    DifferentImageSizes,
+    EvaluationImages,
+    TensorImageSplit,
+    cached_images,
+    split_bytes,
+)
 from dmlstudy.methods import Method, build_method
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root, runs_root
@@ -84,7 +99,9 @@ class TrainConfig(TypedConfig):
     resume: bool = False  # continue an interrupted run from its last epoch checkpoint
     overwrite: bool = False  # replace the run folder's records (a finished run is otherwise loaded, not retrained)
     progress: bool = True  # tqdm progress bars
-    input_pipeline: str = "auto"  # auto (tensor when it fits), tensor (cached uint8 tensor, batched augmentation) or files (per-item PIL)
+    input_pipeline: str = (
+        "auto"  # auto (tensor when it fits), tensor (cached uint8 tensor, batched augmentation) or files (per-item PIL)
+    )
     tensor_budget_gib: float = 2.0  # auto: the tensor pipeline only when all splits of the run fit in this many GiB
     channels_last: bool = True  # channels_last memory format for the model and its inputs
     autocast: str = "auto"  # auto (bfloat16 on CUDA, off on CPU), bf16 or off
@@ -93,7 +110,15 @@ class TrainConfig(TypedConfig):
     def validate(self) -> None:
         """Check every field's type and range; the message names the offending parameter."""
         self.check_types()
-        positive = ("embedding_dim", "image_size", "classes_per_batch", "samples_per_class", "epochs", "eval_every", "eval_batch_size")
+        positive = (
+            "embedding_dim",
+            "image_size",
+            "classes_per_batch",
+            "samples_per_class",
+            "epochs",
+            "eval_every",
+            "eval_batch_size",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"parameter {name!r} must be positive, got {getattr(self, name)}")
@@ -113,18 +138,26 @@ class TrainConfig(TypedConfig):
         for name in ("study", "run_name"):
             value = getattr(self, name)
             if "/" in value or "\\" in value or value in (".", "..") or (name == "study" and not value):
-                raise ValueError(f"parameter {name!r} must be a folder name (no '/', not empty, '.' or '..'), got {value!r}")
+                raise ValueError(
+                    f"parameter {name!r} must be a folder name (no '/', not empty, '.' or '..'), got {value!r}"
+                )
         if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.recall_ks):
             raise ValueError(f"parameter 'recall_ks' must be a list of positive integers, got {self.recall_ks!r}")
         if self.steps_per_epoch < 0 or self.train_classes < 0 or self.test_classes < 0:
             raise ValueError("parameters 'steps_per_epoch', 'train_classes' and 'test_classes' must be ≥ 0")
-        if not (self.lr > 0 and self.head_lr > 0 and self.weight_decay >= 0) or not all(map(np.isfinite, (self.lr, self.head_lr, self.weight_decay))):
-            raise ValueError(f"parameters 'lr' and 'head_lr' must be finite and > 0, 'weight_decay' ≥ 0; got {self.lr}, {self.head_lr}, {self.weight_decay}")
+        if not (self.lr > 0 and self.head_lr > 0 and self.weight_decay >= 0) or not all(
+            map(np.isfinite, (self.lr, self.head_lr, self.weight_decay))
+        ):
+            raise ValueError(
+                f"parameters 'lr' and 'head_lr' must be finite and > 0, 'weight_decay' ≥ 0; got {self.lr}, {self.head_lr}, {self.weight_decay}"
+            )
 
     def validate_speed_fields(self) -> None:
         """Ranges of the input-pipeline and compute fields (issue 15)."""
         if self.input_pipeline not in INPUT_PIPELINES:
-            raise ValueError(f"parameter 'input_pipeline' must be one of {list(INPUT_PIPELINES)}, got {self.input_pipeline!r}")
+            raise ValueError(
+                f"parameter 'input_pipeline' must be one of {list(INPUT_PIPELINES)}, got {self.input_pipeline!r}"
+            )
         if self.autocast not in AUTOCAST_MODES:
             raise ValueError(f"parameter 'autocast' must be one of {list(AUTOCAST_MODES)}, got {self.autocast!r}")
         if self.num_workers < -1:
@@ -145,10 +178,13 @@ class TrainConfig(TypedConfig):
         return Path(self.runs_root or runs_root()) / self.study / self.resolved_run_name
 
 
-
 INPUT_PIPELINES = ("auto", "tensor", "files")
 AUTOCAST_MODES = ("auto", "bf16", "off")
-OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": lambda groups, **kw: torch.optim.SGD(groups, momentum=0.9, **kw)}
+OPTIMIZERS = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": lambda groups, **kw: torch.optim.SGD(groups, momentum=0.9, **kw),
+}
 SCHEDULES = {
     "constant": lambda epoch, epochs: 1.0,
     "cosine": lambda epoch, epochs: 0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi * epoch / epochs)),
@@ -249,7 +285,9 @@ def resolve_num_workers(num_workers: int) -> int:
     return min(8, cores)
 
 
-def _tensor_splits(config: TrainConfig, root: Path, splits: Mapping[str, ImageListDataset | None]) -> dict[str, TensorImageSplit] | None:
+def _tensor_splits(
+    config: TrainConfig, root: Path, splits: Mapping[str, ImageListDataset | None]
+) -> dict[str, TensorImageSplit] | None:
     """The splits as cached uint8 tensors, or None for the file pipeline (``files``, over budget, mixed sizes).
 
     ``auto`` decides for all the splits of the run together: tensors only when their total size fits
@@ -263,12 +301,21 @@ def _tensor_splits(config: TrainConfig, root: Path, splits: Mapping[str, ImageLi
     budget = int(config.tensor_budget_gib * 2**30)
     try:
         if total > budget:
-            raise MemoryError(f"{config.dataset}: its splits need {total / 2**30:.2f} GiB as uint8 tensors, over tensor_budget_gib = {config.tensor_budget_gib}")
-        return {name: TensorImageSplit(split, torch.from_numpy(cached_images(split, root))) for name, split in present.items()}
+            raise MemoryError(
+                f"{config.dataset}: its splits need {total / 2**30:.2f} GiB as uint8 tensors, over tensor_budget_gib = {config.tensor_budget_gib}"
+            )
+        return {
+            name: TensorImageSplit(split, torch.from_numpy(cached_images(split, root)))
+            for name, split in present.items()
+        }
     except (MemoryError, DifferentImageSizes) as reason:
         if config.input_pipeline == "tensor":
             raise ValueError(f"input_pipeline='tensor' is not possible: {reason}") from reason
-        _logger.info("%s; reading image files instead (input_pipeline='files', %d DataLoader workers)", reason, resolve_num_workers(config.num_workers))
+        _logger.info(
+            "%s; reading image files instead (input_pipeline='files', %d DataLoader workers)",
+            reason,
+            resolve_num_workers(config.num_workers),
+        )
         return None
 
 
@@ -287,10 +334,19 @@ def load_datasets(config: TrainConfig) -> dict[str, Any]:
     tensors = _tensor_splits(config, root, {"train": train, "query": query, "gallery": gallery})
     recall_ks = tuple(config.recall_ks) or protocol.recall_ks
     if tensors is not None:
-        evaluation = {name: EvaluationImages(_first_classes(tensors[name], config.test_classes), config.image_size) if name in tensors else None
-                      for name in ("query", "gallery")}
-        return {"train": BatchAugmentedTrain(_first_classes(tensors["train"], config.train_classes), seed=config.seed, image_size=config.image_size),
-                **evaluation, "recall_ks": recall_ks}
+        evaluation = {
+            name: EvaluationImages(_first_classes(tensors[name], config.test_classes), config.image_size)
+            if name in tensors
+            else None
+            for name in ("query", "gallery")
+        }
+        return {
+            "train": BatchAugmentedTrain(
+                _first_classes(tensors["train"], config.train_classes), seed=config.seed, image_size=config.image_size
+            ),
+            **evaluation,
+            "recall_ks": recall_ks,
+        }
     train.transform = build_transforms(config.image_size, train=True, hflip=train.flip_invariant)
     test_transform = build_transforms(config.image_size, train=False)
     for split in (query, gallery):
@@ -332,18 +388,31 @@ def _evaluation_batches(dataset, indices: np.ndarray, *, batch_size: int, device
         rows, base = np.asarray(base.indices)[rows], base.dataset
     if isinstance(base, EvaluationImages):
         for start in range(0, len(rows), batch_size):
-            yield base.batch(torch.as_tensor(rows[start:start + batch_size], device=base.crops.device), device)
+            yield base.batch(torch.as_tensor(rows[start : start + batch_size], device=base.crops.device), device)
         return
     memoized = isinstance(base, ImageListDataset) and base.is_memoized
-    loader = DataLoader(Subset(dataset, indices.tolist()), batch_size=batch_size, shuffle=False,
-                        num_workers=0 if memoized else resolve_num_workers(num_workers), pin_memory=device.type == "cuda")
+    loader = DataLoader(
+        Subset(dataset, indices.tolist()),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=0 if memoized else resolve_num_workers(num_workers),
+        pin_memory=device.type == "cuda",
+    )
     for images, _ in loader:
         yield images.to(device, non_blocking=True)
 
 
 @torch.no_grad()
-def embed(method: Method, dataset, *, batch_size: int = 256, device: torch.device | str = "cpu", num_workers: int = 0,
-          autocast: torch.dtype | None = None, channels_last: bool = False) -> np.ndarray:
+def embed(
+    method: Method,
+    dataset,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+    num_workers: int = 0,
+    autocast: torch.dtype | None = None,
+    channels_last: bool = False,
+) -> np.ndarray:
     """Inference embeddings (``N × d``, float32) of a dataset, in dataset order.
 
     Tensor-pipeline splits are read as slices of their cropped tensor (large batches, no per-item work).
@@ -356,7 +425,9 @@ def embed(method: Method, dataset, *, batch_size: int = 256, device: torch.devic
     size = int(np.ceil(len(dataset) / distributed.world_size()))
     chunks = []
     with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-        for images in _evaluation_batches(dataset, shard, batch_size=batch_size, device=device, num_workers=num_workers):
+        for images in _evaluation_batches(
+            dataset, shard, batch_size=batch_size, device=device, num_workers=num_workers
+        ):
             chunks.append(method(_as_input(images, channels_last)).float())
     local = torch.cat(chunks) if chunks else torch.zeros(0, method.embedding_dim, device=device)
     method.train(was_training)
@@ -364,13 +435,36 @@ def embed(method: Method, dataset, *, batch_size: int = 256, device: torch.devic
         return local.cpu().numpy()
     padded = torch.cat([local, local.new_zeros(size - len(local), local.shape[1])])
     gathered = distributed.gather_without_grad(padded).reshape(distributed.world_size(), size, -1)
-    return torch.cat([part[:len(rows)] for part, rows in zip(gathered, np.array_split(np.arange(len(dataset)), distributed.world_size()))]).cpu().numpy()
+    return (
+        torch.cat(
+            [
+                part[: len(rows)]
+                for part, rows in zip(gathered, np.array_split(np.arange(len(dataset)), distributed.world_size()))
+            ]
+        )
+        .cpu()
+        .numpy()
+    )
 
 
-def evaluate(method: Method, datasets: Mapping[str, Any], *, batch_size: int, device: torch.device, num_workers: int = 0,
-             autocast: torch.dtype | None = None, channels_last: bool = False) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+def evaluate(
+    method: Method,
+    datasets: Mapping[str, Any],
+    *,
+    batch_size: int,
+    device: torch.device,
+    num_workers: int = 0,
+    autocast: torch.dtype | None = None,
+    channels_last: bool = False,
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Metrics of the spine on the evaluation splits, and the embeddings they were computed from."""
-    options = {"batch_size": batch_size, "device": device, "num_workers": num_workers, "autocast": autocast, "channels_last": channels_last}
+    options = {
+        "batch_size": batch_size,
+        "device": device,
+        "num_workers": num_workers,
+        "autocast": autocast,
+        "channels_last": channels_last,
+    }
     query = embed(method, datasets["query"], **options)
     arrays = {"embeddings": query, "labels": np.asarray(datasets["query"].labels)}
     gallery_kwargs = {}
@@ -397,7 +491,13 @@ def build_model(config: TrainConfig, num_classes: int) -> Method:
         image_size=config.image_size,
         output_stride=config.output_stride or None,
     )
-    return build_method(config.method, backbone=backbone, embedding_dim=config.embedding_dim, num_classes=num_classes, **config.method_kwargs)
+    return build_method(
+        config.method,
+        backbone=backbone,
+        embedding_dim=config.embedding_dim,
+        num_classes=num_classes,
+        **config.method_kwargs,
+    )
 
 
 def _load_complete(config: TrainConfig, datasets: Mapping[str, Any], device: torch.device) -> RunResult:
@@ -406,7 +506,14 @@ def _load_complete(config: TrainConfig, datasets: Mapping[str, Any], device: tor
     method.load_state_dict(_read_checkpoint(run_dir / "checkpoint.pt", device)["method"])
     with np.load(run_dir / "embeddings.npz") as stored:
         embeddings = dict(stored)
-    return RunResult(config, run_dir, json.loads((run_dir / "metrics.json").read_text()), pd.read_csv(run_dir / "history.csv"), method, embeddings)
+    return RunResult(
+        config,
+        run_dir,
+        json.loads((run_dir / "metrics.json").read_text()),
+        pd.read_csv(run_dir / "history.csv"),
+        method,
+        embeddings,
+    )
 
 
 NON_IDENTITY_FIELDS = runs.NON_IDENTITY_FIELDS  # fields that do not change what a run computes (not hashed)
@@ -422,8 +529,10 @@ def _read_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     try:
         return torch.load(path, map_location=device, weights_only=False)
     except Exception as error:  # torch raises RuntimeError, pickle.UnpicklingError, EOFError, … for a damaged file
-        raise RuntimeError(f"cannot read the checkpoint {path} ({type(error).__name__}: {error}); "
-                           "pass --overwrite (overwrite=True) to train this run again from epoch 1") from None
+        raise RuntimeError(
+            f"cannot read the checkpoint {path} ({type(error).__name__}: {error}); "
+            "pass --overwrite (overwrite=True) to train this run again from epoch 1"
+        ) from None
 
 
 class TrainingWatch:
@@ -458,9 +567,14 @@ class TrainingWatch:
                 culprit = f"non-finite values in the input images {runs.describe_items(self.train, [indices[r] for r in bad_rows][:8])}"
             else:
                 culprit = f"the inputs are finite; the batch was {runs.describe_items(self.train, indices[:8])}{' …' if len(indices) > 8 else ''}"
-            what = f"the loss became {loss.item()}" if not torch.isfinite(loss) else "a training batch holds non-finite values"
-            raise FloatingPointError(f"run {self.config.resolved_run_name}: {what} at epoch {epoch + 1}, "
-                                     f"step {step + 1}: {culprit}")
+            what = (
+                f"the loss became {loss.item()}"
+                if not torch.isfinite(loss)
+                else "a training batch holds non-finite values"
+            )
+            raise FloatingPointError(
+                f"run {self.config.resolved_run_name}: {what} at epoch {epoch + 1}, step {step + 1}: {culprit}"
+            )
         if self.first_epoch is None:
             self.first_epoch = epoch  # the first epoch this process trains (a resumed run: the one it resumes at)
         if epoch == self.first_epoch:
@@ -473,8 +587,10 @@ class TrainingWatch:
         quarter = len(losses) // 4
         first, last = float(np.mean(losses[:quarter])), float(np.mean(losses[-quarter:]))
         if abs(last - first) <= self.FLAT_TOLERANCE * max(abs(first), 1e-12):
-            runs.warn(f"run {self.config.resolved_run_name}: the loss did not move over epoch {epoch + 1} "
-                      f"({first:.6g} → {last:.6g} over {len(losses)} steps); check lr={self.config.lr:g} and the data")
+            runs.warn(
+                f"run {self.config.resolved_run_name}: the loss did not move over epoch {epoch + 1} "
+                f"({first:.6g} → {last:.6g} over {len(losses)} steps); check lr={self.config.lr:g} and the data"
+            )
 
 
 class _LossStep(nn.Module):
@@ -500,16 +616,25 @@ def prepare_compute(config: TrainConfig, method: Method, step: nn.Module, device
     return torch.compile(step) if config.compile else step
 
 
-def _file_loader(train, sampler: ClassBalancedBatchSampler, config: TrainConfig, device: torch.device) -> DataLoader | None:
+def _file_loader(
+    train, sampler: ClassBalancedBatchSampler, config: TrainConfig, device: torch.device
+) -> DataLoader | None:
     """The file pipeline's DataLoader, made once per run: workers, pinned memory and persistent workers on CUDA."""
     if isinstance(train, BatchAugmentedTrain):
         return None
     workers = resolve_num_workers(config.num_workers)
-    return DataLoader(train, batch_sampler=EpochTaggedBatches(sampler), num_workers=workers, pin_memory=device.type == "cuda",
-                      persistent_workers=workers > 0 and device.type == "cuda")
+    return DataLoader(
+        train,
+        batch_sampler=EpochTaggedBatches(sampler),
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0 and device.type == "cuda",
+    )
 
 
-def _training_batches(train, sampler: ClassBalancedBatchSampler, loader: DataLoader | None, device: torch.device, channels_last: bool):
+def _training_batches(
+    train, sampler: ClassBalancedBatchSampler, loader: DataLoader | None, device: torch.device, channels_last: bool
+):
     """``(images, labels)`` of one epoch on ``device``: augmented batches of the resident tensor, or the loader's."""
     if loader is None:
         for indices in sampler:
@@ -545,7 +670,9 @@ def run(config: TrainConfig) -> RunResult:
         return _train_and_evaluate(config, datasets, device, resume_from=session.resume_from)
 
 
-def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device: torch.device, *, resume_from: Path | None) -> RunResult:
+def _train_and_evaluate(
+    config: TrainConfig, datasets: Mapping[str, Any], device: torch.device, *, resume_from: Path | None
+) -> RunResult:
     """The training loop of :func:`run` and the final records (``resume_from``: a checkpoint to continue)."""
     main_process = distributed.is_main_process()
     run_dir = config.run_dir
@@ -560,8 +687,13 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
         step = nn.parallel.DistributedDataParallel(step, find_unused_parameters=True)
     step = prepare_compute(config, method, step, device)
     precision = autocast_dtype(config, device)
-    evaluation_options = {"batch_size": config.eval_batch_size, "device": device, "num_workers": config.num_workers, "autocast": precision,
-                          "channels_last": config.channels_last}
+    evaluation_options = {
+        "batch_size": config.eval_batch_size,
+        "device": device,
+        "num_workers": config.num_workers,
+        "autocast": precision,
+        "channels_last": config.channels_last,
+    }
     groups = method.parameter_groups(lr=config.lr, head_lr=config.head_lr, weight_decay=config.weight_decay)
     optimizer = OPTIMIZERS[config.optimizer]([{k: v for k, v in g.items() if k != "name"} for g in groups])
     base_lrs = [group["lr"] for group in optimizer.param_groups]
@@ -587,7 +719,13 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
     latest: dict[str, float] = next((row for row in reversed(history) if "R@1" in row), {})
     arrays: dict[str, np.ndarray] = {}
     show = config.progress and main_process
-    epochs = tqdm(range(start_epoch, config.epochs), desc=config.resolved_run_name, disable=not show, initial=start_epoch, total=config.epochs)
+    epochs = tqdm(
+        range(start_epoch, config.epochs),
+        desc=config.resolved_run_name,
+        disable=not show,
+        initial=start_epoch,
+        total=config.epochs,
+    )
     for epoch in epochs:
         seed_everything(_epoch_seed(config.seed, epoch))
         sampler.set_epoch(epoch)
@@ -597,8 +735,13 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
             group["lr"] = base_lr * scale
         method.train()
         started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
-        for images, labels in tqdm(_training_batches(train, sampler, loader, device, config.channels_last), desc=f"epoch {epoch + 1}",
-                                   total=len(sampler), leave=False, disable=not show):
+        for images, labels in tqdm(
+            _training_batches(train, sampler, loader, device, config.channels_last),
+            desc=f"epoch {epoch + 1}",
+            total=len(sampler),
+            leave=False,
+            disable=not show,
+        ):
             with torch.autocast(device.type, dtype=precision or torch.bfloat16, enabled=precision is not None):
                 loss, parts = step(images, labels)
             watch.observe(loss, images, epoch=epoch, step=steps)
@@ -607,17 +750,35 @@ def _train_and_evaluate(config: TrainConfig, datasets: Mapping[str, Any], device
             optimizer.step()
             steps += 1
             _add_parts(totals, loss, parts)
-        row = {"epoch": epoch + 1, **{name: float(value) / max(steps, 1) for name, value in totals.items()}, "lr": base_lrs[0] * scale, "train_seconds": time.perf_counter() - started,
-               "train_cpu_seconds": time.process_time() - started_cpu}
+        row = {
+            "epoch": epoch + 1,
+            **{name: float(value) / max(steps, 1) for name, value in totals.items()},
+            "lr": base_lrs[0] * scale,
+            "train_seconds": time.perf_counter() - started,
+            "train_cpu_seconds": time.process_time() - started_cpu,
+        }
         if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
             eval_started, eval_started_cpu = time.perf_counter(), time.process_time()
             latest, arrays = evaluate(method, datasets, **evaluation_options)
-            row.update(latest, eval_seconds=time.perf_counter() - eval_started, eval_cpu_seconds=time.process_time() - eval_started_cpu)
+            row.update(
+                latest,
+                eval_seconds=time.perf_counter() - eval_started,
+                eval_cpu_seconds=time.process_time() - eval_started_cpu,
+            )
         history.append(row)
         watch.end_epoch(epoch)
         if main_process:
             write_csv(run_dir / "history.csv", pd.DataFrame(history))
-            save_torch(checkpoint_path, {"epoch": epoch, "method": method.state_dict(), "optimizer": optimizer.state_dict(), "history": history, "config": config.to_dict()})
+            save_torch(
+                checkpoint_path,
+                {
+                    "epoch": epoch,
+                    "method": method.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "history": history,
+                    "config": config.to_dict(),
+                },
+            )
         epochs.set_postfix(loss=f"{row['loss']:.4f}", R1=f"{latest.get('R@1', float('nan')):.3f}")
 
     if not arrays:  # resumed after the last epoch's checkpoint but before the records were written

@@ -23,6 +23,7 @@ Decisions:
   driver is marked failed and its parameters are queued again, so it resumes its run folder from the last
   checkpoint.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,9 +66,13 @@ def trial_config(base: TrainConfig, overrides: dict[str, Any], name: str) -> Tra
     """The run of a trial: ``base`` with the overrides, named by their digest (same parameters, same run)."""
     unknown = sorted(set(overrides) - set(TrainConfig.field_names()))
     if unknown:
-        raise KeyError(f"search space returned unknown TrainConfig fields {unknown}; valid: {TrainConfig.field_names()}")
+        raise KeyError(
+            f"search space returned unknown TrainConfig fields {unknown}; valid: {TrainConfig.field_names()}"
+        )
     digest = hashlib.sha1(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return TrainConfig(**{**base.to_dict(), **overrides, "run_name": f"{name}-{digest}", "resume": True, "progress": False})
+    return TrainConfig(
+        **{**base.to_dict(), **overrides, "run_name": f"{name}-{digest}", "resume": True, "progress": False}
+    )
 
 
 def _recover_interrupted(study: optuna.Study) -> None:
@@ -96,19 +101,40 @@ def _epoch_values(run_dir: Path, objective: str) -> list[tuple[int, float]]:
         return []
     if objective not in history:
         return []
-    return [(int(epoch), float(value)) for epoch, value in zip(history["epoch"], history[objective]) if not math.isnan(value)]
+    return [
+        (int(epoch), float(value))
+        for epoch, value in zip(history["epoch"], history[objective])
+        if not math.isnan(value)
+    ]
 
 
-def tune(base: TrainConfig, space: SearchSpace, *, name: str, n_trials: int, workers: int = 1, storage: str = "",
-         objective: str = "R@1", direction: str = "maximize", sampler: optuna.samplers.BaseSampler | None = None,
-         pruner: optuna.pruners.BasePruner | None = None, poll_seconds: float = 1.0,
-         on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None) -> optuna.Study:
+def tune(
+    base: TrainConfig,
+    space: SearchSpace,
+    *,
+    name: str,
+    n_trials: int,
+    workers: int = 1,
+    storage: str = "",
+    objective: str = "R@1",
+    direction: str = "maximize",
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    poll_seconds: float = 1.0,
+    on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+) -> optuna.Study:
     """Run (or continue) the Optuna study ``name`` until ``n_trials`` trials have finished, ``workers`` trials
     at a time on the engine (see the module docstring). ``on_trial(study, trial)`` is called after each tell."""
     if n_trials < 1 or workers < 1:
         raise ValueError(f"tune: n_trials and workers must be ≥ 1, got {n_trials} and {workers}")
-    study = optuna.create_study(study_name=name, storage=open_storage(storage, base, name), direction=direction,
-                                sampler=sampler, pruner=pruner, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=name,
+        storage=open_storage(storage, base, name),
+        direction=direction,
+        sampler=sampler,
+        pruner=pruner,
+        load_if_exists=True,
+    )
     _recover_interrupted(study)
     load_datasets(base)  # generate an embedded dataset here once, not in every worker at the same time
     client = engine.get_client(workers)
@@ -131,7 +157,9 @@ def tune(base: TrainConfig, space: SearchSpace, *, name: str, n_trials: int, wor
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     raise
                 trial.set_user_attr("run_dir", str(config.run_dir))
-                future = client.submit(engine.train_task, engine.task_values(config), key=engine.run_task_key(config), pure=False)
+                future = client.submit(
+                    engine.train_task, engine.task_values(config), key=engine.run_task_key(config), pure=False
+                )
                 in_flight[future] = (trial, config)
             if not in_flight:
                 return study

@@ -8,6 +8,7 @@ Run it on the login node (or in a small job of its own), in the clone on the sha
 
 The scheduler runs in this process: stop it (Ctrl-C) when the study is done, and the jobs are cancelled.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ def slurm_cluster(settings: Path = SETTINGS, **overrides):
 
     slurm = yaml.safe_load(settings.read_text())["jobqueue"]["slurm"]
     dask.config.set({f"jobqueue.slurm.{key}": value for key, value in slurm.items()})  # over jobqueue's defaults, for
-    return SLURMCluster(**overrides)                                                  # every job it submits later
+    return SLURMCluster(**overrides)  # every job it submits later
 
 
 def main() -> None:
@@ -41,8 +42,10 @@ def main() -> None:
         cluster.close()
         return
     cluster.scale(jobs=args.jobs)
-    print(f"scheduler: {cluster.scheduler_address}\ndashboard: {cluster.dashboard_link}\n"
-          f"dmlstudy study run plans/default.yaml --scheduler {cluster.scheduler_address}")
+    print(
+        f"scheduler: {cluster.scheduler_address}\ndashboard: {cluster.dashboard_link}\n"
+        f"dmlstudy study run plans/default.yaml --scheduler {cluster.scheduler_address}"
+    )
     try:
         while True:
             time.sleep(60)

@@ -42,7 +42,15 @@ seed: int = 0  # which images are shown
 # %%
 from IPython.display import display
 
-from dmlstudy.experiments.datasets import DatasetTour, class_definition_table, example_grid, load_splits, nearest_classes_figure, pixel_knn_table, summary_table
+from dmlstudy.experiments.datasets import (
+    DatasetTour,
+    class_definition_table,
+    example_grid,
+    load_splits,
+    nearest_classes_figure,
+    pixel_knn_table,
+    summary_table,
+)
 from dmlstudy.records import seed_everything
 
 tour = DatasetTour.from_namespace(globals())
@@ -58,7 +66,9 @@ summary_table(tour)
 # %%
 for name in tour.datasets:
     test = load_splits(tour, name)["test"]
-    figure = example_grid(test, classes=list(range(tour.classes_shown)), images_per_class=tour.images_per_class, seed=tour.seed)
+    figure = example_grid(
+        test, classes=list(range(tour.classes_shown)), images_per_class=tour.images_per_class, seed=tour.seed
+    )
     figure.suptitle(f"{name}: first {tour.classes_shown} test classes", y=1.02)
 
 # %% [markdown]
@@ -71,7 +81,7 @@ for name in tour.datasets:
 # %%
 if "synbirds" in tour.datasets:
     display(class_definition_table(tour, class_index=100))
-    nearest_classes_figure(tour, class_index=100);
+    nearest_classes_figure(tour, class_index=100)
 
 # %% [markdown]
 # ## How hard is it? Raw-pixel nearest neighbours

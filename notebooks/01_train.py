@@ -62,7 +62,7 @@ sync_bn: bool = False  # SyncBatchNorm across ranks under torchrun (GPU); or use
 resume: bool = False  # continue an interrupted run from its last epoch checkpoint
 overwrite: bool = False  # replace the run folder's records (a finished run is otherwise loaded, not retrained)
 progress: bool = False  # tqdm progress bars
-input_pipeline: str = 'auto'  # auto (tensor when it fits), tensor (cached uint8 tensor, batched augmentation) or files (per-item PIL)
+input_pipeline: str = 'auto'  #
 tensor_budget_gib: float = 2.0  # auto: the tensor pipeline only when all splits of the run fit in this many GiB
 channels_last: bool = True  # channels_last memory format for the model and its inputs
 autocast: str = 'auto'  # auto (bfloat16 on CUDA, off on CPU), bf16 or off
@@ -85,8 +85,7 @@ result = run(config)
 # plateau (or dip) while the loss keeps falling — that gap is what deep metric learning is about.
 
 # %%
-plots.training_curves(result.history, title=f'{config.method} on {config.dataset}');
-
+plots.training_curves(result.history, title=f"{config.method} on {config.dataset}")
 # %% [markdown]
 # ## Recall@K
 #
@@ -94,8 +93,7 @@ plots.training_curves(result.history, title=f'{config.method} on {config.dataset
 # neighbours (cosine similarity; the query itself is excluded).
 
 # %%
-plots.recall_curve(result.metrics, title=f'{config.method} on {config.dataset}');
-
+plots.recall_curve(result.metrics, title=f"{config.method} on {config.dataset}")
 # %% [markdown]
 # ## Queries and their top-5 retrievals
 #
@@ -104,8 +102,14 @@ plots.recall_curve(result.metrics, title=f'{config.method} on {config.dataset}')
 
 # %%
 evaluation = load_datasets(config)
-plots.retrieval_grid(evaluation["query"], result.embeddings["embeddings"], result.embeddings["labels"], num_queries=5, top_k=5, seed=config.seed);
-
+plots.retrieval_grid(
+    evaluation["query"],
+    result.embeddings["embeddings"],
+    result.embeddings["labels"],
+    num_queries=5,
+    top_k=5,
+    seed=config.seed,
+)
 # %% [markdown]
 # ## Singular-value spectrum
 #
@@ -114,4 +118,4 @@ plots.retrieval_grid(evaluation["query"], result.embeddings["embeddings"], resul
 # (a flatter spectrum), which Roth et al. relate to better generalisation to unseen classes.
 
 # %%
-plots.spectrum({config.method: result.embeddings["embeddings"]}, drop_first=0);
+plots.spectrum({config.method: result.embeddings["embeddings"]}, drop_first=0)

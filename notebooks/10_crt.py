@@ -78,13 +78,13 @@ shared_ablation: bool = True  # shared prototype bank against two banks
 k1_values: list = [1]  # K1 sweep (separate banks, K2 ＝ 64); 64 is always added
 k2_values: list = [1]  # K2 sweep (separate banks, K1 ＝ 64); 64 is always added
 lambda2_values: list = [0.0]  # λ2 sweep; 0.9 (the default run) is always added
-batch_sizes: list = [32]  # total batch N ＝ P·M at the protocol M; the protocol batch is always added
-dim_pairs: list = [[32, 64]]  # (d, D) pairs scored on both branches; (128, 1024) is added
-backbones: list = ['test_vit']  # MS vs +CRT per backbone; the protocol backbone is added
-complexity_backbones: list = ['dml_convnet', 'test_resnet', 'test_vit']  # params/FLOPs table
+batch_sizes: list = [32]  #
+dim_pairs: list = [[32, 64]]  #
+backbones: list = ['test_vit']  #
+complexity_backbones: list = ['dml_convnet', 'test_resnet', 'test_vit']  #
 complexity_image_size: int = 227  # pixels of the params/FLOPs count (227 as in the paper)
 geometry_splits: list = ['test']  # ESD/ρ on these splits (test, train)
-geometry_drop_first: list = [0, 1]  # ρ with these many leading singular values dropped
+geometry_drop_first: list = [0, 1]  #
 heatmap_prototypes: int = 8  # prototypes shown in the code heat maps
 tsne_classes: int = 5  # test classes in the t-SNE plots
 
@@ -113,10 +113,14 @@ print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_data
 
 # %%
 seed_everything(0)
-untrained = build_method("crt", backbone=build_backbone(config.backbone, image_size=config.image_size), embedding_dim=config.embedding_dim, num_classes=2)
+untrained = build_method(
+    "crt",
+    backbone=build_backbone(config.backbone, image_size=config.image_size),
+    embedding_dim=config.embedding_dim,
+    num_classes=2,
+)
 figure = crt_study.transform_figure(untrained, image_size=config.image_size)
-plots.save_figure(figure, "crt_transform", study=config.study);
-
+plots.save_figure(figure, "crt_transform", study=config.study)
 # %% [markdown]
 # ## MS baseline vs +CRT
 #
@@ -158,7 +162,12 @@ if config.multi_perspective:
     labels = {crt_study.crt_variant()[0]: "w (K1 = K2 = 64)", crt_study.crt_variant(K1=1, K2=1)[0]: "w/o (K1 = K2 = 1)"}
     variants = dict([crt_study.crt_variant(), crt_study.crt_variant(K1=1, K2=1)])
     results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
-    table, sentences = crt_study.pair_table(results, labels=labels, paper=crt_study.PAPER_MULTI_PERSPECTIVE, what="multi-perspective (K = 64) − single (K = 1)")
+    table, sentences = crt_study.pair_table(
+        results,
+        labels=labels,
+        paper=crt_study.PAPER_MULTI_PERSPECTIVE,
+        what="multi-perspective (K = 64) − single (K = 1)",
+    )
     readings += kit.report(ablation, table, sentences, title="Multi-perspective")
 
 # %% [markdown]
@@ -173,8 +182,14 @@ if config.shared_ablation:
     labels = {crt_study.crt_variant()[0]: "w (shared)", crt_study.crt_variant(shared=False)[0]: "w/o (separate)"}
     variants = dict([crt_study.crt_variant(), crt_study.crt_variant(shared=False)])
     results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
-    table, sentences = crt_study.pair_table(results, labels=labels, paper=crt_study.PAPER_SHARED, what="shared − separate banks")
-    sentences.append(crt_study.cost_sentence(results, cheaper=crt_study.crt_variant()[0], dearer=crt_study.crt_variant(shared=False)[0]))
+    table, sentences = crt_study.pair_table(
+        results, labels=labels, paper=crt_study.PAPER_SHARED, what="shared − separate banks"
+    )
+    sentences.append(
+        crt_study.cost_sentence(
+            results, cheaper=crt_study.crt_variant()[0], dearer=crt_study.crt_variant(shared=False)[0]
+        )
+    )
     readings += kit.report(ablation, table, sentences, title="Shared weights")
 
 # %% [markdown]
@@ -261,7 +276,9 @@ if config.backbones:
 
 # %%
 if config.complexity_backbones:
-    ours, paper = crt_study.complexity_table(config.complexity_backbones, image_size=config.complexity_image_size, embedding_dim=config.embedding_dim)
+    ours, paper = crt_study.complexity_table(
+        config.complexity_backbones, image_size=config.complexity_image_size, embedding_dim=config.embedding_dim
+    )
     print(f"ours, {config.complexity_image_size} px, d = {config.embedding_dim}:")
     print(ours.to_string(index=False))
     print("paper (backbones only, 227 px):")
@@ -281,11 +298,21 @@ if config.complexity_backbones:
 # the paper does not say).
 
 # %%
-table, sentences = crt_study.split_geometry_table(main_results, splits=config.geometry_splits, drop_first=config.geometry_drop_first)
+table, sentences = crt_study.split_geometry_table(
+    main_results, splits=config.geometry_splits, drop_first=config.geometry_drop_first
+)
 readings += kit.report(config, table, sentences, title="ESD and spectral decay")
 for dataset in config.datasets:
-    embeddings = {variant: result.embeddings["embeddings"] for variant, result in main_results if result.config.dataset == dataset and result.config.seed == config.seeds[0]}
-    figure = plots.spectrum(embeddings, drop_first=config.geometry_drop_first[-1] if config.geometry_drop_first else 0, title=f"{dataset} test spectrum, seed {config.seeds[0]}")
+    embeddings = {
+        variant: result.embeddings["embeddings"]
+        for variant, result in main_results
+        if result.config.dataset == dataset and result.config.seed == config.seeds[0]
+    }
+    figure = plots.spectrum(
+        embeddings,
+        drop_first=config.geometry_drop_first[-1] if config.geometry_drop_first else 0,
+        title=f"{dataset} test spectrum, seed {config.seeds[0]}",
+    )
     plots.save_figure(figure, f"crt_spectrum_{dataset}", study=config.study)
 
 # %% [markdown]
@@ -301,16 +328,14 @@ for dataset in config.datasets:
 reference = kit.find_run(main_results, "crt", dataset=config.datasets[0])
 query = crt_study.evaluation_split(reference.config, "test")
 figure = plots.crt_heatmap_figure(reference.method, query, [0, len(query) // 2], prototypes=config.heatmap_prototypes)
-plots.save_figure(figure, "crt_heatmaps", study=config.study);
-
+plots.save_figure(figure, "crt_heatmaps", study=config.study)
 # %% [markdown]
 # **Prototype correlations.** $|\cos(c_k, c_j)|$ between the learned prototypes; $L_{DIV}$ pushes the
 # off-diagonal towards zero (diverse perspectives).
 
 # %%
 figure = plots.crt_correlation_figure(reference.method)
-plots.save_figure(figure, "crt_prototype_correlation", study=config.study);
-
+plots.save_figure(figure, "crt_prototype_correlation", study=config.study)
 # %% [markdown]
 # **t-SNE of the two branches.** Test embeddings of the first classes from branch 2 ($D$) and branch 1
 # ($d$). $L_{CON}$ asks both to rank the batch alike, so the two maps should show similar cluster
@@ -318,8 +343,7 @@ plots.save_figure(figure, "crt_prototype_correlation", study=config.study);
 
 # %%
 figure = crt_study.branch_tsne_figure(reference, classes=config.tsne_classes)
-plots.save_figure(figure, "crt_tsne", study=config.study);
-
+plots.save_figure(figure, "crt_tsne", study=config.study)
 # %% [markdown]
 # ## Readings
 #

@@ -48,10 +48,10 @@ lr: float = 0.004  # backbone/embedding learning rate
 eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
 progress: bool = False  # tqdm bars inside the notebook
 workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
-base_losses: list = ['ms']  # base losses: a plain run and a DIML-trained run each (ms, margin, proxynca)
+base_losses: list = ['ms']  #
 train_diml: bool = True  # also train the DIML variants (False: only re-rank the plain baselines)
 top_ks: list = [0, 10, 50]  # truncation K of the re-ranking sweep (at grid_size)
-grid_sizes: list = [1, 2, 4]  # grid sizes G of the grid sweep (at top_k); > 4 upsamples the 4 × 4 map
+grid_sizes: list = [1, 2, 4]  #
 grid_size: int = 4  # G for DIML training and for the K sweep
 top_k: int = 50  # K for the grid sweep (the paper: 100)
 epsilon: float = 0.05  # entropic regularisation ε of the transport (training and re-ranking)
@@ -74,7 +74,10 @@ from dmlstudy.records import seed_everything
 config = diml_study.DIMLStudy.from_namespace(globals())
 seed_everything(0)
 print(config.protocol_text(), "on", config.datasets)
-print("variants:", {name: spec.get("method_kwargs", {}) or spec["method"] for name, spec in diml_study.variants(config).items()})
+print(
+    "variants:",
+    {name: spec.get("method_kwargs", {}) or spec["method"] for name, spec in diml_study.variants(config).items()},
+)
 
 # %% [markdown]
 # ## Optimal transport between two grids
@@ -176,7 +179,9 @@ print(f"{len(results)} runs, {len(frame)} evaluated settings")
 truncation = diml_study.rerank_sweep_table(frame, sweep="K", paper_dataset=config.paper_dataset)
 print(config.protocol_text(), f"| G = {config.grid_size}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds")
 display(diml_study.display_columns(truncation))
-for sentence in diml_study.sweep_readings(truncation, sweep="K", low=min(config.top_ks), high=config.reference_k(), paper_dataset=config.paper_dataset):
+for sentence in diml_study.sweep_readings(
+    truncation, sweep="K", low=min(config.top_ks), high=config.reference_k(), paper_dataset=config.paper_dataset
+):
     print("•", sentence)
 figure = diml_study.sweep_figure(frame, sweep="K")
 plots.save_figure(figure, "diml_truncation", study=config.study)
@@ -192,7 +197,9 @@ plots.save_figure(figure, "diml_truncation", study=config.study)
 grid_table = diml_study.rerank_sweep_table(frame, sweep="G", paper_dataset=config.paper_dataset)
 print(config.protocol_text(), f"| K = {config.top_k}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds")
 display(diml_study.display_columns(grid_table))
-for sentence in diml_study.sweep_readings(grid_table, sweep="G", low=min(config.grid_sizes), high=config.reference_grid(), paper_dataset=config.paper_dataset):
+for sentence in diml_study.sweep_readings(
+    grid_table, sweep="G", low=min(config.grid_sizes), high=config.reference_grid(), paper_dataset=config.paper_dataset
+):
     print("•", sentence)
 figure = diml_study.sweep_figure(frame, sweep="G")
 plots.save_figure(figure, "diml_grid_size", study=config.study)
@@ -227,8 +234,14 @@ for sentence in diml_study.training_readings(training):
 example_run = diml_study.example_run(results, config)
 example_sets = kit.evaluation_sets(example_run, grid_sizes=[config.grid_size])
 queries = diml_study.example_query_indices(example_sets, count=config.example_queries, seed=0)
-figure = plots.diml_transport_figure(example_run, example_sets, grid=config.grid_size, queries=queries, retrievals=config.example_retrievals,
-                                     options=config.transport_options())
+figure = plots.diml_transport_figure(
+    example_run,
+    example_sets,
+    grid=config.grid_size,
+    queries=queries,
+    retrievals=config.example_retrievals,
+    options=config.transport_options(),
+)
 print("model:", example_run.run_dir.name)
 plots.save_figure(figure, "diml_transport_plans", study=config.study)
 
@@ -242,6 +255,12 @@ plots.save_figure(figure, "diml_transport_plans", study=config.study)
 
 # %%
 cost_sets = kit.evaluation_sets(example_run, grid_sizes=config.cost_grid_sizes)
-cost = diml_study.rerank_cost(cost_sets, top_ks=config.cost_top_ks, grid_sizes=config.cost_grid_sizes, queries=config.cost_queries, options=config.transport_options())
+cost = diml_study.rerank_cost(
+    cost_sets,
+    top_ks=config.cost_top_ks,
+    grid_sizes=config.cost_grid_sizes,
+    queries=config.cost_queries,
+    options=config.transport_options(),
+)
 display(cost.round(2))
-plots.save_figure(diml_study.cost_figure(cost), "diml_cost", study=config.study);
+plots.save_figure(diml_study.cost_figure(cost), "diml_cost", study=config.study)

@@ -68,9 +68,9 @@ lr: float = 0.004  # backbone/embedding learning rate
 eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
 progress: bool = False  # tqdm bars inside the notebook
 workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
-ablation_datasets: list = ['synbirds']  # datasets of the N × n grid, the options and the parameter table
+ablation_datasets: list = ['synbirds']  #
 ablation_seeds: list = [0]  # seeds of the ablations
-block_counts: list = [0, 6]  # trained N, the rows of the grid (N 0 is the ms run, N 6 the cross_attention run)
+block_counts: list = [0, 6]  #
 rescoring_subset: int = 100  # test images scored all-against-all with sⁿ (0: the whole test set)
 options: list = []  # extra variants: independent, residual, unconditional_loss
 larger_backbone: str = 'test_resnet'  # MS without blocks on this (bigger) backbone; "" skips the table
@@ -105,8 +105,7 @@ print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_data
 
 # %%
 figure = ca_study.hierarchy_diagram(levels=3, embedding_dim=config.embedding_dim)
-plots.save_figure(figure, "cross_attention_hierarchy", study=config.study);
-
+plots.save_figure(figure, "cross_attention_hierarchy", study=config.study)
 # %% [markdown]
 # ## MS baseline vs cross-attention (evaluated with $s^0$)
 #
@@ -201,7 +200,9 @@ print(readings[-1])
 # chance.
 
 # %%
-figure, parts = ca_study.part_discovery(model_run.method, test_set, queries=config.part_queries, neighbours=config.part_neighbours, seed=0)
+figure, parts = ca_study.part_discovery(
+    model_run.method, test_set, queries=config.part_queries, neighbours=config.part_neighbours, seed=0
+)
 plots.save_figure(figure, "cross_attention_parts", study=config.study)
 plt.show()
 display(parts)
@@ -218,7 +219,9 @@ print(readings[-1])
 # %%
 if config.larger_backbone:
     larger_name, _ = ca_study.larger_backbone_variant(config.larger_backbone)
-    parameter_results = kit.run_variants(ablation, ca_study.parameter_variants(config.larger_backbone), datasets=config.ablation_datasets)
+    parameter_results = kit.run_variants(
+        ablation, ca_study.parameter_variants(config.larger_backbone), datasets=config.ablation_datasets
+    )
     table, sentences = ca_study.parameter_table(parameter_results, larger=larger_name)
     readings += sentences
     print(ablation.protocol_text(), "on", config.ablation_datasets)
@@ -238,7 +241,9 @@ else:
 # %%
 if config.options:
     option_variants = ca_study.option_variants(config.options)
-    option_results = kit.run_variants(ablation, ca_study.ablation_grid(option_variants), datasets=config.ablation_datasets)
+    option_results = kit.run_variants(
+        ablation, ca_study.ablation_grid(option_variants), datasets=config.ablation_datasets
+    )
     table, sentences = ca_study.options_table(option_results, option_variants)
     readings += sentences
     print(ablation.protocol_text(), "on", config.ablation_datasets)

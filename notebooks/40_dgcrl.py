@@ -74,12 +74,12 @@ lr: float = 0.004  # backbone/embedding learning rate
 eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
 progress: bool = False  # tqdm bars inside the notebook
 workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
-main_variants: list = ['ms', 'softmax', 'dgcrl']  # main table on every dataset and seed
+main_variants: list = ['ms', 'softmax', 'dgcrl']  #
 ablation_datasets: list = ['synbirds']  # datasets of the ablation tables
 ablation_seeds: list = [0]  # seeds of the ablation tables
 alphas: list = [1.0]  # α of the N-S sweep (Fig. 3: 1 … 256); 128 is always added
-lambdas: list = []  # λ of the Gram–Schmidt push (Table 2: 0, .1, .2, .4); 0.1 is added
-losses: list = ['triplet-ns']  # Table 3 losses (triplet-ns, lifted-ns, gcrl); dgcrl is added
+lambdas: list = []  #
+losses: list = ['triplet-ns']  #
 decorrelations: list = []  # beside the default paper hook: code, none
 table_ks: list = [1, 2, 4, 8, 16, 32]  # K of the Recall@K tables (the paper's)
 accuracy_items: int = 128  # training images scored with the centres (Fig. 3, right)
@@ -130,8 +130,7 @@ for equal in (True, False):
 
 # %%
 figure = dgcrl_study.toy_figure(steps=config.toy_steps)
-plots.save_figure(figure, "dgcrl_toy_decorrelation", study=config.study);
-
+plots.save_figure(figure, "dgcrl_toy_decorrelation", study=config.study)
 # %% [markdown]
 # ## MS baseline vs softmax without N-S vs DGCRL
 #
@@ -163,11 +162,17 @@ readings += kit.report(config, table, sentences, title="MS vs softmax without N-
 variants = dgcrl_study.alpha_variants(config.alphas)
 results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
 alpha_frame = dgcrl_study.alpha_frame(results, variants, ks=config.table_ks, items=config.accuracy_items)
-shown = alpha_frame.assign(**{c: (100 * alpha_frame[c]).round(1) for c in alpha_frame.columns if c.startswith("R@") or c == "train accuracy"})
-readings += kit.report(ablation, shown, dgcrl_study.alpha_sentence(alpha_frame), title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")")
+shown = alpha_frame.assign(
+    **{c: (100 * alpha_frame[c]).round(1) for c in alpha_frame.columns if c.startswith("R@") or c == "train accuracy"}
+)
+readings += kit.report(
+    ablation,
+    shown,
+    dgcrl_study.alpha_sentence(alpha_frame),
+    title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")",
+)
 figure = dgcrl_study.alpha_figure(alpha_frame)
-plots.save_figure(figure, "dgcrl_alpha_sweep", study=config.study);
-
+plots.save_figure(figure, "dgcrl_alpha_sweep", study=config.study)
 # %% [markdown]
 # ### The weight λ of the Gram–Schmidt push (paper Table 2)
 #
@@ -208,20 +213,24 @@ readings += kit.report(ablation, table, sentences, title="Decorrelation variants
 # machine — read the ratios, not the absolute values); *s to best* = side-by-side seconds per epoch × best
 # epoch. The losses differ only in the head, so per step they cost nearly the same: any speed-up must come
 # from needing fewer epochs.
-#     
+#
 
 # %%
 variants = dgcrl_study.loss_variants(config.losses)
 results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
 num_classes = dgcrl_study.train_classes_of(ablation, config.ablation_datasets[0])
-seconds = dgcrl_study.step_seconds(ablation, variants, num_classes=num_classes, rounds=config.timing_rounds, clock=config.timing_clock)
-print(f"side-by-side seconds per training step ({config.timing_clock} clock):", {name: round(value, 4) for name, value in seconds.items()})
+seconds = dgcrl_study.step_seconds(
+    ablation, variants, num_classes=num_classes, rounds=config.timing_rounds, clock=config.timing_clock
+)
+print(
+    f"side-by-side seconds per training step ({config.timing_clock} clock):",
+    {name: round(value, 4) for name, value in seconds.items()},
+)
 frame = dgcrl_study.loss_frame(results, ks=config.table_ks, step_seconds_by_variant=seconds)
 table, sentences = dgcrl_study.loss_table(frame)
 readings += kit.report(ablation, table, sentences, title="Losses at equal settings (R@K in %)")
 figure = dgcrl_study.loss_curves(results)
-plots.save_figure(figure, "dgcrl_loss_curves", study=config.study);
-
+plots.save_figure(figure, "dgcrl_loss_curves", study=config.study)
 # %% [markdown]
 # ## t-SNE of the test embeddings
 #
@@ -230,10 +239,13 @@ plots.save_figure(figure, "dgcrl_loss_curves", study=config.study);
 # Fig. 4 shows DGCRL's clusters on CUB and Cars.
 
 # %%
-pool = kit.run_variants(ablation, dgcrl_study.named_variants(config.tsne_variants), datasets=config.ablation_datasets[:1])
-figure = dgcrl_study.tsne_figure(pool, variants=config.tsne_variants, classes=config.tsne_classes, iterations=config.tsne_iterations)
-plots.save_figure(figure, "dgcrl_tsne", study=config.study);
-
+pool = kit.run_variants(
+    ablation, dgcrl_study.named_variants(config.tsne_variants), datasets=config.ablation_datasets[:1]
+)
+figure = dgcrl_study.tsne_figure(
+    pool, variants=config.tsne_variants, classes=config.tsne_classes, iterations=config.tsne_iterations
+)
+plots.save_figure(figure, "dgcrl_tsne", study=config.study)
 # %% [markdown]
 # ## Readings
 #

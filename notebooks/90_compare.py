@@ -53,9 +53,9 @@ lr: float = 0.004  # backbone/embedding learning rate
 eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
 progress: bool = False  # tqdm bars inside the notebook
 workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
-methods: list = ['ms', 'crt', 'diml_rerank']  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
-classic_methods: list = ['triplet']  # classic baselines (registry group 'classic'), with classic_seeds
-classic_seeds: list = [0]  # seeds of the classic baselines (fewer than seeds: the table says so)
+methods: list = ['ms', 'crt', 'diml_rerank']  #
+classic_methods: list = ['triplet']  #
+classic_seeds: list = [0]  #
 rerank_top_k: int = 20  # K of DIML re-ranking: the cosine top-K re-ranked by cos + s_struct (the paper: 100)
 rerank_grid: int = 4  # G of DIML re-ranking: G × G local embeddings (DIML's default 4)
 projection_classes: int = 8  # test classes of the first dataset in the UMAP / t-SNE panels (all their images)
@@ -75,7 +75,9 @@ config = compare.CompareStudy.from_namespace(globals())
 seed_everything(0)
 results_folder = config.results_folder()
 print("protocol:", config.protocol_text(), "on", config.datasets)
-print("main methods:", config.methods, "| classic baselines:", config.classic_methods, "with seeds", config.classic_seeds)
+print(
+    "main methods:", config.methods, "| classic baselines:", config.classic_methods, "with seeds", config.classic_seeds
+)
 display(Markdown(compare.rows_markdown(config)))
 
 # %% [markdown]
@@ -90,7 +92,9 @@ main_results = compare.run_main(config)
 classic_results = compare.run_classic(config)
 rerank_rows = compare.rerank_results(main_results, config)
 frame = compare.comparison_frame(main_results, classic_results, rerank_rows, methods=config.methods)
-print(f"{len(frame)} rows: {len(main_results)} main runs, {len(classic_results)} classic runs, {len(rerank_rows)} re-ranked ms runs")
+print(
+    f"{len(frame)} rows: {len(main_results)} main runs, {len(classic_results)} classic runs, {len(rerank_rows)} re-ranked ms runs"
+)
 
 # %% [markdown]
 # ## The table
@@ -178,8 +182,13 @@ for dataset in config.datasets:
 projected = kit.first_seed_embeddings(all_results, dataset=config.datasets[0], variants=shown)
 for kind, enabled in (("umap", config.umap), ("tsne", config.tsne)):
     if enabled:
-        figure = kit.projection_figure(projected, kind=kind, classes=config.projection_classes, title=f"{config.datasets[0]}, first seed",
-                                       label=compare.method_label)
+        figure = kit.projection_figure(
+            projected,
+            kind=kind,
+            classes=config.projection_classes,
+            title=f"{config.datasets[0]}, first seed",
+            label=compare.method_label,
+        )
         plots.save_figure(figure, f"compare_{kind}", study=config.study)
         plt.show()
 

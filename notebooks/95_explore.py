@@ -97,7 +97,9 @@ ui.update()  # draw the first view now, so it exists without anyone touching the
 # of the query for every retrieval, or does the region move with the conditioning image?
 
 # %%
-items = explorer.render(selection["run_dir"], query=selection["query"], top_k=selection["top_k"], explain=selection["explain"])
+items = explorer.render(
+    selection["run_dir"], query=selection["query"], top_k=selection["top_k"], explain=selection["explain"]
+)
 if config.save_figures:
     print("saved:", *explore.save_items(study=config.study, items=items))
 explore.show_items(items)

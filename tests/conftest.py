@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny image dataset in the CUB-200-2011 layout (rendered by the SynBirds generator),
 read through the real ``cub200`` reader, so training tests exercise the whole data path in seconds."""
+
 import os
 from pathlib import Path
 
@@ -26,9 +27,18 @@ def tiny_config(tiny_data_root, tmp_path):
 
     def make(**overrides):
         values = dict(
-            study="test", runs_root=str(tmp_path / "runs"), data_root=str(tiny_data_root), dataset="cub200",
-            image_size=32, classes_per_batch=4, samples_per_class=3, epochs=2, steps_per_epoch=2,
-            eval_batch_size=64, progress=False, device="cpu",
+            study="test",
+            runs_root=str(tmp_path / "runs"),
+            data_root=str(tiny_data_root),
+            dataset="cub200",
+            image_size=32,
+            classes_per_batch=4,
+            samples_per_class=3,
+            epochs=2,
+            steps_per_epoch=2,
+            eval_batch_size=64,
+            progress=False,
+            device="cpu",
         )
         values.update(overrides)
         return TrainConfig(**values)

@@ -5,11 +5,12 @@ wrote: the independent ground truth the tests compare the readers against. Each 
 real JPEG whose grey level encodes its class (:func:`class_colour`), so a test can check that a decoded
 file belongs to the label the reader gave it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from PIL import Image
@@ -163,7 +164,9 @@ def write_sop(parent: Path, *, images_per_class: Sequence[int]) -> tuple[Path, l
 
 
 # ----------------------------------------------------------------------------------------------
-def write_inshop(root: Path, *, items: Sequence[tuple[str, Sequence[str]]], official_tree: bool = False) -> tuple[Path, list[Record]]:
+def write_inshop(
+    root: Path, *, items: Sequence[tuple[str, Sequence[str]]], official_tree: bool = False
+) -> tuple[Path, list[Record]]:
     """In-Shop ``list_eval_partition.txt`` (count line, header line, space-padded rows, CRLF ends) and
     ``img/<GENDER>/<Category>/<item_id>/NN_K_view.jpg``.
 

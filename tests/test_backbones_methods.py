@@ -1,4 +1,5 @@
 """Backbones expose feature maps; every registered method has the method shape, gradients and a registry error."""
+
 import pytest
 import torch
 
@@ -6,11 +7,14 @@ from dmlstudy.methods import build_method, list_methods
 from dmlstudy.models import build_backbone
 
 
-@pytest.mark.parametrize("name,options,channels", [
-    ("dml_convnet", {}, 128),
-    ("test_resnet", {"output_stride": 16}, 96),
-    ("test_vit", {"image_size": 64}, 64),
-])
+@pytest.mark.parametrize(
+    "name,options,channels",
+    [
+        ("dml_convnet", {}, 128),
+        ("test_resnet", {"output_stride": 16}, 96),
+        ("test_vit", {"image_size": 64}, 64),
+    ],
+)
 def test_backbone_feature_map_is_a_4x4_grid_at_64px(name, options, channels):
     backbone = build_backbone(name, **options)
     feature_map = backbone(torch.randn(2, 3, 64, 64))

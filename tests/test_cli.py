@@ -1,5 +1,6 @@
 """The command line explains itself (help from the config's comments, valid names listed), and every long
 wait shows progress: dataset generation, the study runner (without the kernel's TCP warning)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -38,12 +39,15 @@ def source_comment(field_name: str) -> str:
     return match.group(1).strip()
 
 
-@pytest.mark.parametrize("name, default", [("epochs", "2"), ("train_classes", "16"), ("lr_schedule", "'cosine'"), ("method", "'ms'"), ("progress", "True")])
+@pytest.mark.parametrize(
+    "name, default",
+    [("epochs", "2"), ("train_classes", "16"), ("lr_schedule", "'cosine'"), ("method", "'ms'"), ("progress", "True")],
+)
 def test_train_option_help_is_the_field_comment_and_default(name, default):
     text = help_text("train")
     option = "--" + name.replace("_", "-")
-    options = text[text.index(" options: "):]  # after the usage lines, which name every option too
-    entry = options[re.search(rf"{option}[ ,]", options).start():]
+    options = text[text.index(" options: ") :]  # after the usage lines, which name every option too
+    entry = options[re.search(rf"{option}[ ,]", options).start() :]
     assert entry.split("[default: ", 1)[0].endswith(source_comment(name) + " ")
     assert entry.split("[default: ", 1)[1].startswith(default + "]")
 
@@ -53,16 +57,18 @@ def test_choice_options_list_the_registered_names():
     from dmlstudy.methods import list_methods
 
     text = help_text("train")
-    text = text[text.index(" options: "):]
-    method_help = text[text.index("--method NAME"):text.index("--method-kwargs")]
-    dataset_help = text[text.index("--dataset NAME"):text.index("--method NAME")]
+    text = text[text.index(" options: ") :]
+    method_help = text[text.index("--method NAME") : text.index("--method-kwargs")]
+    dataset_help = text[text.index("--dataset NAME") : text.index("--method NAME")]
     assert all(name in method_help for name in list_methods())
     assert all(name in dataset_help for name in list_datasets())
-    backbone_help = text[text.index("--backbone BACKBONE"):text.index("--pretrained")]
+    backbone_help = text[text.index("--backbone BACKBONE") : text.index("--pretrained")]
     assert "dml_convnet" in backbone_help and "any timm model name" in backbone_help
 
 
-@pytest.mark.parametrize("option, registry", [("--method", "methods"), ("--dataset", "datasets"), ("--optimizer", "optimizers")])
+@pytest.mark.parametrize(
+    "option, registry", [("--method", "methods"), ("--dataset", "datasets"), ("--optimizer", "optimizers")]
+)
 def test_an_unknown_name_is_refused_with_the_valid_names(capsys, option, registry):
     from dmlstudy.data import list_datasets
     from dmlstudy.methods import list_methods
@@ -122,7 +128,12 @@ class _Derived(_Base):
 
 def test_field_help_reads_comments_from_the_source():
     assert _Base.field_help() == {"name": "the name", "sizes": "sizes, comment on the first line", "bare": ""}
-    assert _Derived.field_help() == {"name": "the name", "sizes": "sizes, comment on the first line", "bare": "", "extra": "ratio: 100 % means all"}
+    assert _Derived.field_help() == {
+        "name": "the name",
+        "sizes": "sizes, comment on the first line",
+        "bare": "",
+        "extra": "ratio: 100 % means all",
+    }
 
 
 def test_paper_configs_state_full_sizes():

@@ -1,5 +1,6 @@
 """The comparison notebook's logic (best-per-column marking, the fewer-seeds note, claims, DIML re-ranking
 rows, figures/README.md) and the explorer's run discovery, loading and drawing."""
+
 import json
 import math
 
@@ -19,24 +20,36 @@ def run_rows(spec):
     rows = []
     for (dataset, variant, group), values in spec.items():
         for seed, (r1, mapr) in enumerate(values):
-            rows.append({"dataset": dataset, "variant": variant, "group": group, "seed": seed, "R@1": r1, "MAP@R": mapr})
+            rows.append(
+                {"dataset": dataset, "variant": variant, "group": group, "seed": seed, "R@1": r1, "MAP@R": mapr}
+            )
     return pd.DataFrame(rows)
 
 
 def test_best_per_column_is_marked_on_a_hand_made_frame():
-    frame = run_rows({
-        ("a", "ms", "main"): [(0.50, 0.20), (0.60, 0.30)],        # R@1 55.0, MAP@R 25.0
-        ("a", "crt", "main"): [(0.7004, 0.10), (0.7004, 0.10)],   # R@1 70.04 → shown 70.0, MAP@R 10.0
-        ("a", "triplet", "classic"): [(0.7001, math.nan)],        # R@1 70.01 → shown 70.0 (tie as displayed); MAP@R missing
-        ("b", "ms", "main"): [(0.30, 0.40), (0.30, 0.40)],
-        ("b", "crt", "main"): [(0.20, 0.50), (0.40, 0.30)],       # R@1 mean 30.0 = ms (tie), MAP@R 40.0 = ms (tie)
-        ("b", "triplet", "classic"): [(0.10, 0.90)],
-    })
+    frame = run_rows(
+        {
+            ("a", "ms", "main"): [(0.50, 0.20), (0.60, 0.30)],  # R@1 55.0, MAP@R 25.0
+            ("a", "crt", "main"): [(0.7004, 0.10), (0.7004, 0.10)],  # R@1 70.04 → shown 70.0, MAP@R 10.0
+            ("a", "triplet", "classic"): [
+                (0.7001, math.nan)
+            ],  # R@1 70.01 → shown 70.0 (tie as displayed); MAP@R missing
+            ("b", "ms", "main"): [(0.30, 0.40), (0.30, 0.40)],
+            ("b", "crt", "main"): [(0.20, 0.50), (0.40, 0.30)],  # R@1 mean 30.0 = ms (tie), MAP@R 40.0 = ms (tie)
+            ("b", "triplet", "classic"): [(0.10, 0.90)],
+        }
+    )
     table = compare.comparison_table(frame, metrics=["R@1", "MAP@R"])
-    best = {(d, v): (r, m) for d, v, r, m in zip(table["dataset"], table["variant"], table["best R@1"], table["best MAP@R"])}
+    best = {
+        (d, v): (r, m) for d, v, r, m in zip(table["dataset"], table["variant"], table["best R@1"], table["best MAP@R"])
+    }
     assert best == {
-        ("a", "ms"): (False, True), ("a", "crt"): (True, False), ("a", "triplet"): (True, False),
-        ("b", "ms"): (True, False), ("b", "crt"): (True, False), ("b", "triplet"): (False, True),
+        ("a", "ms"): (False, True),
+        ("a", "crt"): (True, False),
+        ("a", "triplet"): (True, False),
+        ("b", "ms"): (True, False),
+        ("b", "crt"): (True, False),
+        ("b", "triplet"): (False, True),
     }
     shown = compare.bold_best(table, ["R@1", "MAP@R"]).set_index(["dataset", "variant"])
     assert shown.loc[("a", "crt"), "R@1"] == "**70.0 ± 0.0**"
@@ -46,8 +59,13 @@ def test_best_per_column_is_marked_on_a_hand_made_frame():
 
 
 def test_the_table_says_when_classic_baselines_ran_with_fewer_seeds():
-    frame = run_rows({("synbirds", "ms", "main"): [(0.5, 0.2)] * 3, ("synbirds", "crt", "main"): [(0.6, 0.3)] * 3,
-                      ("synbirds", "triplet", "classic"): [(0.4, 0.1)]})
+    frame = run_rows(
+        {
+            ("synbirds", "ms", "main"): [(0.5, 0.2)] * 3,
+            ("synbirds", "crt", "main"): [(0.6, 0.3)] * 3,
+            ("synbirds", "triplet", "classic"): [(0.4, 0.1)],
+        }
+    )
     fewer = compare.CompareStudy(seeds=[0, 1, 2], methods=["ms", "crt"], classic_methods=["triplet"], classic_seeds=[0])
     table = compare.comparison_table(frame, metrics=["R@1", "MAP@R"])
     assert table.set_index("variant").loc["triplet", "method"] == "triplet †"
@@ -73,14 +91,16 @@ def test_config_rejects_unknown_methods_and_missing_classic_seeds():
 
 
 def test_claims_are_read_from_the_numbers():
-    frame = run_rows({
-        ("synbirds", "ms", "main"): [(0.50, 0), (0.52, 0), (0.54, 0)],
-        ("synbirds", "crt", "main"): [(0.60, 0), (0.62, 0), (0.64, 0)],              # +10 points, s.e. 1.63 → held
-        ("synbirds", "diml_rerank", "main"): [(0.49, 0), (0.53, 0), (0.55, 0)],      # −0.33 points, within noise
-        ("synbirds", "cross_attention", "main"): [(0.40, 0), (0.41, 0), (0.42, 0)],  # −11 points → did not hold
-        ("synbirds", "dgcrl", "main"): [(0.30, 0), (0.30, 0), (0.30, 0)],
-        ("synbirds", "triplet", "classic"): [(0.20, 0)],                                # one seed → "1 seed"
-    })
+    frame = run_rows(
+        {
+            ("synbirds", "ms", "main"): [(0.50, 0), (0.52, 0), (0.54, 0)],
+            ("synbirds", "crt", "main"): [(0.60, 0), (0.62, 0), (0.64, 0)],  # +10 points, s.e. 1.63 → held
+            ("synbirds", "diml_rerank", "main"): [(0.49, 0), (0.53, 0), (0.55, 0)],  # −0.33 points, within noise
+            ("synbirds", "cross_attention", "main"): [(0.40, 0), (0.41, 0), (0.42, 0)],  # −11 points → did not hold
+            ("synbirds", "dgcrl", "main"): [(0.30, 0), (0.30, 0), (0.30, 0)],
+            ("synbirds", "triplet", "classic"): [(0.20, 0)],  # one seed → "1 seed"
+        }
+    )
     table = compare.comparison_table(frame, metrics=["R@1"])
     claims = compare.claims_table(table).set_index("claim")
     assert claims.loc["CRT > MS baseline", "ours ΔR@1"] == pytest.approx(10.0)
@@ -93,19 +113,38 @@ def test_claims_are_read_from_the_numbers():
     assert claims.loc["DGCRL > triplet", "seeds"] == 1
     assert claims.loc["DIML training > MS baseline", "verdict"] == "not evaluated (no diml runs)"
     sentences = compare.claim_sentences(compare.claims_table(table))
-    assert sentences[-1].startswith("Of 4 claim × dataset comparisons, 2 held, 1 did not hold, 1 were within seed noise")
+    assert sentences[-1].startswith(
+        "Of 4 claim × dataset comparisons, 2 held, 1 did not hold, 1 were within seed noise"
+    )
     assert "DIML training > MS baseline" in sentences[-1]
 
 
 def test_figures_readme_lists_every_png_with_its_notebook(tmp_path):
-    names = ["datasets_examples.png", "train_curves.png", "crt_heatmaps.png", "diml_cost.png", "cross_attention_maps.png",
-             "dgcrl_tsne.png", "compare_umap.png", "explore_retrievals.png", "stray.png"]
+    names = [
+        "datasets_examples.png",
+        "train_curves.png",
+        "crt_heatmaps.png",
+        "diml_cost.png",
+        "cross_attention_maps.png",
+        "dgcrl_tsne.png",
+        "compare_umap.png",
+        "explore_retrievals.png",
+        "stray.png",
+    ]
     for name in names:
         (tmp_path / name).write_bytes(b"\x89PNG")
     (tmp_path / "notes.txt").write_text("not a figure")
     text = compare.write_figures_readme(tmp_path).read_text()
-    expected = {"datasets_": "00_datasets", "train_": "01_train", "crt_": "10_crt", "diml_": "20_diml", "cross_attention_": "30_cross_attention",
-                "dgcrl_": "40_dgcrl", "compare_": "90_compare", "explore_": "95_explore"}
+    expected = {
+        "datasets_": "00_datasets",
+        "train_": "01_train",
+        "crt_": "10_crt",
+        "diml_": "20_diml",
+        "cross_attention_": "30_cross_attention",
+        "dgcrl_": "40_dgcrl",
+        "compare_": "90_compare",
+        "explore_": "95_explore",
+    }
     for name in names:
         assert f"![]({name})" in text
         line = next(line for line in text.splitlines() if line.startswith(f"**{name}**"))
@@ -122,7 +161,9 @@ def fake_run(folder, *, dataset, method, seed, records=explore.RUN_RECORDS):
     folder.mkdir(parents=True)
     for name in records:
         if name == "config.yaml":
-            (folder / name).write_text(yaml.safe_dump({"dataset": dataset, "method": method, "seed": seed, "method_kwargs": {}}))
+            (folder / name).write_text(
+                yaml.safe_dump({"dataset": dataset, "method": method, "seed": seed, "method_kwargs": {}})
+            )
         elif name == "metrics.json":
             (folder / name).write_text(json.dumps({"R@1": 0.25}))
         else:
@@ -135,14 +176,23 @@ def test_explorer_finds_the_complete_run_folders(tmp_path):
     fake_run(study / "synbirds-ms-seed0", dataset="synbirds", method="ms", seed=0)
     fake_run(study / "custom-name", dataset="synbirds", method="diml", seed=2)
     fake_run(study / "synbirds-ms-P=8-seed0", dataset="synbirds", method="ms", seed=0)  # a variant: after the plain run
-    fake_run(study / "synbirds-ms-seed1", dataset="synbirds", method="ms", seed=1, records=("metrics.json", "config.yaml", "embeddings.npz"))  # no checkpoint
+    fake_run(
+        study / "synbirds-ms-seed1",
+        dataset="synbirds",
+        method="ms",
+        seed=1,
+        records=("metrics.json", "config.yaml", "embeddings.npz"),
+    )  # no checkpoint
     (study / "compare-plan-entry").mkdir()
     (study / "compare-plan-entry" / "study_entry.json").write_text("{}")
     fake_run(tmp_path / "runs" / "other" / "synbirds-ms-seed0", dataset="synbirds", method="ms", seed=0)
     runs = explore.find_runs("s", runs_root=tmp_path / "runs")
     assert runs[["dataset", "method", "run", "seed"]].values.tolist() == [
-        ["glyphs", "crt", "glyphs-crt-seed1", 1], ["synbirds", "diml", "custom-name", 2], ["synbirds", "ms", "synbirds-ms-seed0", 0],
-        ["synbirds", "ms", "synbirds-ms-P=8-seed0", 0]]
+        ["glyphs", "crt", "glyphs-crt-seed1", 1],
+        ["synbirds", "diml", "custom-name", 2],
+        ["synbirds", "ms", "synbirds-ms-seed0", 0],
+        ["synbirds", "ms", "synbirds-ms-P=8-seed0", 0],
+    ]
     assert runs["R@1"].tolist() == [0.25] * 4
     assert runs["path"].tolist()[0] == str(study / "glyphs-crt-seed1")
     assert explore.find_runs("missing", runs_root=tmp_path / "runs").empty
@@ -152,7 +202,12 @@ def test_explorer_finds_the_complete_run_folders(tmp_path):
 def tiny_runs(tiny_config):
     from dmlstudy.train import run
 
-    specs = {"ms": {}, "crt": {"K1": 4, "K2": 4, "high_dim": 32}, "cross_attention": {"num_blocks": 2}, "diml": {"grid_size": 2}}
+    specs = {
+        "ms": {},
+        "crt": {"K1": 4, "K2": 4, "high_dim": 32},
+        "cross_attention": {"num_blocks": 2},
+        "diml": {"grid_size": 2},
+    }
     return {name: run(tiny_config(method=name, method_kwargs=kwargs, seed=0)) for name, kwargs in specs.items()}
 
 
@@ -167,9 +222,16 @@ def test_explorer_loads_runs_and_draws_each_method(tiny_runs, tiny_config):
         np.testing.assert_array_equal(loaded.embeddings, result.embeddings["embeddings"])
         with torch_no_grad():
             again = loaded.result.method(torch_stack(loaded.dataset, [0, 1]))
-        np.testing.assert_allclose(again.numpy(), result.embeddings["embeddings"][:2], atol=1e-5)  # the checkpoint was restored
+        np.testing.assert_allclose(
+            again.numpy(), result.embeddings["embeddings"][:2], atol=1e-5
+        )  # the checkpoint was restored
         ranking = explore.top_k_retrievals(loaded.embeddings, 3, top_k=4)
-        cosine = loaded.embeddings @ loaded.embeddings[3] / np.linalg.norm(loaded.embeddings, axis=1) / np.linalg.norm(loaded.embeddings[3])
+        cosine = (
+            loaded.embeddings
+            @ loaded.embeddings[3]
+            / np.linalg.norm(loaded.embeddings, axis=1)
+            / np.linalg.norm(loaded.embeddings[3])
+        )
         cosine[3] = -np.inf
         np.testing.assert_array_equal(np.sort(ranking), np.sort(np.argsort(-cosine, kind="stable")[:4]))
         items = explorer.render(path, query=3, top_k=4, explain=True)
@@ -209,7 +271,11 @@ def test_diml_rerank_rows_keep_recall_at_k_and_the_ms_geometry(tiny_config):
     row = rows[0]
     # re-ranking permutes the first K = 8 neighbours only: Recall@8 is the cosine Recall@8
     assert row["R@8"] == pytest.approx(result.metrics["R@8"])
-    assert row["NMI"] == result.metrics["NMI"] and row["ESD"] == result.metrics["ESD"] and row["rho"] == result.metrics["rho"]
+    assert (
+        row["NMI"] == result.metrics["NMI"]
+        and row["ESD"] == result.metrics["ESD"]
+        and row["rho"] == result.metrics["rho"]
+    )
     assert row["variant"] == "diml_rerank" and row["rerank_top_k"] == 8
     assert list(result.run_dir.glob("compare_rerank-*.json"))
     assert compare.rerank_results([("ms", result)], config)[0]["R@1"] == row["R@1"]  # from the cache
@@ -220,14 +286,23 @@ def test_diml_rerank_rows_keep_recall_at_k_and_the_ms_geometry(tiny_config):
 
 
 def test_geometry_tables_and_readings_from_the_numbers():
-    rows = [{"dataset": "synbirds", "variant": v, "seed": s, "ESD": e + 0.1 * s, "rho": r, "R@1": a}
-            for v, e, r, a in (("ms", 1.0, 2.0, 0.1), ("crt", 2.0, 1.0, 0.3), ("triplet", 1.5, 1.5, 0.2)) for s in (0, 1)]
-    rows += [{"dataset": "synbirds", "variant": "diml_rerank", "seed": 0, "ESD": 99.0, "rho": 99.0, "R@1": 0.9}]  # left out: ms's embeddings
+    rows = [
+        {"dataset": "synbirds", "variant": v, "seed": s, "ESD": e + 0.1 * s, "rho": r, "R@1": a}
+        for v, e, r, a in (("ms", 1.0, 2.0, 0.1), ("crt", 2.0, 1.0, 0.3), ("triplet", 1.5, 1.5, 0.2))
+        for s in (0, 1)
+    ]
+    rows += [
+        {"dataset": "synbirds", "variant": "diml_rerank", "seed": 0, "ESD": 99.0, "rho": 99.0, "R@1": 0.9}
+    ]  # left out: ms's embeddings
     frame = pd.DataFrame(rows)
     esd = compare.geometry_table(frame, metric="ESD").set_index("variant")
     assert list(esd.index) == ["ms", "crt", "triplet"]
     assert esd.loc["ms", "synbirds"] == "1.050 ± 0.071"
-    assert esd.loc["ms", "paper (CUB)"] == 0.72 and esd.loc["crt", "paper (CUB)"] == 0.90 and esd.loc["triplet", "paper (CUB)"] == "–"
+    assert (
+        esd.loc["ms", "paper (CUB)"] == 0.72
+        and esd.loc["crt", "paper (CUB)"] == 0.90
+        and esd.loc["triplet", "paper (CUB)"] == "–"
+    )
     first, second = kit.geometry_readings(compare.own_embedding_rows(frame))
     assert "ESD +1.000, ρ -1.000" in first and first.endswith("both held.")
     assert "+1.00 for ESD and -1.00 for ρ" in second and "ESD agrees, ρ agrees" in second
@@ -239,9 +314,16 @@ def test_diml_rerank_rows_from_parallel_processes_equal_the_serial_ones(tiny_con
     from dmlstudy.train import run
 
     serial_runs = [run(tiny_config(method="ms", seed=seed, run_name=f"serial-{seed}", resume=True)) for seed in (0, 1)]
-    parallel_runs = [run(tiny_config(method="ms", seed=seed, run_name=f"parallel-{seed}", resume=True)) for seed in (0, 1)]
-    serial = compare.rerank_results([("ms", r) for r in serial_runs], compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2))
-    parallel_config = compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2, workers=2)
+    parallel_runs = [
+        run(tiny_config(method="ms", seed=seed, run_name=f"parallel-{seed}", resume=True)) for seed in (0, 1)
+    ]
+    serial = compare.rerank_results(
+        [("ms", r) for r in serial_runs],
+        compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2),
+    )
+    parallel_config = compare.CompareStudy(
+        methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2, workers=2
+    )
     parallel = compare.rerank_results([("ms", r) for r in parallel_runs], parallel_config)
     for one, other in zip(serial, parallel):
         for metric in ("R@1", "R@2", "R@4", "R@8", "RP", "MAP@R"):

@@ -1,5 +1,6 @@
 """Cross-image attention (Kotovenko et al.): the batched hierarchy against a slow loop over pairs, inference,
 gradients, parameter counts, symmetry, the recorder, test-time scoring, and every option training a step."""
+
 import math
 
 import numpy as np
@@ -26,7 +27,9 @@ EMBEDDING_DIM = 16
 def make_method(seed: int = 0, **kwargs) -> CrossAttention:
     """A double-precision method whose LayerNorm and bias parameters are randomised (so all of them matter)."""
     torch.manual_seed(seed)
-    method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), embedding_dim=EMBEDDING_DIM, num_classes=4, **kwargs)
+    method = build_method(
+        "cross_attention", backbone=build_backbone("dml_convnet"), embedding_dim=EMBEDDING_DIM, num_classes=4, **kwargs
+    )
     with torch.no_grad():
         for block in method.blocks:
             block.norm.weight.uniform_(0.5, 1.5)
@@ -53,7 +56,9 @@ def slow_attention(block, query: torch.Tensor, feature_map: torch.Tensor) -> tup
     return weights, weights @ values
 
 
-def slow_phi(method: CrossAttention, maps: torch.Tensor, level: int, i: int, j: int, cache: dict | None = None) -> torch.Tensor:
+def slow_phi(
+    method: CrossAttention, maps: torch.Tensor, level: int, i: int, j: int, cache: dict | None = None
+) -> torch.Tensor:
     """φⁿ(i|j) by the recursion of Eq. 4, one pair at a time (memoised per (level, i, j) within ``cache``)."""
     cache = {} if cache is None else cache
     key = (id(maps), level, i, j)
@@ -66,18 +71,26 @@ def slow_phi(method: CrossAttention, maps: torch.Tensor, level: int, i: int, j: 
     return cache[key]
 
 
-def slow_similarity(method: CrossAttention, maps: torch.Tensor, level: int, i: int, j: int, cache: dict | None = None) -> torch.Tensor:
-    return F.cosine_similarity(slow_phi(method, maps, level, i, j, cache), slow_phi(method, maps, level, j, i, cache), dim=0)
+def slow_similarity(
+    method: CrossAttention, maps: torch.Tensor, level: int, i: int, j: int, cache: dict | None = None
+) -> torch.Tensor:
+    return F.cosine_similarity(
+        slow_phi(method, maps, level, i, j, cache), slow_phi(method, maps, level, j, i, cache), dim=0
+    )
 
 
 def slow_matrix(method: CrossAttention, maps: torch.Tensor, level: int, rows, columns) -> torch.Tensor:
     """sⁿ for every (row, column) pair of indices into ``maps``, one pair at a time."""
     cache: dict = {}
     with torch.no_grad():
-        return torch.stack([torch.stack([slow_similarity(method, maps, level, i, j, cache) for j in columns]) for i in rows])
+        return torch.stack(
+            [torch.stack([slow_similarity(method, maps, level, i, j, cache) for j in columns]) for i in rows]
+        )
 
 
-@pytest.mark.parametrize("options", [{}, {"shared_blocks": False}, {"residual": True}, {"shared_blocks": False, "residual": True}])
+@pytest.mark.parametrize(
+    "options", [{}, {"shared_blocks": False}, {"residual": True}, {"shared_blocks": False, "residual": True}]
+)
 def test_batched_hierarchy_equals_slow_loop_over_pairs(options):
     method = make_method(num_blocks=3, **options)
     maps = random_maps(4)
@@ -147,7 +160,9 @@ def test_loss_is_multi_similarity_on_the_last_level_plus_optional_s0():
 def test_gradients_reach_the_backbone_through_the_attention_path():
     images, labels = torch.randn(8, 3, 32, 32, dtype=torch.float64), torch.arange(4).repeat_interleave(2)
     # With φ's weight at zero, φ⁰ is a constant: the pooling path gives the backbone no gradient at all …
-    baseline = build_method("ms", backbone=build_backbone("dml_convnet"), embedding_dim=EMBEDDING_DIM, num_classes=4).double()
+    baseline = build_method(
+        "ms", backbone=build_backbone("dml_convnet"), embedding_dim=EMBEDDING_DIM, num_classes=4
+    ).double()
     method = make_method(num_blocks=2)
     for model in (baseline, method):
         with torch.no_grad():
@@ -188,7 +203,13 @@ def test_zero_blocks_is_the_ms_baseline():
     torch.manual_seed(11)
     baseline = build_method("ms", backbone=build_backbone("dml_convnet"), embedding_dim=EMBEDDING_DIM, num_classes=4)
     torch.manual_seed(11)
-    method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), embedding_dim=EMBEDDING_DIM, num_classes=4, num_blocks=0)
+    method = build_method(
+        "cross_attention",
+        backbone=build_backbone("dml_convnet"),
+        embedding_dim=EMBEDDING_DIM,
+        num_classes=4,
+        num_blocks=0,
+    )
     torch.testing.assert_close(method.embedding.weight, baseline.embedding.weight)
     torch.testing.assert_close(method.loss(images, labels)[0], baseline.loss(images, labels)[0])
 
@@ -231,15 +252,20 @@ def test_bad_input_raises_with_a_message():
         method.conditional_embeddings(torch.randn(2, 128, 4, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("method_kwargs", [
-    {},
-    {"num_blocks": 2, "shared_blocks": False, "residual": True},
-    {"num_blocks": 1, "unconditional_loss": True, "loss_kwargs": {"beta": 40.0}},
-    {"num_blocks": 0},
-])
+@pytest.mark.parametrize(
+    "method_kwargs",
+    [
+        {},
+        {"num_blocks": 2, "shared_blocks": False, "residual": True},
+        {"num_blocks": 1, "unconditional_loss": True, "loss_kwargs": {"beta": 40.0}},
+        {"num_blocks": 0},
+    ],
+)
 def test_every_option_trains_a_step(tiny_config, method_kwargs):
     name = "-".join(f"{k}={v}" for k, v in method_kwargs.items()).replace(" ", "") or "default"
-    result = run(tiny_config(method="cross_attention", method_kwargs=method_kwargs, run_name=name, epochs=1, steps_per_epoch=1))
+    result = run(
+        tiny_config(method="cross_attention", method_kwargs=method_kwargs, run_name=name, epochs=1, steps_per_epoch=1)
+    )
     assert np.isfinite(result.history["loss"]).all()
     assert 0.0 <= result.metrics["R@1"] <= 1.0
     final = f"ms_s{method_kwargs.get('num_blocks', 6)}"

@@ -1,5 +1,6 @@
 """CRT (dmlstudy/methods/crt.py) against slow loops and hand computations, plus every ablation switch
 training through ``dmlstudy.train.run``."""
+
 import math
 
 import numpy as np
@@ -27,7 +28,9 @@ def softplus(value: float) -> float:
     return math.log1p(math.exp(value))
 
 
-def slow_coded_residuals(tokens: torch.Tensor, prototypes: torch.Tensor, *, coding: str, residual_norm: str) -> torch.Tensor:
+def slow_coded_residuals(
+    tokens: torch.Tensor, prototypes: torch.Tensor, *, coding: str, residual_norm: str
+) -> torch.Tensor:
     """r_k = Σ_j softplus(x_j·c_k)(x_j − c_k), one batch item, prototype and token at a time."""
     batch, count, channels = tokens.shape
     out = torch.zeros(batch, prototypes.shape[0], channels, dtype=torch.float64)
@@ -55,7 +58,9 @@ def test_coded_residuals_match_slow_loop(coding, residual_norm):
     prototypes = torch.randn(4, 5, generator=generator, dtype=torch.float64)
     fast = coded_residuals(tokens, prototypes, coding=coding, residual_norm=residual_norm)
     assert fast.shape == (3, 4, 5)
-    torch.testing.assert_close(fast, slow_coded_residuals(tokens, prototypes, coding=coding, residual_norm=residual_norm))
+    torch.testing.assert_close(
+        fast, slow_coded_residuals(tokens, prototypes, coding=coding, residual_norm=residual_norm)
+    )
 
 
 def test_project_residuals_is_mean_of_per_prototype_maps():
@@ -205,7 +210,9 @@ ABLATIONS = {
 def test_every_switch_trains_a_step(tiny_config, name):
     from dmlstudy.train import run
 
-    result = run(tiny_config(method="crt", method_kwargs=ABLATIONS[name], epochs=1, steps_per_epoch=1, embedding_dim=32))
+    result = run(
+        tiny_config(method="crt", method_kwargs=ABLATIONS[name], epochs=1, steps_per_epoch=1, embedding_dim=32)
+    )
     assert np.isfinite(result.history["loss"]).all()
     assert {"div", "ms1", "ms2", "con"} <= set(result.history.columns)
     assert 0.0 <= result.metrics["R@1"] <= 1.0
@@ -227,5 +234,3 @@ def test_variant_names_share_runs_and_keep_the_reserved_names():
         study.batch_variants([30], protocol)
     with pytest.raises(KeyError, match="unknown CRT arguments"):
         study.crt_variant(K3=2)
-
-

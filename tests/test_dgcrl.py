@@ -1,5 +1,6 @@
 """DGCRL (seed 004): the N-S layer, the margin, the Gram–Schmidt hook, the authors' clamp, GCRL's distance form,
 each against a slow loop or a closed form; every variant trains a step through ``train.run``."""
+
 import copy
 import math
 
@@ -28,7 +29,9 @@ from dmlstudy.train import run
 
 def small_method(**kwargs) -> DGCRL:
     torch.manual_seed(0)
-    return build_method(kwargs.pop("name", "dgcrl"), backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=5, **kwargs)
+    return build_method(
+        kwargs.pop("name", "dgcrl"), backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=5, **kwargs
+    )
 
 
 def batch(seed: int = 0, size: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +51,9 @@ def test_pooled_feature_is_two_unit_halves():
     feature_map = torch.randn(3, 8, 4, 4)
     pooled = pooled_feature(feature_map)
     assert pooled.shape == (3, 16)
-    torch.testing.assert_close(pooled[:, :8], feature_map.mean((2, 3)) / feature_map.mean((2, 3)).norm(dim=1, keepdim=True))
+    torch.testing.assert_close(
+        pooled[:, :8], feature_map.mean((2, 3)) / feature_map.mean((2, 3)).norm(dim=1, keepdim=True)
+    )
     torch.testing.assert_close(pooled[:, 8:].norm(dim=1), torch.ones(3))
     with pytest.raises(ValueError, match="B × C × H × W"):
         pooled_feature(torch.randn(3, 8))
@@ -65,7 +70,11 @@ def test_margin_lowers_the_target_logit_by_exactly_m():
 
 def test_centre_softmax_loss_equals_a_loop():
     torch.manual_seed(1)
-    scaled, centres, labels = torch.randn(6, 5, dtype=torch.float64) * 3, torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 3, 1, 1, 2, 0])
+    scaled, centres, labels = (
+        torch.randn(6, 5, dtype=torch.float64) * 3,
+        torch.randn(4, 5, dtype=torch.float64),
+        torch.tensor([0, 3, 1, 1, 2, 0]),
+    )
     total = 0.0
     for i in range(6):
         scores = [float(scaled[i] @ centres[j]) - (4.0 if j == labels[i] else 0.0) for j in range(4)]
@@ -114,7 +123,10 @@ def test_gram_schmidt_gradient_equals_a_loop():
 
 
 def test_gram_schmidt_push_vanishes_for_orthogonal_centres():
-    centres, gradient = torch.eye(3, dtype=torch.float64) * torch.tensor([[1.0], [2.0], [0.5]], dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
+    centres, gradient = (
+        torch.eye(3, dtype=torch.float64) * torch.tensor([[1.0], [2.0], [0.5]], dtype=torch.float64),
+        torch.randn(3, 3, dtype=torch.float64),
+    )
     with_push = gram_schmidt_gradient(gradient, centres, weight=5.0)
     torch.testing.assert_close(with_push, gram_schmidt_gradient(gradient, centres, weight=0.0))
 
@@ -128,13 +140,19 @@ def test_paper_hook_on_the_method_projects_each_centre_gradient_orthogonally():
     centres = hooked.centres.detach()
     classes = centres.shape[0]
     unit = centres / centres.norm(dim=1, keepdim=True)
-    push = torch.stack([sum(float(centres[i] @ unit[j]) * unit[j] for j in range(classes) if j != i) for i in range(classes)])
+    push = torch.stack(
+        [sum(float(centres[i] @ unit[j]) * unit[j] for j in range(classes) if j != i) for i in range(classes)]
+    )
     projected_part = hooked.centres.grad - 3.0 / (classes * (classes - 1)) * push
     cosines = F.cosine_similarity(projected_part, centres, dim=1)
     torch.testing.assert_close(cosines, torch.zeros(classes), atol=1e-5, rtol=0)
     torch.testing.assert_close(hooked.centres.grad, gram_schmidt_gradient(plain.centres.grad, centres, weight=3.0))
-    assert F.cosine_similarity(plain.centres.grad, centres, dim=1).abs().max() > 1e-2  # without the hook it is not orthogonal
-    torch.testing.assert_close(hooked.backbone.model.features[0].weight.grad, plain.backbone.model.features[0].weight.grad)
+    assert (
+        F.cosine_similarity(plain.centres.grad, centres, dim=1).abs().max() > 1e-2
+    )  # without the hook it is not orthogonal
+    torch.testing.assert_close(
+        hooked.backbone.model.features[0].weight.grad, plain.backbone.model.features[0].weight.grad
+    )
 
 
 def toy_centre_correlation(weight: float, *, steps: int = 30) -> float:
@@ -147,7 +165,7 @@ def toy_centre_correlation(weight: float, *, steps: int = 30) -> float:
     optimizer = torch.optim.SGD([centres], lr=0.5)
     for _ in range(steps):
         alias = centres.view_as(centres)
-        alias.register_hook(lambda g, values=centres.detach(): gram_schmidt_gradient(g, values, weight=weight))
+        alias.register_hook(lambda g, values=centres.detach(): gram_schmidt_gradient(g, values, weight=weight))  # noqa: B008
         loss, _ = centre_softmax_loss(features, alias, labels, margin=0.5)
         optimizer.zero_grad()
         loss.backward()
@@ -156,7 +174,9 @@ def toy_centre_correlation(weight: float, *, steps: int = 30) -> float:
 
 
 def test_gram_schmidt_push_leaves_centres_less_correlated_than_lambda_zero():
-    start = float(mean_abs_cosine(torch.ones(4, 3) + 0.3 * torch.randn(4, 3, generator=torch.Generator().manual_seed(5))))
+    start = float(
+        mean_abs_cosine(torch.ones(4, 3) + 0.3 * torch.randn(4, 3, generator=torch.Generator().manual_seed(5)))
+    )
     without = toy_centre_correlation(0.0)
     for weight in (0.1, 1.0):
         with_push = toy_centre_correlation(weight)
@@ -189,7 +209,9 @@ def test_code_variant_clamp_in_loss_equals_clamping_after_each_optimizer_step():
         opt_a.step()
         scaled = manual.scaled_features(images)
         logits = scaled @ manual.centres.T
-        loss_m = F.cross_entropy(logits - 4.0 * F.one_hot(labels, 5), labels) + 0.5 * F.cross_entropy(manual.centres @ manual.centres.T, torch.arange(5))
+        loss_m = F.cross_entropy(logits - 4.0 * F.one_hot(labels, 5), labels) + 0.5 * F.cross_entropy(
+            manual.centres @ manual.centres.T, torch.arange(5)
+        )
         opt_m.zero_grad()
         loss_m.backward()
         opt_m.step()
@@ -210,7 +232,9 @@ def test_shapes_gradients_and_options():
     loss, parts = method.loss(images, labels)
     loss.backward()
     assert method.centres.grad.abs().sum() > 0 and method.projection.weight.grad.abs().sum() > 0
-    assert method.head_parameters() == [method.centres] and {"softmax", "centre_abs_cos", "train_accuracy"} <= set(parts)
+    assert method.head_parameters() == [method.centres] and {"softmax", "centre_abs_cos", "train_accuracy"} <= set(
+        parts
+    )
     raw = small_method(projection=False)
     assert raw(images).shape == (10, 256) and raw.centres.shape == (5, 256)
     triplet = small_method(loss="triplet")
@@ -236,7 +260,9 @@ def test_centre_accuracy_equals_a_loop():
     with torch.no_grad():
         scaled = gcrl.scaled_features(images)
         nearest = [min(range(5), key=lambda j: float((scaled[i] - gcrl.centres[j]).norm())) for i in range(12)]
-    assert centre_accuracy(gcrl, TensorDataset(images, labels)) == pytest.approx(sum(p == int(y) for p, y in zip(nearest, labels)) / 12)
+    assert centre_accuracy(gcrl, TensorDataset(images, labels)) == pytest.approx(
+        sum(p == int(y) for p, y in zip(nearest, labels)) / 12
+    )
 
 
 VARIANTS = [
@@ -265,13 +291,24 @@ def _r1_table(values: dict[str, list[float]]):
 
     from dmlstudy.experiments.protocol import mean_std_table
 
-    frame = pd.DataFrame([{"dataset": "synbirds", "variant": variant, "seed": seed, "R@1": value}
-                          for variant, runs in values.items() for seed, value in enumerate(runs)])
+    frame = pd.DataFrame(
+        [
+            {"dataset": "synbirds", "variant": variant, "seed": seed, "R@1": value}
+            for variant, runs in values.items()
+            for seed, value in enumerate(runs)
+        ]
+    )
     return mean_std_table(frame, metrics=["R@1"])
 
 
-@pytest.mark.parametrize("dgcrl, verdict", [([0.40, 0.41, 0.42], "held"), ([0.29, 0.31, 0.33], "is not separable from seed noise"),
-                                            ([0.20, 0.21, 0.22], "did not hold")])
+@pytest.mark.parametrize(
+    "dgcrl, verdict",
+    [
+        ([0.40, 0.41, 0.42], "held"),
+        ([0.29, 0.31, 0.33], "is not separable from seed noise"),
+        ([0.20, 0.21, 0.22], "did not hold"),
+    ],
+)
 def test_dgcrl_reading_says_held_only_beyond_seed_noise(dgcrl, verdict):
     from dmlstudy.experiments.dgcrl import main_sentence
 

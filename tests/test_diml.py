@@ -1,5 +1,6 @@
 """DIML: Sinkhorn against a slow per-pair loop and exact assignment, invariances, re-ranking against the
 cosine ranking, degenerate inputs, the base losses against pytorch-metric-learning, and training runs."""
+
 import itertools
 
 import numpy as np
@@ -23,8 +24,8 @@ from dmlstudy.methods.diml import (
     normalize_marginal,
     pairwise_structural_similarity,
     proxy_nca_loss_from_distances,
-    reranked_retrieval_metrics,
     rerank_top_k,
+    reranked_retrieval_metrics,
     sinkhorn,
     structural_similarity,
 )
@@ -59,7 +60,9 @@ def reference_plan(cost, mu, nu, epsilon, iterations):
 
 def reference_structural(local_s, global_s, local_t, global_t, epsilon=0.05, iterations=100, uniform=False):
     """s_struct of one pair (s, t), written from the definitions, and its plan."""
-    local_s, global_s, local_t, global_t = (np.asarray(x, dtype=np.float64) for x in (local_s, global_s, local_t, global_t))
+    local_s, global_s, local_t, global_t = (
+        np.asarray(x, dtype=np.float64) for x in (local_s, global_s, local_t, global_t)
+    )
     similarity = local_s @ local_t.T
     if uniform:
         mu, nu = np.full(len(local_s), 1 / len(local_s)), np.full(len(local_t), 1 / len(local_t))
@@ -77,7 +80,9 @@ def reference_structural(local_s, global_s, local_t, global_t, epsilon=0.05, ite
 @pytest.mark.parametrize("log_domain", [False, True])
 def test_plan_meets_both_marginals(log_domain):
     local, global_ = grid_set(n=5)
-    _, _, transport = pairwise_structural_similarity(local, global_, options=TransportOptions(tolerance=1e-5, max_iterations=300, log_domain=log_domain))
+    _, _, transport = pairwise_structural_similarity(
+        local, global_, options=TransportOptions(tolerance=1e-5, max_iterations=300, log_domain=log_domain)
+    )
     plan = transport.plan  # 5 × 5 × 16 × 16
     mu = normalize_marginal(F.relu(torch.einsum("aid,bd->abi", local, global_)))
     nu = normalize_marginal(F.relu(torch.einsum("bjd,ad->abj", local, global_)))
@@ -100,7 +105,9 @@ def test_batched_structural_similarity_equals_slow_per_pair_loop(uniform):
     options = TransportOptions(tolerance=0.0, max_iterations=60, uniform_marginals=uniform)
     similarity, _, transport = pairwise_structural_similarity(local, global_, options=options)
     for s, t in itertools.product(range(4), range(4)):
-        expected, plan = reference_structural(local[s], global_[s], local[t], global_[t], iterations=transport.iterations, uniform=uniform)
+        expected, plan = reference_structural(
+            local[s], global_[s], local[t], global_[t], iterations=transport.iterations, uniform=uniform
+        )
         np.testing.assert_allclose(transport.plan[s, t].numpy(), plan, atol=1e-5)
         assert abs(similarity[s, t].item() - expected) < 1e-5
 
@@ -123,7 +130,12 @@ def test_small_epsilon_approaches_the_optimal_assignment():
     similarity[torch.arange(5), planted] += 0.5  # a clear optimum, far from ties at ε = 1e-3
     rows, cols = linear_sum_assignment(-similarity.numpy())
     best = similarity.numpy()[rows, cols].sum() / 5
-    value, transport = structural_similarity(similarity[None], torch.ones(1, 5), torch.ones(1, 5), options=TransportOptions(epsilon=1e-3, max_iterations=300, tolerance=1e-6))
+    value, transport = structural_similarity(
+        similarity[None],
+        torch.ones(1, 5),
+        torch.ones(1, 5),
+        options=TransportOptions(epsilon=1e-3, max_iterations=300, tolerance=1e-6),
+    )
     assert transport.log_domain
     assert abs(value.item() - best) < 1e-3
     assignment = np.zeros((5, 5))
@@ -134,7 +146,9 @@ def test_small_epsilon_approaches_the_optimal_assignment():
 def test_consistent_cell_permutations_leave_structural_similarity_unchanged():
     local, global_ = grid_set(n=3, seed=2)
     generator = torch.Generator().manual_seed(0)
-    permuted = torch.stack([image[torch.randperm(16, generator=generator)] for image in local])  # a different permutation per image
+    permuted = torch.stack(
+        [image[torch.randperm(16, generator=generator)] for image in local]
+    )  # a different permutation per image
     before, _, _ = pairwise_structural_similarity(local, global_)
     after, _, _ = pairwise_structural_similarity(permuted, global_)
     torch.testing.assert_close(after, before, atol=2e-5, rtol=0)
@@ -142,9 +156,11 @@ def test_consistent_cell_permutations_leave_structural_similarity_unchanged():
 
 def test_degenerate_inputs_never_give_nan():
     # all-zero marginal weights fall back to uniform: the same plan as uniform marginals
-    cells = (unit(2, 16, 8, seed=6) @ unit(2, 16, 8, seed=7).transpose(1, 2))
+    cells = unit(2, 16, 8, seed=6) @ unit(2, 16, 8, seed=7).transpose(1, 2)
     zero_value, zero_plan = structural_similarity(cells, torch.zeros(2, 16), torch.zeros(2, 16))
-    uniform_value, uniform_plan = structural_similarity(cells, torch.zeros(2, 16), torch.zeros(2, 16), options=TransportOptions(uniform_marginals=True))
+    uniform_value, uniform_plan = structural_similarity(
+        cells, torch.zeros(2, 16), torch.zeros(2, 16), options=TransportOptions(uniform_marginals=True)
+    )
     assert torch.isfinite(zero_value).all()
     torch.testing.assert_close(zero_value, uniform_value)
     torch.testing.assert_close(zero_plan.plan.sum(dim=(-2, -1)), torch.ones(2))
@@ -156,7 +172,11 @@ def test_degenerate_inputs_never_give_nan():
     # identical images, and small ε in both domains
     local, global_ = grid_set(n=2, seed=9)
     twins = torch.cat([local[:1], local[:1]]), torch.cat([global_[:1], global_[:1]])
-    for options in (TransportOptions(), TransportOptions(epsilon=1e-3, log_domain=False), TransportOptions(epsilon=1e-3, log_domain=True)):
+    for options in (
+        TransportOptions(),
+        TransportOptions(epsilon=1e-3, log_domain=False),
+        TransportOptions(epsilon=1e-3, log_domain=True),
+    ):
         value, _, transport = pairwise_structural_similarity(*twins, options=options)
         assert torch.isfinite(value).all() and torch.isfinite(transport.plan).all(), options
         assert (value <= 1 + 1e-5).all()
@@ -183,7 +203,9 @@ def test_grid_pool_block_means_and_upsampling():
     feature_map = torch.randn(2, 3, 4, 4)
     pooled = grid_pool(feature_map, 2)
     for r, c in itertools.product(range(2), range(2)):
-        torch.testing.assert_close(pooled[:, :, r, c], feature_map[:, :, 2 * r:2 * r + 2, 2 * c:2 * c + 2].mean(dim=(2, 3)))
+        torch.testing.assert_close(
+            pooled[:, :, r, c], feature_map[:, :, 2 * r : 2 * r + 2, 2 * c : 2 * c + 2].mean(dim=(2, 3))
+        )
     torch.testing.assert_close(grid_pool(feature_map, 1)[:, :, 0, 0], feature_map.mean(dim=(2, 3)))
     torch.testing.assert_close(grid_pool(feature_map, 4), feature_map)
     upsampled = grid_pool(feature_map, 7)  # 4 → 7: bilinear upsampling, then 1 × 1 cells
@@ -202,7 +224,9 @@ def test_grid_embeddings_of_a_baseline_model():
     torch.testing.assert_close(global_, baseline(images))
     assert local.shape == (3, 4, 16)
     cells = grid_pool(baseline.backbone(images), 2)  # B × C × 2 × 2
-    torch.testing.assert_close(local[:, 1], F.normalize(baseline.embedding(cells[:, :, 0, 1]), dim=-1))  # row-major cells
+    torch.testing.assert_close(
+        local[:, 1], F.normalize(baseline.embedding(cells[:, :, 0, 1]), dim=-1)
+    )  # row-major cells
     _, single = grid_embeddings(baseline, images, grid_size=1)
     torch.testing.assert_close(single[:, 0], global_)  # G = 1 is the global embedding
     with pytest.raises(TypeError, match="embedding"):
@@ -217,7 +241,11 @@ def retrieval_set(n_classes=6, per_class=5, cells=4, dim=12, seed=0):
     labels = torch.arange(n_classes).repeat_interleave(per_class)
     centres = torch.randn(n_classes, cells, dim, generator=generator)
     local = F.normalize(centres[labels] + 1.2 * torch.randn(len(labels), cells, dim, generator=generator), dim=-1)
-    return local, F.normalize(local.mean(dim=1) + 0.5 * torch.randn(len(labels), dim, generator=generator), dim=-1), labels.numpy()
+    return (
+        local,
+        F.normalize(local.mean(dim=1) + 0.5 * torch.randn(len(labels), dim, generator=generator), dim=-1),
+        labels.numpy(),
+    )
 
 
 def test_candidate_similarities_equal_pairwise_matrix_entries():
@@ -237,7 +265,12 @@ def test_candidate_similarities_do_not_depend_on_the_query_chunks():
     candidates = np.random.default_rng(1).integers(0, len(local), size=(len(local), 9))
     whole = candidate_structural_similarity(global_, local, global_, local, candidates)
     for chunk in (1, 5, 48):
-        np.testing.assert_allclose(candidate_structural_similarity(global_, local, global_, local, candidates, query_chunk=chunk), whole, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(
+            candidate_structural_similarity(global_, local, global_, local, candidates, query_chunk=chunk),
+            whole,
+            atol=1e-6,
+            rtol=0,
+        )
 
 
 @pytest.mark.parametrize("epsilon", [0.05, 0.01])
@@ -267,13 +300,21 @@ def test_top_k_zero_is_the_cosine_ranking():
 def test_reranking_reorders_only_the_first_k_positions():
     local, global_, labels = retrieval_set(seed=1)
     top_k = 6
-    reranking = diml_rerank(global_, local, top_k=top_k, num_neighbors=20, options=TransportOptions(tolerance=0.0, max_iterations=40))
+    reranking = diml_rerank(
+        global_, local, top_k=top_k, num_neighbors=20, options=TransportOptions(tolerance=0.0, max_iterations=40)
+    )
     np.testing.assert_array_equal(reranking.indices[:, top_k:], reranking.cosine_indices[:, top_k:])
     np.testing.assert_array_equal(np.sort(reranking.indices[:, :top_k]), np.sort(reranking.cosine_indices[:, :top_k]))
     for q in range(len(labels)):  # slow reference: sort each query's first K by cos + s_struct from the definitions
         candidates = reranking.cosine_indices[q, :top_k]
-        scores = [float(global_[q] @ global_[c]) + reference_structural(local[q], global_[q], local[c], global_[c], iterations=40)[0] for c in candidates]
-        np.testing.assert_array_equal(reranking.indices[q, :top_k], candidates[np.argsort(-np.array(scores), kind="stable")])
+        scores = [
+            float(global_[q] @ global_[c])
+            + reference_structural(local[q], global_[q], local[c], global_[c], iterations=40)[0]
+            for c in candidates
+        ]
+        np.testing.assert_array_equal(
+            reranking.indices[q, :top_k], candidates[np.argsort(-np.array(scores), kind="stable")]
+        )
     assert (reranking.indices != reranking.cosine_indices).any()  # the test data does get re-ranked
 
 
@@ -306,7 +347,9 @@ def test_grid_of_one_cell_reranks_to_the_cosine_order(tiny_config):
 def clustered(classes=4, per_class=3, dim=8, seed=0):
     generator = torch.Generator().manual_seed(seed)
     labels = torch.arange(classes).repeat_interleave(per_class)
-    return torch.randn(classes, dim, generator=generator)[labels] + 0.7 * torch.randn(len(labels), dim, generator=generator), labels
+    return torch.randn(classes, dim, generator=generator)[labels] + 0.7 * torch.randn(
+        len(labels), dim, generator=generator
+    ), labels
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -336,7 +379,15 @@ def test_proxy_nca_on_distances_equals_pml():
 @pytest.mark.parametrize("base_loss,baseline", [("ms", "ms"), ("margin", "margin"), ("proxynca", "proxynca")])
 def test_zero_structural_weight_is_the_baseline_loss(base_loss, baseline):
     torch.manual_seed(0)
-    diml = build_method("diml", backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=4, base_loss=base_loss, structural_weight=0.0, grid_size=1)
+    diml = build_method(
+        "diml",
+        backbone=build_backbone("dml_convnet"),
+        embedding_dim=16,
+        num_classes=4,
+        base_loss=base_loss,
+        structural_weight=0.0,
+        grid_size=1,
+    )
     reference = build_method(baseline, backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=4)
     reference.backbone.load_state_dict(diml.backbone.state_dict())
     reference.embedding.load_state_dict(diml.embedding.state_dict())
@@ -352,8 +403,17 @@ def test_structural_term_changes_the_loss_and_identical_images_keep_gradients_fi
     images = torch.cat([images, images[:2]])  # two images twice: identical pairs in the batch
     labels = torch.cat([torch.arange(4).repeat(2), torch.arange(2)])
     for base_loss in ("ms", "margin", "proxynca"):
-        method = build_method("diml", backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=4, base_loss=base_loss)
-        plain = build_method("diml", backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=4, base_loss=base_loss, structural_weight=0.0)
+        method = build_method(
+            "diml", backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=4, base_loss=base_loss
+        )
+        plain = build_method(
+            "diml",
+            backbone=build_backbone("dml_convnet"),
+            embedding_dim=16,
+            num_classes=4,
+            base_loss=base_loss,
+            structural_weight=0.0,
+        )
         plain.load_state_dict(method.state_dict())
         loss, parts = method.loss(images, labels)
         assert parts["sinkhorn_iterations"] >= 1 and -1 <= parts["s_struct"] <= 1
@@ -376,13 +436,16 @@ def test_bad_arguments_are_rejected():
         sinkhorn(torch.zeros(2, 3, 3), torch.ones(2, 4), torch.ones(2, 3))
 
 
-@pytest.mark.parametrize("method_kwargs", [
-    {},
-    {"base_loss": "margin"},
-    {"base_loss": "proxynca"},
-    {"uniform_marginals": True, "grid_size": 2},
-    {"log_domain": True, "epsilon": 0.01, "max_iterations": 20},
-])
+@pytest.mark.parametrize(
+    "method_kwargs",
+    [
+        {},
+        {"base_loss": "margin"},
+        {"base_loss": "proxynca"},
+        {"uniform_marginals": True, "grid_size": 2},
+        {"log_domain": True, "epsilon": 0.01, "max_iterations": 20},
+    ],
+)
 def test_every_variant_trains_a_step(tiny_config, method_kwargs):
     result = run(tiny_config(method="diml", method_kwargs=method_kwargs, epochs=1, steps_per_epoch=1))
     assert np.isfinite(result.history["loss"]).all()
@@ -396,7 +459,10 @@ def test_sweep_frame_in_parallel_processes_equals_the_serial_sweeps(tiny_config)
     settings = dict(top_ks=[0, 4], grid_sizes=[1, 2], grid_size=2, top_k=4)
     frames = []
     for workers, prefix in ((1, "serial"), (2, "parallel")):
-        results = [("ms", run(tiny_config(method="ms", seed=seed, run_name=f"{prefix}-{seed}", resume=True))) for seed in (0, 1)]
+        results = [
+            ("ms", run(tiny_config(method="ms", seed=seed, run_name=f"{prefix}-{seed}", resume=True)))
+            for seed in (0, 1)
+        ]
         frames.append(diml_study.sweep_frame(results, diml_study.DIMLStudy(workers=workers, **settings)))
     serial, parallel = frames
     assert len(serial) == len(parallel) == 2 * (2 + 2)

@@ -1,4 +1,5 @@
 """torchrun with 2 CPU processes (gloo) computes the same training as one process with the same global batch."""
+
 import json
 import os
 import subprocess
@@ -28,12 +29,38 @@ def cli_arguments(config) -> list[str]:
 @pytest.mark.parametrize("method", ["ms", "proxyanchor"])
 def test_two_processes_match_one_process(tiny_config, method):
     # SGD: Adam divides by √v, which turns float-rounding differences of near-zero gradients into lr-sized updates
-    options = dict(method=method, freeze_bn=True, epochs=2, steps_per_epoch=3, classes_per_batch=4, samples_per_class=2, lr_schedule="constant", optimizer="sgd", lr=0.05, head_lr=0.05)
+    options = dict(
+        method=method,
+        freeze_bn=True,
+        epochs=2,
+        steps_per_epoch=3,
+        classes_per_batch=4,
+        samples_per_class=2,
+        lr_schedule="constant",
+        optimizer="sgd",
+        lr=0.05,
+        head_lr=0.05,
+    )
     single = run(tiny_config(run_name=f"single-{method}", **options))
     distributed = tiny_config(run_name=f"ddp-{method}", **options)
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    completed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dmlstudy", "train", *cli_arguments(distributed)],
-                               capture_output=True, text=True, env=environment, timeout=300)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "dmlstudy",
+            "train",
+            *cli_arguments(distributed),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert json.loads((distributed.run_dir / "environment.json").read_text())["world_size"] == 2
     single_history = pd.read_csv(single.run_dir / "history.csv")

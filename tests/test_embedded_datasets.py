@@ -1,4 +1,5 @@
 """Embedded datasets: CUB layout writer, generate-once marker/atomicity, SynBirds and Glyphs generators."""
+
 from __future__ import annotations
 
 import io
@@ -11,17 +12,26 @@ import pytest
 from fontTools.ttLib import TTFont
 from PIL import Image, ImageDraw
 
+from dmlstudy.data import glyphs, synbirds
 from dmlstudy.data.base import DATASETS, DatasetLayoutError, build_dataset
 from dmlstudy.data.cub import read_cub
-from dmlstudy.data.embedded import MARKER, GenerationMismatchError, encode_png, ensure_generated, image_rng, write_cub_layout
-from dmlstudy.data import glyphs, synbirds
+from dmlstudy.data.embedded import (
+    MARKER,
+    GenerationMismatchError,
+    encode_png,
+    ensure_generated,
+    image_rng,
+    write_cub_layout,
+)
 
 TINY = {"num_classes": 6, "images_per_class": 3}
 
 
 def folder_bytes(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` except the marker (which records the wall time) → its bytes."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER
+    }
 
 
 class CountingGenerator:
@@ -40,7 +50,9 @@ class CountingGenerator:
 
     def generate(self, folder: Path, *, seed: int) -> dict[str, int]:
         self.calls += 1
-        images = [np.full((8, 8, 3), 10 * seed + c, dtype=np.uint8) for c in range(2) for _ in range(self.images_per_class)]
+        images = [
+            np.full((8, 8, 3), 10 * seed + c, dtype=np.uint8) for c in range(2) for _ in range(self.images_per_class)
+        ]
         labels = [c for c in range(2) for _ in range(self.images_per_class)]
         write_cub_layout(folder, images, labels, ["red", "blue"], train_classes=[0])
         if self.fail:
@@ -62,8 +74,12 @@ def test_write_cub_layout_files_and_read_back(tmp_path):
     assert lines == [f"{i + 1} {r}" for i, r in enumerate(rel)]
     assert rel[0] == "003.cC/cC_0000.png" and rel[3] == "003.cC/cC_0001.png"
     assert (tmp_path / "classes.txt").read_text().splitlines() == ["1 001.cA", "2 002.cB", "3 003.cC", "4 004.cD"]
-    assert (tmp_path / "image_class_labels.txt").read_text().splitlines() == [f"{i + 1} {l + 1}" for i, l in enumerate(labels)]
-    assert (tmp_path / "train_test_split.txt").read_text().splitlines() == [f"{i + 1} {int(l in (0, 1))}" for i, l in enumerate(labels)]
+    assert (tmp_path / "image_class_labels.txt").read_text().splitlines() == [
+        f"{i + 1} {label + 1}" for i, label in enumerate(labels)
+    ]
+    assert (tmp_path / "train_test_split.txt").read_text().splitlines() == [
+        f"{i + 1} {int(label in (0, 1))}" for i, label in enumerate(labels)
+    ]
     for r, image in zip(rel, images):  # lossless round trip
         np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "images" / r).convert("RGB")), image)
 
@@ -223,7 +239,7 @@ def test_glyph_classes_exist_in_every_font():
         assert ord(missing) not in cmap
         font = glyphs.load_font(font_file, 32)
 
-        def bitmap(ch: str) -> np.ndarray:
+        def bitmap(ch: str, font=font) -> np.ndarray:
             image = Image.new("L", (64, 64), 0)
             ImageDraw.Draw(image).text((32, 44), ch, fill=255, font=font, anchor="ms")
             return np.asarray(image)

@@ -1,5 +1,6 @@
 """The Dask engine: worker placement, clean task state, records equal to a serial run, recovery from a killed
 worker, and a clear error for an unreachable scheduler."""
+
 import json
 import os
 import signal
@@ -52,7 +53,10 @@ def test_workers_get_round_robin_gpus_and_a_share_of_the_cores():
     plans = engine.local_worker_plans(6, cores=12, gpus=4)  # a fake 4-GPU machine: 6 workers
     assert [plan.device for plan in plans] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
     assert {plan.threads for plan in plans} == {2}
-    assert [plan.device for plan in engine.local_worker_plans(4, cores=8, gpus=2)] == ["cuda:0", "cuda:1"] * 2  # 2 runs per GPU
+    assert [plan.device for plan in engine.local_worker_plans(4, cores=8, gpus=2)] == [
+        "cuda:0",
+        "cuda:1",
+    ] * 2  # 2 runs per GPU
     assert [plan.device for plan in engine.local_worker_plans(2, cores=2, gpus=0)] == ["cpu", "cpu"]
     assert engine.local_worker_plans(3, cores=2, gpus=0)[0].threads == 1  # never 0 threads
     with pytest.raises(ValueError, match="workers must be ≥ 1"):
@@ -94,7 +98,10 @@ def test_an_unreachable_scheduler_is_named_within_seconds(monkeypatch):
 def test_a_grid_on_two_workers_gives_the_records_of_a_serial_run(tiny_config, tmp_path, one_thread_tasks):
     specs = [{"seed": 0}, {"seed": 1, "method": "proxyanchor"}]
     parallel = [(f"v{i}", tiny_config(run_name=f"v{i}", resume=True, **spec)) for i, spec in enumerate(specs)]
-    serial = [(f"v{i}", tiny_config(run_name=f"v{i}", resume=True, runs_root=str(tmp_path / "serial"), **spec)) for i, spec in enumerate(specs)]
+    serial = [
+        (f"v{i}", tiny_config(run_name=f"v{i}", resume=True, runs_root=str(tmp_path / "serial"), **spec))
+        for i, spec in enumerate(specs)
+    ]
     run_grid(parallel, workers=2)
     with engine.task_state():  # one thread here too
         run_grid(serial, workers=1)
@@ -105,11 +112,19 @@ def test_a_grid_on_two_workers_gives_the_records_of_a_serial_run(tiny_config, tm
 def test_a_long_lived_worker_gives_the_same_run_first_and_third(tiny_config, one_thread_tasks):
     client = engine.get_client(2)
     worker = sorted(client.scheduler_info()["workers"])[:1]  # every task on the same worker process
-    first, other, third = (tiny_config(run_name="first"), tiny_config(run_name="other", method="proxyanchor", seed=3, epochs=1),
-                           tiny_config(run_name="third"))
+    first, other, third = (
+        tiny_config(run_name="first"),
+        tiny_config(run_name="other", method="proxyanchor", seed=3, epochs=1),
+        tiny_config(run_name="third"),
+    )
     for config in (first, other, third):
-        engine.run_tasks(client, [(config.run_name, engine.train_task, (config.to_dict(),), f"same-worker-{config.run_name}")],
-                         what="runs", progress=False, workers=worker)
+        engine.run_tasks(
+            client,
+            [(config.run_name, engine.train_task, (config.to_dict(),), f"same-worker-{config.run_name}")],
+            what="runs",
+            progress=False,
+            workers=worker,
+        )
     assert_same_records(first.run_dir, third.run_dir)
 
 
@@ -118,12 +133,16 @@ def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, 
     long = tiny_config(run_name="long", resume=True, epochs=8, steps_per_epoch=8)
     client = engine.get_client(2)
     outcome = {}
-    grid = threading.Thread(target=lambda: outcome.update(results=run_grid([("short", short), ("long", long)], workers=2)))
+    grid = threading.Thread(
+        target=lambda: outcome.update(results=run_grid([("short", short), ("long", long)], workers=2))
+    )
     grid.start()
     checkpoint = long.run_dir / "checkpoint.pt"
     deadline = time.monotonic() + 600
     while not ((short.run_dir / "metrics.json").is_file() and checkpoint.is_file()):
-        assert time.monotonic() < deadline and grid.is_alive(), "the grid ended before the long run saved its first epoch"
+        assert time.monotonic() < deadline and grid.is_alive(), (
+            "the grid ended before the long run saved its first epoch"
+        )
         time.sleep(0.02)
     key = engine.run_task_key(long)
     address = next(worker for worker, keys in client.processing().items() if key in keys)
@@ -137,9 +156,13 @@ def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, 
 
     after = pd.read_csv(long.run_dir / "history.csv")
     assert 1 <= len(kept) < len(after) == long.epochs
-    pd.testing.assert_frame_equal(after.iloc[:len(kept)], kept, check_dtype=False)  # finished epochs kept, not retrained
+    pd.testing.assert_frame_equal(
+        after.iloc[: len(kept)], kept, check_dtype=False
+    )  # finished epochs kept, not retrained
     assert (short.run_dir / "metrics.json").stat().st_mtime_ns == short_stamp  # the other run was not retrained
-    reference = tiny_config(run_name="long", resume=True, epochs=8, steps_per_epoch=8, runs_root=str(tmp_path / "reference"))
+    reference = tiny_config(
+        run_name="long", resume=True, epochs=8, steps_per_epoch=8, runs_root=str(tmp_path / "reference")
+    )
     with engine.task_state():
         run_grid([("long", reference)], workers=1)
     assert_same_records(long.run_dir, reference.run_dir)

@@ -1,9 +1,10 @@
 """Large-gallery evaluation: approximate indexes (IVF, HNSW) against brute force, the faiss GPU code path
 (with a stand-in GPU, since the CPU build has none), and faiss k-means NMI against scikit-learn's."""
+
 from __future__ import annotations
 
-from collections import Counter
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -44,7 +45,10 @@ def query_gallery() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 # approximate search
 
 
-@pytest.mark.parametrize("index, params", [("ivf", {}), ("hnsw", {}), ("ivf", {"nlist": 64, "nprobe": 8}), ("hnsw", {"M": 16, "ef_search": 64})])
+@pytest.mark.parametrize(
+    "index, params",
+    [("ivf", {}), ("hnsw", {}), ("ivf", {"nlist": 64, "nprobe": 8}), ("hnsw", {"M": 16, "ef_search": 64})],
+)
 def test_approximate_search_recalls_most_exact_neighbours(query_gallery, index, params):
     q, _, g, _ = query_gallery
     truth = brute_top_k(q, g, 10)
@@ -72,7 +76,9 @@ def test_index_options_agree_with_exact_metrics_on_easy_data(index):
     assert approximate == pytest.approx(exact, abs=1e-12)
     assert exact["MAP@R"] == pytest.approx(1.0)
     gallery_metrics = M.retrieval_metrics(x[:60], y[:60], gallery=x[60:], gallery_labels=y[60:], ks=(1, 5), index=index)
-    assert gallery_metrics == pytest.approx(M.retrieval_metrics(x[:60], y[:60], gallery=x[60:], gallery_labels=y[60:], ks=(1, 5)), abs=1e-12)
+    assert gallery_metrics == pytest.approx(
+        M.retrieval_metrics(x[:60], y[:60], gallery=x[60:], gallery_labels=y[60:], ks=(1, 5)), abs=1e-12
+    )
 
 
 @pytest.mark.parametrize("index", ["ivf", "hnsw"])
@@ -104,14 +110,18 @@ def test_missing_ivf_results_are_minus_one_and_count_as_misses():
     for k in ks:  # independent loop: a query counts if a *returned* item among its first k has its class
         expected = np.mean([any(j >= 0 and gy[j] == qy[i] for j in found[i, :k]) for i in range(len(q))])
         assert ours[f"R@{k}"] == pytest.approx(expected, abs=1e-12)
-    approx_metrics = M.recall_at_k(q, qy, ks, gallery=g, gallery_labels=gy, index="ivf", index_params={"nlist": 45, "nprobe": 1})
+    approx_metrics = M.recall_at_k(
+        q, qy, ks, gallery=g, gallery_labels=gy, index="ivf", index_params={"nlist": 45, "nprobe": 1}
+    )
     assert approx_metrics == pytest.approx({k: ours[f"R@{k}"] for k in ks}, abs=1e-12)
 
 
 def test_prebuilt_index_searches_like_nearest_neighbors(query_gallery):
     q, _, g, _ = query_gallery
     built = M.build_neighbor_index(g, index="hnsw", index_params={"ef_search": 32})
-    np.testing.assert_array_equal(built.search(q, k=7)[0], M.nearest_neighbors(q, g, k=7, index="hnsw", index_params={"ef_search": 32})[0])
+    np.testing.assert_array_equal(
+        built.search(q, k=7)[0], M.nearest_neighbors(q, g, k=7, index="hnsw", index_params={"ef_search": 32})[0]
+    )
     self_search, _ = M.build_neighbor_index(g).search(g, k=3, exclude_self=True)
     np.testing.assert_array_equal(self_search, M.nearest_neighbors(g, k=3)[0])
 
@@ -133,13 +143,25 @@ def test_evaluate_threads_the_index_options():
     "call, match",
     [
         (lambda x: M.nearest_neighbors(x, k=2, index="annoy"), "expected one of 'exact', 'ivf', 'hnsw', got 'annoy'"),
-        (lambda x: M.retrieval_metrics(x, np.repeat(np.arange(10), 4), index="IVF"), "expected one of 'exact', 'ivf', 'hnsw'"),
+        (
+            lambda x: M.retrieval_metrics(x, np.repeat(np.arange(10), 4), index="IVF"),
+            "expected one of 'exact', 'ivf', 'hnsw'",
+        ),
         (lambda x: M.evaluate(x, np.repeat(np.arange(10), 4), index=None), "expected one of"),
-        (lambda x: M.nearest_neighbors(x, k=2, index="ivf", index_params={"efSearch": 4}), r"valid parameters: nlist, nprobe"),
-        (lambda x: M.nearest_neighbors(x, k=2, index="hnsw", index_params={"nprobe": 4}), r"valid parameters: M, ef_construction, ef_search"),
+        (
+            lambda x: M.nearest_neighbors(x, k=2, index="ivf", index_params={"efSearch": 4}),
+            r"valid parameters: nlist, nprobe",
+        ),
+        (
+            lambda x: M.nearest_neighbors(x, k=2, index="hnsw", index_params={"nprobe": 4}),
+            r"valid parameters: M, ef_construction, ef_search",
+        ),
         (lambda x: M.nearest_neighbors(x, k=2, index="exact", index_params={"nlist": 4}), "valid parameters: none"),
         (lambda x: M.nearest_neighbors(x, k=2, index="ivf", index_params={"nprobe": 0}), "positive integer"),
-        (lambda x: M.nearest_neighbors(x, k=2, index="ivf", index_params={"nlist": 41}), "at most the 40 indexed items"),
+        (
+            lambda x: M.nearest_neighbors(x, k=2, index="ivf", index_params={"nlist": 41}),
+            "at most the 40 indexed items",
+        ),
         (lambda x: M.nearest_neighbors(x, k=2, index="hnsw", use_gpu=True), "no GPU version of IndexHNSWFlat"),
         (lambda x: M.nearest_neighbors(x, k=2, use_gpu="yes"), "use_gpu"),
         (lambda x: M.nmi(x, np.repeat(np.arange(10), 4), backend="scipy"), "'auto', 'sklearn', 'faiss'"),
@@ -195,7 +217,10 @@ def test_gpu_path_moves_exact_and_ivf_indexes_to_gpu_zero(monkeypatch, query_gal
     cpu_ivf = M.nearest_neighbors(q, g, k=10, index="ivf", use_gpu=False)
     fake = FakeGpu()
     fake.install(monkeypatch, faiss)
-    for got, want in [(M.nearest_neighbors(q, g, k=10), cpu_exact), (M.nearest_neighbors(q, g, k=10, index="ivf"), cpu_ivf)]:
+    for got, want in [
+        (M.nearest_neighbors(q, g, k=10), cpu_exact),
+        (M.nearest_neighbors(q, g, k=10, index="ivf"), cpu_ivf),
+    ]:
         np.testing.assert_array_equal(got[0], want[0])
     assert [(device, name) for _, device, name in fake.moves] == [(0, "IndexFlatIP"), (0, "IndexIVFFlat")]
     assert fake.resources_made == 1  # one StandardGpuResources per process, reused

@@ -1,4 +1,5 @@
 """Multi-Similarity on a similarity matrix against pytorch-metric-learning and a slow loop; the loss registry."""
+
 import math
 
 import pytest
@@ -35,7 +36,9 @@ def slow_multi_similarity(similarity, labels, alpha, beta, base, margin):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("alpha,beta,base,margin", [(2.0, 50.0, 0.5, 0.1), (2.0, 40.0, 0.5, 0.1), (1.0, 10.0, 0.7, 0.2)])
+@pytest.mark.parametrize(
+    "alpha,beta,base,margin", [(2.0, 50.0, 0.5, 0.1), (2.0, 40.0, 0.5, 0.1), (1.0, 10.0, 0.7, 0.2)]
+)
 def test_ms_equals_pytorch_metric_learning(seed, alpha, beta, base, margin):
     embeddings, labels = clustered_batch(seed=seed)
     ours_input = embeddings.clone().requires_grad_(True)

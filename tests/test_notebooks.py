@@ -1,5 +1,6 @@
 """Notebooks: built from their jupytext sources, a parameters cell that mirrors a typed config dataclass one to one, no stored outputs, and a
 clear error when papermill injects a parameter of the wrong type. (nbval executes every notebook.)"""
+
 import ast
 import dataclasses
 import importlib
@@ -26,7 +27,9 @@ def config_class(spec: str):
 
 def test_every_notebook_has_a_config():
     assert PRESENT, "no notebooks found"
-    assert set(PRESENT) <= set(NOTEBOOK_CONFIGS), f"notebooks without a config dataclass: {set(PRESENT) - set(NOTEBOOK_CONFIGS)}"
+    assert set(PRESENT) <= set(NOTEBOOK_CONFIGS), (
+        f"notebooks without a config dataclass: {set(PRESENT) - set(NOTEBOOK_CONFIGS)}"
+    )
 
 
 @pytest.mark.parametrize("name", PRESENT)
@@ -39,7 +42,9 @@ def test_parameters_cell_mirrors_the_config(name):
     for field_name, declared in parameters.items():
         assert declared["inferred_type_name"] == hints[field_name].__name__, field_name
         assert declared["help"], f"{name}: parameter {field_name} has no comment"
-    cell = next(c for c in json.loads((NOTEBOOKS / name).read_text())["cells"] if "parameters" in c["metadata"].get("tags", []))
+    cell = next(
+        c for c in json.loads((NOTEBOOKS / name).read_text())["cells"] if "parameters" in c["metadata"].get("tags", [])
+    )
     namespace: dict = {}
     exec("".join(cell["source"]), namespace)
     config(**{k: namespace[k] for k in fields})  # the CI-sized defaults are a valid config
@@ -53,8 +58,13 @@ def test_committed_notebooks_have_no_outputs(name):
 
 def test_wrong_parameter_type_is_named(tmp_path):
     with pytest.raises(PapermillExecutionError, match="parameter 'epochs' must be of type int, got str"):
-        papermill.execute_notebook(str(NOTEBOOKS / "01_train.ipynb"), str(tmp_path / "out.ipynb"), parameters={"epochs": "two", "runs_root": str(tmp_path)},
-                                   kernel_name="python3", progress_bar=False)
+        papermill.execute_notebook(
+            str(NOTEBOOKS / "01_train.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            parameters={"epochs": "two", "runs_root": str(tmp_path)},
+            kernel_name="python3",
+            progress_bar=False,
+        )
 
 
 def test_committed_notebooks_equal_their_sources():
@@ -68,7 +78,9 @@ def test_a_stale_notebook_or_parameters_cell_is_named(tmp_path):
             shutil.copy(NOTEBOOKS / f"{stem}{suffix}", tmp_path)
     assert notebook_sources.out_of_date(tmp_path) == []
     crt_source = tmp_path / "10_crt.py"
-    crt_source.write_text(crt_source.read_text().replace("for reading in readings:", "for reading in sorted(readings):"))
+    crt_source.write_text(
+        crt_source.read_text().replace("for reading in readings:", "for reading in sorted(readings):")
+    )
     train_source = tmp_path / "01_train.py"
     train_source.write_text(train_source.read_text().replace("epochs: int = 2", "epochs: int = 3"))
     assert notebook_sources.out_of_date(tmp_path) == [

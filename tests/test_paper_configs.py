@@ -6,6 +6,7 @@ method and method keyword arguments. Only size fields are overridden (image size
 list, evaluation batch) plus where the run reads and writes; ``pretrained`` is switched off (no weights
 here). The test checks that nothing else was changed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,15 @@ PAPERS = ("crt", "diml", "cross_attention", "dgcrl")
 DATASETS = ("cub200", "cars196", "sop", "inshop")
 
 # Fields the smoke run may change: sizes (so one step runs in seconds on a CPU) and run locations.
-SIZE_FIELDS = ("image_size", "classes_per_batch", "samples_per_class", "epochs", "steps_per_epoch", "recall_ks", "eval_batch_size")
+SIZE_FIELDS = (
+    "image_size",
+    "classes_per_batch",
+    "samples_per_class",
+    "epochs",
+    "steps_per_epoch",
+    "recall_ks",
+    "eval_batch_size",
+)
 LOCATION_FIELDS = ("pretrained", "data_root", "runs_root", "study", "run_name", "progress", "device", "num_workers")
 SMOKE_OVERRIDES = {
     "pretrained": False,
@@ -46,7 +55,9 @@ def load(path: Path) -> dict:
 
 def test_every_paper_and_benchmark_has_a_config():
     names = {path.stem for path in PAPER_CONFIGS}
-    expected = {f"crt_{d}" for d in DATASETS} | {f"{p}_{d}" for p in ("diml", "cross_attention") for d in ("cub200", "cars196", "sop")}
+    expected = {f"crt_{d}" for d in DATASETS} | {
+        f"{p}_{d}" for p in ("diml", "cross_attention") for d in ("cub200", "cars196", "sop")
+    }
     expected |= {"dgcrl_cub200", "dgcrl_cars196"}
     assert names == expected
 
@@ -56,7 +67,7 @@ def test_config_is_a_valid_train_config_with_the_papers_numbers(path):
     from dmlstudy.train import TrainConfig
 
     loaded = load(path)
-    paper, dataset = next((p, path.stem[len(p) + 1:]) for p in PAPERS if path.stem.startswith(p + "_"))
+    paper, dataset = next((p, path.stem[len(p) + 1 :]) for p in PAPERS if path.stem.startswith(p + "_"))
     parameters = loaded["parameters"]
     unknown = set(parameters) - set(TrainConfig.field_names())
     assert not unknown, f"{path.name}: not TrainConfig fields: {sorted(unknown)}"
@@ -92,13 +103,26 @@ def test_config_trains_one_step_on_a_tiny_fixture(path, tmp_path):
     if parameters["method"] not in METHODS:
         pytest.skip(f"method {parameters['method']!r} is not registered yet (its file is still a placeholder)")
     write_fixture(parameters["dataset"], tmp_path / "data")
-    overrides = {**SMOKE_OVERRIDES, "data_root": str(tmp_path / "data"), "runs_root": str(tmp_path / "runs"), "study": "paper-smoke"}
+    overrides = {
+        **SMOKE_OVERRIDES,
+        "data_root": str(tmp_path / "data"),
+        "runs_root": str(tmp_path / "runs"),
+        "study": "paper-smoke",
+    }
     assert set(overrides) <= set(SIZE_FIELDS) | set(LOCATION_FIELDS)
     config = TrainConfig(**{**parameters, **overrides})
     as_written = TrainConfig(**parameters)
-    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(config, f.name) != getattr(as_written, f.name)}
-    assert changed <= set(SIZE_FIELDS) | set(LOCATION_FIELDS), f"smoke run changed protocol fields {changed - set(SIZE_FIELDS) - set(LOCATION_FIELDS)}"
-    assert (config.backbone, config.method, config.method_kwargs) == (parameters["backbone"], parameters["method"], parameters["method_kwargs"])
+    changed = {
+        f.name for f in dataclasses.fields(TrainConfig) if getattr(config, f.name) != getattr(as_written, f.name)
+    }
+    assert changed <= set(SIZE_FIELDS) | set(LOCATION_FIELDS), (
+        f"smoke run changed protocol fields {changed - set(SIZE_FIELDS) - set(LOCATION_FIELDS)}"
+    )
+    assert (config.backbone, config.method, config.method_kwargs) == (
+        parameters["backbone"],
+        parameters["method"],
+        parameters["method_kwargs"],
+    )
 
     try:
         result = run(config)

@@ -1,5 +1,6 @@
 """The shared study protocol on the Dask engine: parallel grids train each run once on a worker process, keep
 finished runs, and report failures by name; per-run evaluations (call_in_processes) run as engine tasks."""
+
 import json
 
 import pytest
@@ -33,7 +34,9 @@ def test_parallel_grid_trains_each_run_once_on_a_worker(tiny_config):
 def test_parallel_grid_keeps_finished_runs_and_names_the_failed_one(tiny_config):
     good = tiny_config(run_name="good", resume=True)
     bad = tiny_config(run_name="bad", resume=True, method="no_such_method")
-    with pytest.raises(GridRunError, match=r"(?s)1 of 2 runs failed.*runs/test/bad-[0-9a-f]{8} failed.*unknown method .no_such_method."):
+    with pytest.raises(
+        GridRunError, match=r"(?s)1 of 2 runs failed.*runs/test/bad-[0-9a-f]{8} failed.*unknown method .no_such_method."
+    ):
         run_grid([("good", good), ("bad", bad)], workers=2)
     assert is_complete(good) and not is_complete(bad)
 
@@ -42,7 +45,9 @@ def test_calls_run_as_engine_tasks_and_failures_are_reported_together(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     arguments = [(tmp_path / f"out{i}.json", {"i": i}) for i in range(3)] + [(blocker / "out.json", {})]
-    with pytest.raises(GridRunError, match=r"(?s)1 of 4 evaluations failed.*write_json.*a-file.*(NotADirectoryError|FileExistsError)"):
+    with pytest.raises(
+        GridRunError, match=r"(?s)1 of 4 evaluations failed.*write_json.*a-file.*(NotADirectoryError|FileExistsError)"
+    ):
         call_in_processes(write_json, arguments, workers=2)
     assert [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(3)] == [{"i": 0}, {"i": 1}, {"i": 2}]
 

@@ -2,6 +2,7 @@
 
 The ground truth is what the fixture writer wrote (its records), never the reader's own parsing.
 """
+
 from __future__ import annotations
 
 import os
@@ -111,7 +112,9 @@ def test_cub_registered_builder_and_read_cub_options(cub_tree):
     assert custom[0][0].shape == (8, 10, 3)  # transform applied to the RGB image
 
 
-@pytest.mark.parametrize("piece", ["images.txt", "image_class_labels.txt", "classes.txt", "train_test_split.txt", "images"])
+@pytest.mark.parametrize(
+    "piece", ["images.txt", "image_class_labels.txt", "classes.txt", "train_test_split.txt", "images"]
+)
 def test_cub_missing_piece_is_named(cub_tree, piece):
     parent, base, _ = cub_tree
     target = base / piece
@@ -179,7 +182,15 @@ def test_cars_fixture_has_the_official_mat_structure(cars_tree):
     mat = loadmat(root / "cars_annos.mat")
     annotations = mat["annotations"]
     assert annotations.shape == (1, len(records))
-    assert set(annotations.dtype.names) == {"relative_im_path", "bbox_x1", "bbox_y1", "bbox_x2", "bbox_y2", "class", "test"}
+    assert set(annotations.dtype.names) == {
+        "relative_im_path",
+        "bbox_x1",
+        "bbox_y1",
+        "bbox_x2",
+        "bbox_y2",
+        "class",
+        "test",
+    }
     assert annotations["relative_im_path"][0, 0].tolist() == ["car_ims/000001.jpg"]
     assert annotations["class"][0, 0].shape == (1, 1)
     assert mat["class_names"].shape == (1, len(CARS_COUNTS))
@@ -279,7 +290,11 @@ def test_inshop_splits_and_shared_query_gallery_labels(tmp_path, official_tree):
     assert [len(data[s]) for s in ("train", "query", "gallery")] == [6, 5, 8]
     assert data["train"].class_names == ["id_00000001", "id_00000002", "id_00000006"]
     assert data["train"].labels.tolist() == [0, 0, 0, 1, 1, 2]
-    assert data["query"].class_names == data["gallery"].class_names == ["id_00000003", "id_00000004", "id_00000005", "id_00000008"]
+    assert (
+        data["query"].class_names
+        == data["gallery"].class_names
+        == ["id_00000003", "id_00000004", "id_00000005", "id_00000008"]
+    )
     item = {r.path: r.class_id for r in records}
     query, gallery = data["query"], data["gallery"]
     for qi, qp in enumerate(query.paths):  # brute force over all query–gallery pairs
@@ -353,4 +368,8 @@ def test_registered_evaluation_protocols():
         assert (protocol.query_split, protocol.gallery_split, protocol.recall_ks) == ("test", None, (1, 2, 4, 8))
     assert evaluation_protocol("sop").recall_ks == (1, 10, 100, 1000)
     protocol = evaluation_protocol("inshop")
-    assert (protocol.query_split, protocol.gallery_split, protocol.recall_ks) == ("query", "gallery", (1, 10, 20, 30, 40, 50))
+    assert (protocol.query_split, protocol.gallery_split, protocol.recall_ks) == (
+        "query",
+        "gallery",
+        (1, 10, 20, 30, 40, 50),
+    )

@@ -1,6 +1,7 @@
 """The method registry drives what a method shows: labels, groups, the comparison's rows; every module of
 ``dmlstudy/methods`` is found by itself, and a method in a module outside the package (a plugin named in
 ``DMLSTUDY_METHOD_MODULES``) appears in the comparison table of a tiny run."""
+
 import pkgutil
 import sys
 import textwrap
@@ -69,7 +70,10 @@ def test_labels_and_groups_come_from_the_registration():
     assert set(list_methods(group="paper")) == {"crt", "diml", "cross_attention", "dgcrl", "gcrl"}
     assert set(list_methods(group="paper")) | set(list_methods(group="classic")) == set(list_methods())
     assert all(method_info(name).summary for name in list_methods())
-    assert compare.method_label("lifted") == "lifted structure" and compare.method_label("diml_rerank") == "MS + DIML re-ranking"
+    assert (
+        compare.method_label("lifted") == "lifted structure"
+        and compare.method_label("diml_rerank") == "MS + DIML re-ranking"
+    )
     assert set(compare.classic_rows()) == set(list_methods(group="classic")) - {"ms"}
     with pytest.raises(ValueError, match="group must be one of"):
         register_method("nope", group="other")
@@ -82,9 +86,23 @@ def test_a_method_in_a_new_module_appears_in_the_comparison_of_a_tiny_run(plugin
     assert plugin not in METHODS
     assert "throwaway_plugin" in methods.discover()
     assert method_info(plugin).summary == "Generalised-mean pooling, a linear embedding and the Proxy-Anchor loss."
-    config = compare.CompareStudy(study="registry", runs_root=str(tmp_path / "runs"), data_root=str(tiny_data_root), datasets=["cub200"],
-                                  image_size=32, classes_per_batch=4, samples_per_class=3, epochs=1, steps_per_epoch=2,
-                                  train_classes=0, test_classes=0, methods=["ms"], classic_methods=[plugin], umap=False, tsne=False)
+    config = compare.CompareStudy(
+        study="registry",
+        runs_root=str(tmp_path / "runs"),
+        data_root=str(tiny_data_root),
+        datasets=["cub200"],
+        image_size=32,
+        classes_per_batch=4,
+        samples_per_class=3,
+        epochs=1,
+        steps_per_epoch=2,
+        train_classes=0,
+        test_classes=0,
+        methods=["ms"],
+        classic_methods=[plugin],
+        umap=False,
+        tsne=False,
+    )
     frame = compare.comparison_frame(compare.run_main(config), compare.run_classic(config), [], methods=config.methods)
     table = compare.comparison_table(frame)
     assert table["method"].tolist() == ["MS baseline", "Proxy-Anchor on GeM (test)"]

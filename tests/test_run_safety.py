@@ -1,5 +1,6 @@
 """Runs that never collide or vanish (issue 16): identity, reuse without overwrite, one writer, stale locks,
 full disks, YAML floats, non-finite inputs, early errors, signals."""
+
 import errno
 import json
 import os
@@ -55,7 +56,9 @@ def test_two_configurations_get_two_folders(tiny_config):
         assert yaml.safe_load((result.run_dir / "config.yaml").read_text())["lr"] == result.config.lr
         assert json.loads((result.run_dir / "metrics.json").read_text()) == result.metrics
     # presentation and location fields do not change the identity; result-changing ones do
-    assert identity_hash(tiny_config(progress=True, device="auto", eval_batch_size=7).to_dict()) == identity_hash(tiny_config().to_dict())
+    assert identity_hash(tiny_config(progress=True, device="auto", eval_batch_size=7).to_dict()) == identity_hash(
+        tiny_config().to_dict()
+    )
     assert identity_hash(tiny_config(epochs=3).to_dict()) != identity_hash(tiny_config().to_dict())
 
 
@@ -70,8 +73,13 @@ def test_rerun_without_overwrite_keeps_the_finished_record_byte_identical(tiny_c
     with pytest.warns(RunWarning, match="--overwrite: deleting the records"):
         replaced = run(tiny_config(run_name="kept", overwrite=True))
     assert (first.run_dir / "metrics.json").stat().st_mtime_ns != stamps["metrics.json"]
-    assert (replaced.metrics["R@1"], replaced.metrics["MAP@R"]) == (first.metrics["R@1"], first.metrics["MAP@R"])  # retrained: same numbers
-    assert yaml.safe_load((first.run_dir / "config.yaml").read_text())["overwrite"] is False  # the record never says overwrite
+    assert (replaced.metrics["R@1"], replaced.metrics["MAP@R"]) == (
+        first.metrics["R@1"],
+        first.metrics["MAP@R"],
+    )  # retrained: same numbers
+    assert (
+        yaml.safe_load((first.run_dir / "config.yaml").read_text())["overwrite"] is False
+    )  # the record never says overwrite
 
 
 def test_a_folder_holding_another_configuration_is_refused(tiny_config):
@@ -79,7 +87,9 @@ def test_a_folder_holding_another_configuration_is_refused(tiny_config):
     stored = yaml.safe_load((first.run_dir / "config.yaml").read_text())
     (first.run_dir / "config.yaml").write_text(yaml.safe_dump({**stored, "lr": 0.5}))  # e.g. a hash collision
     before = record_bytes(first.run_dir)
-    with pytest.raises(RunConflictError, match=r"another configuration \(lr: stored 0.5 ≠ requested 0.004\).*--overwrite"):
+    with pytest.raises(
+        RunConflictError, match=r"another configuration \(lr: stored 0.5 ≠ requested 0.004\).*--overwrite"
+    ):
         run(tiny_config(run_name="taken"))
     assert record_bytes(first.run_dir) == before
 
@@ -126,7 +136,10 @@ def test_a_full_disk_names_the_file_and_the_bytes_needed(tiny_config, monkeypatc
 
     monkeypatch.setattr(records, "_write_all", full_disk)
     config = tiny_config(run_name="full")
-    with pytest.raises(records.RecordWriteError, match=rf"cannot write {config.run_dir}/checkpoint.pt: no space left on device \([\d,]+ bytes needed"):
+    with pytest.raises(
+        records.RecordWriteError,
+        match=rf"cannot write {config.run_dir}/checkpoint.pt: no space left on device \([\d,]+ bytes needed",
+    ):
         run(config)
     assert not list(config.run_dir.glob(".checkpoint.pt.*"))  # no temporary left behind
     assert main(["train", "--config", str(config.run_dir / "config.yaml")]) == 1
@@ -134,11 +147,18 @@ def test_a_full_disk_names_the_file_and_the_bytes_needed(tiny_config, monkeypatc
 
 
 def test_yaml_floats_in_plans_configs_and_method_kwargs(tmp_path, toy_plan_notebook):
-    assert load_yaml("lr: 1e-3\nhead_lr: 5E-4\nepochs: 10\nname: '1e-3'") == {"lr": 0.001, "head_lr": 0.0005, "epochs": 10, "name": "1e-3"}
+    assert load_yaml("lr: 1e-3\nhead_lr: 5E-4\nepochs: 10\nname: '1e-3'") == {
+        "lr": 0.001,
+        "head_lr": 0.0005,
+        "epochs": 10,
+        "name": "1e-3",
+    }
     from dmlstudy.study import load_plan
 
     plan = tmp_path / "plan.yaml"
-    plan.write_text(f"entries:\n  - name: a\n    notebook: {toy_plan_notebook}\n    parameters: {{lr: 1e-3}}\n    grid: {{head_lr: [5e-4, 1e-2]}}\n")
+    plan.write_text(
+        f"entries:\n  - name: a\n    notebook: {toy_plan_notebook}\n    parameters: {{lr: 1e-3}}\n    grid: {{head_lr: [5e-4, 1e-2]}}\n"
+    )
     entries = load_plan(plan)
     assert [(e.parameters["lr"], e.parameters["head_lr"]) for e in entries] == [(0.001, 0.0005), (0.001, 0.01)]
     from dmlstudy.cli import _config_file_values
@@ -169,7 +189,11 @@ def test_plans_resume_by_default_and_overwrite_only_when_asked(tmp_path, toy_pla
 
     entry = PlanEntry("s", "a", toy_plan_notebook, {"lr": 0.5})
     assert injected_parameters(entry, ["lr", "resume", "overwrite"], tmp_path) == {"lr": 0.5, "resume": True}
-    assert injected_parameters(entry, ["lr", "resume", "overwrite"], tmp_path, overwrite=True) == {"lr": 0.5, "resume": True, "overwrite": True}
+    assert injected_parameters(entry, ["lr", "resume", "overwrite"], tmp_path, overwrite=True) == {
+        "lr": 0.5,
+        "resume": True,
+        "overwrite": True,
+    }
     assert injected_parameters(entry, ["lr"], tmp_path) == {"lr": 0.5}
 
 
@@ -186,13 +210,17 @@ def test_non_finite_images_stop_the_run_naming_them(tiny_config, tiny_data_root,
         return image, label
 
     monkeypatch.setattr(ImageListDataset, "__getitem__", poisoned)
-    with pytest.raises(FloatingPointError, match=r"epoch 1, step 1: non-finite values in the input images index \d+ \(.*\.png\)") as caught:
+    with pytest.raises(
+        FloatingPointError, match=r"epoch 1, step 1: non-finite values in the input images index \d+ \(.*\.png\)"
+    ) as caught:
         run(config)
     from dmlstudy.data import build_dataset
 
     listing = build_dataset("cub200", tiny_data_root / "cub200", "train")
     label_of = {str(path): int(label) for path, label in zip(listing.paths, listing.labels)}
-    named = [part.split(" (")[1].rstrip(")") for part in caught.value.args[0].split("input images ")[1].split(", index")]
+    named = [
+        part.split(" (")[1].rstrip(")") for part in caught.value.args[0].split("input images ")[1].split(", index")
+    ]
     assert named and {label_of[path] for path in named} == {0}
     assert not (config.run_dir / "checkpoint.pt").exists()
 
@@ -206,10 +234,14 @@ def test_checks_fail_before_any_data_loads(tiny_config, tmp_path, capsys):
     with pytest.raises(TypeError, match=r"method 'crt' takes no \['K3'\]"):
         run(tiny_config(method="crt", method_kwargs={"K3": 2}, data_root=missing_data))
     config = tiny_config(run_name="k", recall_ks=[1, 1000])
-    with pytest.raises(ValueError, match="parameter 'recall_ks': K=1000 is larger than the 71 images a query can retrieve"):
+    with pytest.raises(
+        ValueError, match="parameter 'recall_ks': K=1000 is larger than the 71 images a query can retrieve"
+    ):
         run(config)
     assert not (config.run_dir / "checkpoint.pt").exists()
-    with pytest.raises(ValueError, match="parameter 'classes_per_batch': P=40 but the cub200 training split has 12 classes"):
+    with pytest.raises(
+        ValueError, match="parameter 'classes_per_batch': P=40 but the cub200 training split has 12 classes"
+    ):
         run(tiny_config(classes_per_batch=40))
     assert main(["train", "--method", "msx", "--data-root", missing_data, "--runs-root", str(tmp_path / "r")]) == 1
     err = capsys.readouterr().err
@@ -248,7 +280,8 @@ def test_sigterm_leaves_a_resumable_run_that_ends_as_an_uninterrupted_one(tiny_c
     assert process.returncode == 143, stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("interrupted by SIGTERM: the checkpoint of epoch ") and last.endswith(
-        f"continue with: dmlstudy train --config {config.run_dir / 'config.yaml'} --resume (Python: resume=True)")
+        f"continue with: dmlstudy train --config {config.run_dir / 'config.yaml'} --resume (Python: resume=True)"
+    )
     assert not (config.run_dir / "metrics.json").exists()
     torch.load(config.run_dir / "checkpoint.pt", weights_only=False)  # intact
     resumed = run(tiny_config(run_name="stopped", epochs=5, steps_per_epoch=3, resume=True))
@@ -264,11 +297,15 @@ def test_study_table_groups_by_configuration_not_by_folder_name(tmp_path):
         for seed, value in enumerate(values):
             folder = tmp_path / "s" / f"synbirds-ms-seed{seed}-{identity_hash({'lr': lr, 'seed': seed})}"
             folder.mkdir(parents=True)
-            (folder / "config.yaml").write_text(f"dataset: synbirds\nmethod: ms\nlr: {lr}\nseed: {seed}\nprogress: {seed == 0}\n")
+            (folder / "config.yaml").write_text(
+                f"dataset: synbirds\nmethod: ms\nlr: {lr}\nseed: {seed}\nprogress: {seed == 0}\n"
+            )
             (folder / "metrics.json").write_text(json.dumps({"R@1": value}))
     frame = gather_runs("s", root=tmp_path)
     assert configuration_columns(frame, ["dataset", "method"]) == ["lr"]  # not seed, not presentation fields
-    table = summarize(frame, by=["dataset", "method", *configuration_columns(frame, ["dataset", "method"])], metrics=["R@1"])
+    table = summarize(
+        frame, by=["dataset", "method", *configuration_columns(frame, ["dataset", "method"])], metrics=["R@1"]
+    )
     assert table["runs"].tolist() == [2, 2]
     assert table.set_index("lr")["R@1_mean"].to_dict() == pytest.approx({0.001: 60.0, 0.004: 20.0})
 
@@ -279,6 +316,9 @@ def test_cli_table_keeps_configurations_apart(tmp_path, capsys):
         folder.mkdir(parents=True)
         (folder / "config.yaml").write_text(f"dataset: synbirds\nmethod: ms\nlr: {lr}\nseed: 0\n")
         (folder / "metrics.json").write_text(json.dumps({"R@1": lr * 100}))
-    assert main(["study", "table", "s", "--runs-root", str(tmp_path), "--metrics", "R@1", "--out", str(tmp_path / "t")]) == 0
+    assert (
+        main(["study", "table", "s", "--runs-root", str(tmp_path), "--metrics", "R@1", "--out", str(tmp_path / "t")])
+        == 0
+    )
     assert pd.read_csv(tmp_path / "t.csv")["runs"].tolist() == [1, 1]
     assert os.path.exists(tmp_path / "t.md")

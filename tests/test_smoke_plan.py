@@ -1,5 +1,6 @@
 """The study runner end to end on the real plans: the smoke plan's training entries execute through papermill
 and leave run records whose values are checked; every plan file is well-formed and names real parameters."""
+
 import json
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """The papermill study runner: plan expansion, resume, failures with their cell, tables over seeds."""
+
 import json
 
 import nbformat
@@ -21,11 +22,16 @@ def write_notebook(path, parameters: str, body: str):
 
 @pytest.fixture
 def toy_notebooks(tmp_path):
-    write_notebook(tmp_path / "echo.ipynb", "study: str = 'x'\nrun_name: str = ''\nruns_root: str = ''\nvalue: int = 1\nscale: float = 1.0",
-                   "import json, pathlib\nfolder = pathlib.Path(runs_root) / study / run_name\nfolder.mkdir(parents=True, exist_ok=True)\n"
-                   "(folder / 'metrics.json').write_text(json.dumps({'R@1': value * scale / 10}))\n"
-                   "(folder / 'config.yaml').write_text(f'value: {value}\\nscale: {scale}\\n')")
-    write_notebook(tmp_path / "broken.ipynb", "value: int = 1", "x = 1\nraise RuntimeError(f'broken on purpose {value}')")
+    write_notebook(
+        tmp_path / "echo.ipynb",
+        "study: str = 'x'\nrun_name: str = ''\nruns_root: str = ''\nvalue: int = 1\nscale: float = 1.0",
+        "import json, pathlib\nfolder = pathlib.Path(runs_root) / study / run_name\nfolder.mkdir(parents=True, exist_ok=True)\n"
+        "(folder / 'metrics.json').write_text(json.dumps({'R@1': value * scale / 10}))\n"
+        "(folder / 'config.yaml').write_text(f'value: {value}\\nscale: {scale}\\n')",
+    )
+    write_notebook(
+        tmp_path / "broken.ipynb", "value: int = 1", "x = 1\nraise RuntimeError(f'broken on purpose {value}')"
+    )
     return tmp_path
 
 
@@ -36,11 +42,18 @@ def write_plan(folder, text):
 
 
 def test_grid_expands_every_combination(toy_notebooks):
-    plan = write_plan(toy_notebooks, f"study: s\nentries:\n  - name: e\n    notebook: {toy_notebooks}/echo.ipynb\n"
-                                     "    parameters: {scale: 2.0}\n    grid: {value: [1, 2, 3], study_seed: [0, 1]}\n")
+    plan = write_plan(
+        toy_notebooks,
+        f"study: s\nentries:\n  - name: e\n    notebook: {toy_notebooks}/echo.ipynb\n"
+        "    parameters: {scale: 2.0}\n    grid: {value: [1, 2, 3], study_seed: [0, 1]}\n",
+    )
     entries = load_plan(plan)
     assert len(entries) == 6
-    assert entries[0].run_name == "e-value=1-study_seed=0" and entries[0].parameters == {"scale": 2.0, "value": 1, "study_seed": 0}
+    assert entries[0].run_name == "e-value=1-study_seed=0" and entries[0].parameters == {
+        "scale": 2.0,
+        "value": 1,
+        "study_seed": 0,
+    }
     assert len({e.run_name for e in entries}) == 6
 
 
@@ -49,14 +62,19 @@ def test_plan_errors_are_specific(toy_notebooks):
         load_plan(write_plan(toy_notebooks, "entries:\n  - name: a\n    notebook: nowhere.ipynb\n"))
     with pytest.raises(PlanError, match="needs 'name' and 'notebook'"):
         load_plan(write_plan(toy_notebooks, "entries:\n  - notebook: x.ipynb\n"))
-    plan = write_plan(toy_notebooks, f"entries:\n  - name: a\n    notebook: {toy_notebooks}/echo.ipynb\n    parameters: {{valu: 3}}\n")
+    plan = write_plan(
+        toy_notebooks, f"entries:\n  - name: a\n    notebook: {toy_notebooks}/echo.ipynb\n    parameters: {{valu: 3}}\n"
+    )
     with pytest.raises(PlanError, match=r"has no parameters \['valu'\]"):
         run_plan(plan, root=toy_notebooks / "runs")
 
 
 def test_run_resumes_and_lists_failures(toy_notebooks, capsys):
-    plan = write_plan(toy_notebooks, f"study: s\nentries:\n  - name: ok\n    notebook: {toy_notebooks}/echo.ipynb\n    grid: {{value: [1, 3]}}\n"
-                                     f"  - name: bad\n    notebook: {toy_notebooks}/broken.ipynb\n")
+    plan = write_plan(
+        toy_notebooks,
+        f"study: s\nentries:\n  - name: ok\n    notebook: {toy_notebooks}/echo.ipynb\n    grid: {{value: [1, 3]}}\n"
+        f"  - name: bad\n    notebook: {toy_notebooks}/broken.ipynb\n",
+    )
     root = toy_notebooks / "runs"
     outcomes = run_plan(plan, root=root)
     assert [o.status for o in outcomes] == ["complete", "complete", "failed"]
@@ -100,7 +118,10 @@ def test_only_the_published_study_writes_the_repository_figures_and_results(tmp_
     assert study_outputs("default", "figures") == tmp_path / "figures"
     assert study_outputs("default", "results") == tmp_path / "results"
     assert study_outputs("smoke", "figures") == tmp_path / "runs" / "smoke" / "figures"
-    assert study_outputs("smoke", "results", runs_root_override=tmp_path / "elsewhere") == tmp_path / "elsewhere" / "smoke" / "results"
+    assert (
+        study_outputs("smoke", "results", runs_root_override=tmp_path / "elsewhere")
+        == tmp_path / "elsewhere" / "smoke" / "results"
+    )
     with pytest.raises(ValueError, match="kind must be"):
         study_outputs("default", "tables")
     figure = plt.figure()
@@ -111,7 +132,13 @@ def test_only_the_published_study_writes_the_repository_figures_and_results(tmp_
 
 
 def test_a_single_run_shows_its_value_without_a_spread():
-    frame = pd.DataFrame([{"method": "a", "seed": 0, "R@1": 0.5}, {"method": "b", "seed": 0, "R@1": 0.2}, {"method": "b", "seed": 1, "R@1": 0.4}])
+    frame = pd.DataFrame(
+        [
+            {"method": "a", "seed": 0, "R@1": 0.5},
+            {"method": "b", "seed": 0, "R@1": 0.2},
+            {"method": "b", "seed": 1, "R@1": 0.4},
+        ]
+    )
     table = summarize(frame, by=["method"], metrics=["R@1"]).set_index("method")
     assert table.loc["a", "R@1"] == "50.0" and table.loc["a", "R@1_std"] == 0.0
     assert table.loc["b", "R@1"] == "30.0 ± 14.1"

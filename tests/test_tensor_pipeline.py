@@ -1,5 +1,6 @@
 """The tensor input pipeline (issue 15): cached uint8 datasets, per-sample batched augmentation on the device,
 the evaluation geometry, fallbacks to the file pipeline, cache invalidation and the compute fast path."""
+
 import logging
 import os
 import shutil
@@ -35,7 +36,10 @@ def smooth_image(height: int = 48, width: int = 64, seed: int = 0) -> np.ndarray
     """An H × W × 3 uint8 image with structure at every scale but no pixel-level noise (so resampling methods agree)."""
     y, x = np.mgrid[0:height, 0:width].astype(np.float64)
     rng = np.random.default_rng(seed)
-    channels = [127 + 60 * np.sin(x / rng.uniform(4, 9) + rng.uniform(0, 6)) + 60 * np.cos(y / rng.uniform(4, 9)) for _ in range(3)]
+    channels = [
+        127 + 60 * np.sin(x / rng.uniform(4, 9) + rng.uniform(0, 6)) + 60 * np.cos(y / rng.uniform(4, 9))
+        for _ in range(3)
+    ]
     return np.clip(np.stack(channels, axis=2), 0, 255).astype(np.uint8)
 
 
@@ -55,14 +59,19 @@ def test_a_crop_box_lands_where_the_pil_pipeline_puts_it(flip):
     grid = F.affine_grid(theta, [len(boxes), 3, 32, 32], align_corners=False)
     ours = F.grid_sample(tensor.float().expand(len(boxes), -1, -1, -1), grid, mode="bilinear", align_corners=False)
     for row, (top, left, height, width) in enumerate(boxes):
-        reference = TF.pil_to_tensor(TF.resized_crop(picture, int(top), int(left), int(height), int(width), [32, 32], antialias=True)).float()
+        reference = TF.pil_to_tensor(
+            TF.resized_crop(picture, int(top), int(left), int(height), int(width), [32, 32], antialias=True)
+        ).float()
         if flip:
             reference = TF.horizontal_flip(reference)
-        assert (ours[row] - reference).abs().mean() < 4.0, (row, boxes[row])  # intensity levels; a 1-px shift costs ≈ 15
+        assert (ours[row] - reference).abs().mean() < 4.0, (
+            row,
+            boxes[row],
+        )  # intensity levels; a 1-px shift costs ≈ 15
         marked = torch.zeros(1, 3, 48, 64)
         marked[..., 20:26, 30:34] = 255.0  # a square inside every box is placed where the crop maps it
         if top <= 20 and top + height >= 26 and left <= 30 and left + width >= 34:
-            mapped = F.grid_sample(marked, grid[row:row + 1], mode="bilinear", align_corners=False)[0]
+            mapped = F.grid_sample(marked, grid[row : row + 1], mode="bilinear", align_corners=False)[0]
             expected_y = (23 - top) * 32 / height - 0.5
             expected_x = (32 - left) * 32 / width - 0.5
             expected_x = 31 - expected_x if flip else expected_x
@@ -89,7 +98,9 @@ def test_per_sample_parameters_depend_on_seed_epoch_and_index_only():
     first = sample_uniforms(7, 2, [5, 11, 3])
     again = sample_uniforms(7, 2, [3, 99, 5, 11])
     np.testing.assert_array_equal(first, again[[2, 3, 0]])
-    assert not np.array_equal(sample_uniforms(7, 3, [5]), first[:1]) and not np.array_equal(sample_uniforms(8, 2, [5]), first[:1])
+    assert not np.array_equal(sample_uniforms(7, 3, [5]), first[:1]) and not np.array_equal(
+        sample_uniforms(8, 2, [5]), first[:1]
+    )
     images = torch.from_numpy(np.stack([smooth_image(seed=s) for s in range(4)])).permute(0, 3, 1, 2).contiguous()
     split = TensorImageSplit(_metadata(4), images)
     view = BatchAugmentedTrain(split, seed=7, image_size=32)
@@ -101,13 +112,20 @@ def test_per_sample_parameters_depend_on_seed_epoch_and_index_only():
 
 def _metadata(count: int, *, flip_invariant: bool = True) -> SimpleNamespace:
     """The metadata a TensorImageSplit copies from its ImageListDataset."""
-    return SimpleNamespace(labels=np.arange(count) % 2, paths=[f"image{i}.png" for i in range(count)], class_names=["a", "b"],
-                           name="synthetic/train", flip_invariant=flip_invariant)
+    return SimpleNamespace(
+        labels=np.arange(count) % 2,
+        paths=[f"image{i}.png" for i in range(count)],
+        class_names=["a", "b"],
+        name="synthetic/train",
+        flip_invariant=flip_invariant,
+    )
 
 
 @pytest.mark.parametrize("flip_invariant", [False, True])
 def test_no_flip_ever_reaches_a_flip_sensitive_dataset(flip_invariant):
-    ramp = torch.arange(64, dtype=torch.float32).mul(4).to(torch.uint8).expand(1, 3, 64, 64).contiguous()  # brighter to the right
+    ramp = (
+        torch.arange(64, dtype=torch.float32).mul(4).to(torch.uint8).expand(1, 3, 64, 64).contiguous()
+    )  # brighter to the right
     split = TensorImageSplit(_metadata(1, flip_invariant=flip_invariant), ramp)
     view = BatchAugmentedTrain(split, seed=0, image_size=32)
     slopes = []
@@ -126,11 +144,15 @@ def test_the_glyphs_training_view_never_flips(tmp_path, tiny_config, monkeypatch
     from dmlstudy import train as engine
     from dmlstudy.data import DATASETS
 
-    small_glyphs = lambda name, root, split: DATASETS[name](root=root, split=split, num_classes=8, images_per_class=4)
+    def small_glyphs(name, root, split):
+        return DATASETS[name](root=root, split=split, num_classes=8, images_per_class=4)
+
     monkeypatch.setattr(engine, "build_dataset", small_glyphs)
     train = engine.load_datasets(tiny_config(data_root=str(tmp_path), dataset="glyphs"))["train"]
     assert isinstance(train, BatchAugmentedTrain) and train.split.flip_invariant is False
-    train.split.images = torch.arange(64, dtype=torch.float32).mul(4).to(torch.uint8).expand(len(train), 3, 64, 64).contiguous()  # brighter to the right
+    train.split.images = (
+        torch.arange(64, dtype=torch.float32).mul(4).to(torch.uint8).expand(len(train), 3, 64, 64).contiguous()
+    )  # brighter to the right
     images, _ = train.batch(list(range(len(train))), "cpu")
     assert (images[..., -4:].mean(dim=(1, 2, 3)) > images[..., :4].mean(dim=(1, 2, 3))).all()
 
@@ -152,7 +174,9 @@ def test_cache_is_reused_without_decoding(tiny_data_root, monkeypatch):
     root = tiny_data_root / "cub200"
     split = build_dataset("cub200", root, "train")
     first = cached_images(split, root)
-    monkeypatch.setattr(type(split), "read_image", lambda self, index: pytest.fail("decoded although the cache is current"))
+    monkeypatch.setattr(
+        type(split), "read_image", lambda self, index: pytest.fail("decoded although the cache is current")
+    )
     np.testing.assert_array_equal(cached_images(split, root), first)
     assert first.shape == (len(split), 3, 64, 64) and first.dtype == np.uint8
     np.testing.assert_array_equal(first[5].transpose(1, 2, 0), np.asarray(Image.open(split.paths[5]).convert("RGB")))
@@ -216,7 +240,10 @@ def test_images_of_different_sizes_fall_back_to_files(tiny_data_root, tmp_path, 
 def test_same_seed_gives_identical_metrics_with_0_and_2_workers(tiny_config, pipeline):
     from dmlstudy.train import run
 
-    results = [run(tiny_config(run_name=f"{pipeline}-{workers}", input_pipeline=pipeline, num_workers=workers, epochs=1)) for workers in (0, 2)]
+    results = [
+        run(tiny_config(run_name=f"{pipeline}-{workers}", input_pipeline=pipeline, num_workers=workers, epochs=1))
+        for workers in (0, 2)
+    ]
     assert results[0].metrics["R@1"] == results[1].metrics["R@1"]
     np.testing.assert_array_equal(results[0].embeddings["embeddings"], results[1].embeddings["embeddings"])
 

@@ -1,4 +1,5 @@
 """The training engine: records, determinism, kill-and-resume, bad parameters."""
+
 import json
 import signal
 import subprocess
@@ -86,14 +87,17 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_config, tmp_path):
     np.testing.assert_allclose(resumed.embeddings["embeddings"], reference.embeddings["embeddings"], atol=1e-6)
 
 
-@pytest.mark.parametrize("name,value,message", [
-    ("epochs", "3", "parameter 'epochs' must be of type int, got str"),
-    ("lr", "fast", "parameter 'lr' must be of type float"),
-    ("progress", 1, "parameter 'progress' must be of type bool"),
-    ("method_kwargs", [1], "parameter 'method_kwargs' must be of type dict"),
-    ("samples_per_class", 1, "samples_per_class"),
-    ("optimizer", "adagrad", "optimizer"),
-])
+@pytest.mark.parametrize(
+    "name,value,message",
+    [
+        ("epochs", "3", "parameter 'epochs' must be of type int, got str"),
+        ("lr", "fast", "parameter 'lr' must be of type float"),
+        ("progress", 1, "parameter 'progress' must be of type bool"),
+        ("method_kwargs", [1], "parameter 'method_kwargs' must be of type dict"),
+        ("samples_per_class", 1, "samples_per_class"),
+        ("optimizer", "adagrad", "optimizer"),
+    ],
+)
 def test_bad_parameters_are_named(name, value, message):
     with pytest.raises((TypeError, ValueError), match=message):
         TrainConfig(**{name: value})
@@ -103,7 +107,10 @@ def test_integer_learning_rate_is_accepted_as_float():
     assert TrainConfig(lr=1).lr == 1.0
 
 
-@pytest.mark.parametrize("field,value,message", [("method", "msx", "valid names"), ("dataset", "cub", "valid names"), ("backbone", "resnet_50", "timm")])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [("method", "msx", "valid names"), ("dataset", "cub", "valid names"), ("backbone", "resnet_50", "timm")],
+)
 def test_unknown_names_list_the_valid_ones(tiny_config, field, value, message):
     with pytest.raises(KeyError, match=message):
         run(tiny_config(**{field: value}))
@@ -113,7 +120,9 @@ def test_resuming_another_configuration_trains_it_in_its_own_folder(tiny_config)
     from dmlstudy.runs import RunWarning
 
     first = run(tiny_config(run_name="fixed", epochs=1))
-    with pytest.warns(RunWarning, match=r"fixed-[0-9a-f]{8} holds one with other settings \(epochs: stored 1 ≠ requested 2"):
+    with pytest.warns(
+        RunWarning, match=r"fixed-[0-9a-f]{8} holds one with other settings \(epochs: stored 1 ≠ requested 2"
+    ):
         second = run(tiny_config(run_name="fixed", epochs=2, resume=True))
     assert second.run_dir != first.run_dir and len(second.history) == 2
     again = run(tiny_config(run_name="fixed", epochs=1, resume=True, progress=True))  # presentation fields may differ

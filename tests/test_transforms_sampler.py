@@ -1,4 +1,5 @@
 """Transforms (against a hand-built PIL/numpy pipeline and closed forms) and the P × M batch sampler."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -40,7 +41,9 @@ def test_constant_image_maps_to_normalised_value(train):
     out = build_transforms(32, train=train)(Image.new("RGB", (70, 50), rgb))
     expected = (np.array(rgb).reshape(3, 1, 1) / 255 - MEAN) / STD
     np.testing.assert_allclose(out.numpy(), np.broadcast_to(expected, (3, 32, 32)), atol=1e-5)
-    np.testing.assert_allclose(denormalize(out).numpy(), np.broadcast_to(np.array(rgb).reshape(3, 1, 1) / 255, (3, 32, 32)), atol=1e-5)
+    np.testing.assert_allclose(
+        denormalize(out).numpy(), np.broadcast_to(np.array(rgb).reshape(3, 1, 1) / 255, (3, 32, 32)), atol=1e-5
+    )
 
 
 def test_test_transform_equals_resize_then_center_crop_by_hand():
@@ -183,7 +186,9 @@ def test_determinism_per_seed_and_epoch():
     first.set_epoch(0)
     assert batches(first) == epoch0
     assert batches(make(seed=1)) != epoch0
-    as_tensor = ClassBalancedBatchSampler(torch.as_tensor(labels), classes_per_batch=3, samples_per_class=2, num_batches=20)
+    as_tensor = ClassBalancedBatchSampler(
+        torch.as_tensor(labels), classes_per_batch=3, samples_per_class=2, num_batches=20
+    )
     assert batches(as_tensor) == epoch0
 
 

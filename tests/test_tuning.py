@@ -1,5 +1,6 @@
 """Optuna on the Dask engine: one driver, trials as engine tasks, a journal file under runs/, and a study that
 resumes after an interruption without repeating finished trials."""
+
 import json
 
 import optuna
@@ -42,16 +43,43 @@ def test_an_interrupted_search_resumes_without_repeating_finished_trials(tiny_co
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        tune(base, learning_rates, name="lr-search", n_trials=4, workers=2, sampler=sampler, on_trial=stop_after_two, poll_seconds=0.2)
+        tune(
+            base,
+            learning_rates,
+            name="lr-search",
+            n_trials=4,
+            workers=2,
+            sampler=sampler,
+            on_trial=stop_after_two,
+            poll_seconds=0.2,
+        )
     assert journal_path(base, "lr-search").is_file()
-    first = optuna.load_study(study_name="lr-search", storage=optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(journal_path(base, "lr-search")))))
+    first = optuna.load_study(
+        study_name="lr-search",
+        storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(journal_path(base, "lr-search")))
+        ),
+    )
     complete = first.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(complete) == 2
-    stamps = {t.number: (t.params["lr"], t.value, (trial_config(base, t.params, "lr-search").run_dir / "metrics.json").stat().st_mtime_ns)
-              for t in complete}
+    stamps = {
+        t.number: (
+            t.params["lr"],
+            t.value,
+            (trial_config(base, t.params, "lr-search").run_dir / "metrics.json").stat().st_mtime_ns,
+        )
+        for t in complete
+    }
 
-    study = tune(base, learning_rates, name="lr-search", n_trials=4, workers=2, sampler=optuna.samplers.RandomSampler(seed=1), poll_seconds=0.2)
+    study = tune(
+        base,
+        learning_rates,
+        name="lr-search",
+        n_trials=4,
+        workers=2,
+        sampler=optuna.samplers.RandomSampler(seed=1),
+        poll_seconds=0.2,
+    )
     assert finished_trials(study) == 4
     complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(complete) == 4
@@ -68,8 +96,16 @@ def test_an_interrupted_search_resumes_without_repeating_finished_trials(tiny_co
 def test_a_pruned_trial_is_stopped_after_its_first_evaluated_epoch(tiny_config):
     base = tiny_config(epochs=40, steps_per_epoch=8, eval_every=1)  # long enough never to finish before the prune
     pruner = optuna.pruners.ThresholdPruner(lower=2.0)  # R@1 is never ≥ 2: prune at the first report
-    study = tune(base, learning_rates, name="pruned", n_trials=1, workers=2, pruner=pruner, poll_seconds=0.05,
-                 sampler=optuna.samplers.RandomSampler(seed=0))
+    study = tune(
+        base,
+        learning_rates,
+        name="pruned",
+        n_trials=1,
+        workers=2,
+        pruner=pruner,
+        poll_seconds=0.05,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+    )
     (trial,) = study.trials
     assert trial.state == optuna.trial.TrialState.PRUNED
     run_dir = trial_config(base, trial.params, "pruned").run_dir

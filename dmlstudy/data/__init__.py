@@ -2,6 +2,8 @@
 
 ``build_dataset(name, root, split)`` is the one entry point; importing this package registers every reader.
 """
+
+from dmlstudy.data import cars, cub, fractals, glyphs, inshop, sop, synbirds  # noqa: F401,E401  (register readers)
 from dmlstudy.data.base import (
     DATASETS,
     CorruptImageError,
@@ -13,12 +15,20 @@ from dmlstudy.data.base import (
     list_datasets,
     register_dataset,
 )
-from dmlstudy.data import cub, cars, sop, inshop, synbirds, glyphs, fractals  # noqa: F401,E401  (register readers)
 from dmlstudy.data.sampler import ClassBalancedBatchSampler
 from dmlstudy.data.transforms import build_transforms, denormalize
 
 __all__ = [
-    "DATASETS", "ClassBalancedBatchSampler", "CorruptImageError", "DatasetLayoutError", "EvaluationProtocol",
-    "ImageListDataset", "build_dataset", "build_transforms", "denormalize", "evaluation_protocol",
-    "list_datasets", "register_dataset",
+    "DATASETS",
+    "ClassBalancedBatchSampler",
+    "CorruptImageError",
+    "DatasetLayoutError",
+    "EvaluationProtocol",
+    "ImageListDataset",
+    "build_dataset",
+    "build_transforms",
+    "denormalize",
+    "evaluation_protocol",
+    "list_datasets",
+    "register_dataset",
 ]

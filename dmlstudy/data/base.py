@@ -4,11 +4,13 @@ Every reader (real benchmarks and the embedded sets) returns an :class:`ImageLis
 image files with 0-based class labels that are contiguous *within the split* (what proxy and
 classifier losses need), plus the original class names/ids so nothing is lost.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -161,7 +163,9 @@ def verify_images(dataset: ImageListDataset) -> None:
     if bad:
         shown = "; ".join(f"{path} ({problem})" for path, problem in bad[:10])
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
-        raise CorruptImageError(f"{dataset.name}: {len(bad)} of {len(dataset)} image files cannot be read: {shown}{more}")
+        raise CorruptImageError(
+            f"{dataset.name}: {len(bad)} of {len(dataset)} image files cannot be read: {shown}{more}"
+        )
 
 
 DatasetBuilder = Callable[..., ImageListDataset]
@@ -181,7 +185,9 @@ class EvaluationProtocol:
 PROTOCOLS: dict[str, EvaluationProtocol] = {}
 
 
-def register_dataset(name: str, *, protocol: EvaluationProtocol = EvaluationProtocol()) -> Callable[[DatasetBuilder], DatasetBuilder]:
+def register_dataset(
+    name: str, *, protocol: EvaluationProtocol = EvaluationProtocol()
+) -> Callable[[DatasetBuilder], DatasetBuilder]:
     """Decorator: ``@register_dataset("cub200") def build(root, split, transform=None) -> ImageListDataset``."""
 
     def decorator(builder: DatasetBuilder) -> DatasetBuilder:
@@ -205,7 +211,9 @@ def list_datasets() -> list[str]:
     return sorted(DATASETS)
 
 
-def build_dataset(name: str, root: str | Path | None = None, split: str = "train", transform: Callable | None = None, **kwargs) -> ImageListDataset:
+def build_dataset(
+    name: str, root: str | Path | None = None, split: str = "train", transform: Callable | None = None, **kwargs
+) -> ImageListDataset:
     """Build a registered dataset split. ``root=None`` means ``data/<name>`` (embedded sets are generated there)."""
     if name not in DATASETS:
         raise KeyError(f"unknown dataset {name!r}; valid names: {', '.join(list_datasets())}")

@@ -23,6 +23,7 @@ DataLoader workers (there are none on this path) or how a global batch is split 
 Test (:func:`evaluation_crop`): ``Resize(round(image_size · 8/7))`` of the shorter side (antialiased) then
 ``CenterCrop(image_size)``, run once per split on the cached uint8 tensor; batches are normalised as read.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,7 +67,9 @@ def sample_uniforms(seed: int, epoch: int, indices, count: int = UNIFORMS_PER_SA
     """
     index = np.asarray(indices, dtype=np.int64).reshape(-1)
     if seed < 0 or epoch < 0 or (index < 0).any():
-        raise ValueError(f"sample_uniforms: seed, epoch and indices must be >= 0, got seed={seed}, epoch={epoch}, min index={index.min() if index.size else None}")
+        raise ValueError(
+            f"sample_uniforms: seed, epoch and indices must be >= 0, got seed={seed}, epoch={epoch}, min index={index.min() if index.size else None}"
+        )
     with np.errstate(over="ignore"):
         key = _splitmix64(_splitmix64(np.array([seed], dtype=np.uint64)) ^ np.uint64(epoch))
         key = _splitmix64(key ^ index.astype(np.uint64))
@@ -75,7 +78,9 @@ def sample_uniforms(seed: int, epoch: int, indices, count: int = UNIFORMS_PER_SA
     return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def random_resized_crop_boxes(uniforms: np.ndarray, height: int, width: int, *, scale=CROP_SCALE, ratio=CROP_RATIO) -> np.ndarray:
+def random_resized_crop_boxes(
+    uniforms: np.ndarray, height: int, width: int, *, scale=CROP_SCALE, ratio=CROP_RATIO
+) -> np.ndarray:
     """Crop boxes ``B × 4`` (top, left, box height, box width; integers) by torchvision's rule, vectorised.
 
     Attempt a: area = H·W·U(scale), aspect = exp(U(log ratio)), w = round(√(area·aspect)), h = round(√(area/aspect));
@@ -156,8 +161,13 @@ def augment_batch(images: torch.Tensor, indices, *, seed: int, epoch: int, image
     return normalize_batch(cropped)
 
 
-def evaluation_crop(images: torch.Tensor, image_size: int, *, resize_ratio: float = RESIZE_RATIO, chunk: int = 1024) -> torch.Tensor:
+def evaluation_crop(
+    images: torch.Tensor, image_size: int, *, resize_ratio: float = RESIZE_RATIO, chunk: int = 1024
+) -> torch.Tensor:
     """Test geometry on uint8 ``N × 3 × H × W``: shorter side → ``round(image_size · resize_ratio)`` (antialiased), centre crop; uint8 out."""
     resized = round(image_size * resize_ratio)
-    parts = [TF.center_crop(TF.resize(images[start:start + chunk], resized, antialias=True), image_size) for start in range(0, len(images), chunk)]
+    parts = [
+        TF.center_crop(TF.resize(images[start : start + chunk], resized, antialias=True), image_size)
+        for start in range(0, len(images), chunk)
+    ]
     return torch.cat(parts) if parts else images.new_zeros(0, 3, image_size, image_size)

@@ -2,10 +2,12 @@
 99–196 test (8,131). The ``test`` flag of ``cars_annos.mat`` (the classification split) and the
 bounding boxes are ignored: the DML protocol uses whole images.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +41,9 @@ def _scalar(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def read_cars_annotations(mat_file: Path, *, name: str = "cars196", root: Path | None = None) -> tuple[list[str], np.ndarray, list[str]]:
+def read_cars_annotations(
+    mat_file: Path, *, name: str = "cars196", root: Path | None = None
+) -> tuple[list[str], np.ndarray, list[str]]:
     """``(relative paths, 1-based class ids, class names)`` from ``cars_annos.mat``.
 
     Read with ``squeeze_me=True`` (``annotations`` becomes a 1-D record array, ``class_names`` a 1-D
@@ -55,19 +59,31 @@ def read_cars_annotations(mat_file: Path, *, name: str = "cars196", root: Path |
         raise layout_error(name, root, CARS_LAYOUT, f"cannot read {mat_file.name}: {error}") from error
     missing = [key for key in ("annotations", "class_names") if key not in mat]
     if missing:
-        raise layout_error(name, root, CARS_LAYOUT, f"{mat_file.name} has no variable(s) {', '.join(missing)} (found: {', '.join(k for k in mat if not k.startswith('__'))})")
+        raise layout_error(
+            name,
+            root,
+            CARS_LAYOUT,
+            f"{mat_file.name} has no variable(s) {', '.join(missing)} (found: {', '.join(k for k in mat if not k.startswith('__'))})",
+        )
     annotations = np.atleast_1d(mat["annotations"]).reshape(-1)
     fields = annotations.dtype.names or ()
     absent = [f for f in ("relative_im_path", "class") if f not in fields]
     if absent:
-        raise layout_error(name, root, CARS_LAYOUT, f"{mat_file.name}: `annotations` lacks field(s) {', '.join(absent)} (found: {', '.join(fields)})")
+        raise layout_error(
+            name,
+            root,
+            CARS_LAYOUT,
+            f"{mat_file.name}: `annotations` lacks field(s) {', '.join(absent)} (found: {', '.join(fields)})",
+        )
     paths = [str(_scalar(v)) for v in annotations["relative_im_path"]]
     class_ids = np.array([int(_scalar(v)) for v in annotations["class"]], dtype=np.int64)
     class_names = [str(_scalar(v)) for v in np.atleast_1d(mat["class_names"]).reshape(-1)]
     return paths, class_ids, class_names
 
 
-def read_cars(root: str | Path, split: str, *, transform: Callable | None = None, name: str = "cars196") -> ImageListDataset:
+def read_cars(
+    root: str | Path, split: str, *, transform: Callable | None = None, name: str = "cars196"
+) -> ImageListDataset:
     """The zero-shot ``split`` of a Cars196 folder.
 
     Classes are ``1..len(class_names)``; train = the first half, test = the second half. Images keep
@@ -80,7 +96,12 @@ def read_cars(root: str | Path, split: str, *, transform: Callable | None = None
     all_ids = list(range(1, len(names) + 1))
     bad = sorted(set(class_ids.tolist()) - set(all_ids))
     if bad:
-        raise layout_error(name, base, CARS_LAYOUT, f"cars_annos.mat: class ids {bad[:MAX_LISTED_MISSING]} outside 1..{len(names)} (the number of class_names)")
+        raise layout_error(
+            name,
+            base,
+            CARS_LAYOUT,
+            f"cars_annos.mat: class ids {bad[:MAX_LISTED_MISSING]} outside 1..{len(names)} (the number of class_names)",
+        )
     split_ids = split_classes(all_ids, split)
     keep = np.isin(class_ids, split_ids)
     paths = [base / p for p, k in zip(rel_paths, keep) if k]

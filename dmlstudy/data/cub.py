@@ -7,12 +7,13 @@ but is not used.
 
 ``read_cub`` is also used for the embedded datasets, which are written in the same layout.
 """
+
 from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -87,9 +88,13 @@ def check_images_exist(paths: Sequence[Path], *, name: str, root: Path, layout: 
         missing.extend(p for p in members if p.name not in present)
     if missing:
         missing.sort()
-        shown = ", ".join(str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in missing[:MAX_LISTED_MISSING])
+        shown = ", ".join(
+            str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in missing[:MAX_LISTED_MISSING]
+        )
         more = " ..." if len(missing) > MAX_LISTED_MISSING else ""
-        raise layout_error(name, root, layout, f"{len(missing)} of {len(paths)} listed images are missing, first: {shown}{more}")
+        raise layout_error(
+            name, root, layout, f"{len(missing)} of {len(paths)} listed images are missing, first: {shown}{more}"
+        )
 
 
 def read_id_table(path: Path, *, name: str, root: Path, layout: str, columns: int, skip: int = 0) -> list[list[str]]:
@@ -105,7 +110,9 @@ def read_id_table(path: Path, *, name: str, root: Path, layout: str, columns: in
                 continue
             fields = line.split(maxsplit=columns - 1)
             if len(fields) != columns:
-                raise layout_error(name, root, layout, f"{path.name} line {line_no}: expected {columns} fields, got {line.rstrip()!r}")
+                raise layout_error(
+                    name, root, layout, f"{path.name} line {line_no}: expected {columns} fields, got {line.rstrip()!r}"
+                )
             rows.append([f.strip() for f in fields])
     return rows
 
@@ -168,16 +175,34 @@ def read_cub(
 
     class_name_by_id = {as_int(cid, "classes.txt"): cname for cid, cname in table("classes.txt")}
     if len(class_name_by_id) < 2:
-        raise layout_error(name, base, CUB_LAYOUT, f"classes.txt lists {len(class_name_by_id)} class(es); need at least 2 for a train/test split")
+        raise layout_error(
+            name,
+            base,
+            CUB_LAYOUT,
+            f"classes.txt lists {len(class_name_by_id)} class(es); need at least 2 for a train/test split",
+        )
     file_by_image = {as_int(iid, "images.txt"): rel for iid, rel in table("images.txt")}
-    class_by_image = {as_int(iid, "image_class_labels.txt"): as_int(cid, "image_class_labels.txt") for iid, cid in table("image_class_labels.txt")}
+    class_by_image = {
+        as_int(iid, "image_class_labels.txt"): as_int(cid, "image_class_labels.txt")
+        for iid, cid in table("image_class_labels.txt")
+    }
 
     unlabelled = sorted(set(file_by_image) - set(class_by_image))
     if unlabelled:
-        raise layout_error(name, base, CUB_LAYOUT, f"{len(unlabelled)} image ids of images.txt have no line in image_class_labels.txt, first: {unlabelled[:MAX_LISTED_MISSING]}")
+        raise layout_error(
+            name,
+            base,
+            CUB_LAYOUT,
+            f"{len(unlabelled)} image ids of images.txt have no line in image_class_labels.txt, first: {unlabelled[:MAX_LISTED_MISSING]}",
+        )
     unknown = sorted({c for c in class_by_image.values()} - set(class_name_by_id))
     if unknown:
-        raise layout_error(name, base, CUB_LAYOUT, f"image_class_labels.txt uses class ids absent from classes.txt: {unknown[:MAX_LISTED_MISSING]}")
+        raise layout_error(
+            name,
+            base,
+            CUB_LAYOUT,
+            f"image_class_labels.txt uses class ids absent from classes.txt: {unknown[:MAX_LISTED_MISSING]}",
+        )
 
     split_ids = split_classes(list(class_name_by_id), split)
     keep = set(split_ids)

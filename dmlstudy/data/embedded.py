@@ -14,6 +14,7 @@ Determinism: every image is drawn from its own random stream, :func:`image_rng` 
 and PNGs are encoded with fixed options (:func:`encode_png`), so the same seed gives byte-identical files
 whatever the order or the number of worker processes.
 """
+
 from __future__ import annotations
 
 import io
@@ -24,8 +25,9 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Protocol, Sequence, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -85,7 +87,9 @@ def encode_png(image: np.ndarray | Image.Image) -> bytes:
     """
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-            raise ValueError(f"encode_png: expected an H × W × 3 uint8 array, got shape {image.shape} dtype {image.dtype}")
+            raise ValueError(
+                f"encode_png: expected an H × W × 3 uint8 array, got shape {image.shape} dtype {image.dtype}"
+            )
         image = Image.fromarray(np.ascontiguousarray(image))
     elif isinstance(image, Image.Image):
         image = image.convert("RGB")
@@ -96,7 +100,9 @@ def encode_png(image: np.ndarray | Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def parallel_map(function: Callable[[T], R], items: Sequence[T], *, workers: int = 2, chunksize: int = 8, progress: str = "") -> list[R]:
+def parallel_map(
+    function: Callable[[T], R], items: Sequence[T], *, workers: int = 2, chunksize: int = 8, progress: str = ""
+) -> list[R]:
     """``[function(x) for x in items]`` over ``workers`` processes, results in input order.
 
     ``function`` must be a module-level function. Uses ``fork`` where the platform has it (fast start;
@@ -126,7 +132,9 @@ def parallel_map(function: Callable[[T], R], items: Sequence[T], *, workers: int
 def class_folder_name(class_index: int, class_name: str) -> str:
     """CUB-style class folder ``"{id:03d}.{name}"`` for the 0-based ``class_index`` (id = index + 1)."""
     if not CLASS_NAME_PATTERN.match(class_name):
-        raise ValueError(f"class name {class_name!r} (class index {class_index}) must match {CLASS_NAME_PATTERN.pattern}: no spaces, dots or slashes")
+        raise ValueError(
+            f"class name {class_name!r} (class index {class_index}) must match {CLASS_NAME_PATTERN.pattern}: no spaces, dots or slashes"
+        )
     return f"{class_index + 1:03d}.{class_name}"
 
 
@@ -158,13 +166,19 @@ def write_cub_layout(
     if len(images) != len(labels):
         raise ValueError(f"write_cub_layout: {len(images)} images but {len(labels)} labels")
     if len(labels) and (labels.min() < 0 or labels.max() >= len(class_names)):
-        raise ValueError(f"write_cub_layout: labels must lie in [0, {len(class_names)}), got range [{labels.min()}, {labels.max()}]")
+        raise ValueError(
+            f"write_cub_layout: labels must lie in [0, {len(class_names)}), got range [{labels.min()}, {labels.max()}]"
+        )
     train = {int(c) for c in train_classes}
     if any(c < 0 or c >= len(class_names) for c in train):
-        raise ValueError(f"write_cub_layout: train_classes must be class indices in [0, {len(class_names)}), got {sorted(train)}")
+        raise ValueError(
+            f"write_cub_layout: train_classes must be class indices in [0, {len(class_names)}), got {sorted(train)}"
+        )
     folders = [class_folder_name(c, name) for c, name in enumerate(class_names)]
     if len(set(name.lower() for name in class_names)) != len(class_names):
-        raise ValueError("write_cub_layout: class names must be distinct (case-insensitively, for case-insensitive file systems)")
+        raise ValueError(
+            "write_cub_layout: class names must be distinct (case-insensitively, for case-insensitive file systems)"
+        )
 
     for folder in folders:
         (root / "images" / folder).mkdir(parents=True, exist_ok=True)
@@ -218,7 +232,11 @@ def check_marker(root: Path, marker: dict[str, Any], generator: DatasetGenerator
     wanted = expected_marker(generator, seed)
     # JSON round trip so tuples/lists and int/float keys compare the way they were stored.
     wanted = json.loads(json.dumps(wanted))
-    differing = [f"{key}: folder has {marker.get(key)!r}, asked for {value!r}" for key, value in wanted.items() if marker.get(key) != value]
+    differing = [
+        f"{key}: folder has {marker.get(key)!r}, asked for {value!r}"
+        for key, value in wanted.items()
+        if marker.get(key) != value
+    ]
     if differing:
         raise GenerationMismatchError(
             f"{root} was generated with different settings ({'; '.join(differing)}). "
@@ -258,7 +276,7 @@ def remove_stale_partials(root: Path) -> list[Path]:
     removed: list[Path] = []
     prefix = f".{root.name}{PARTIAL_TAG}"
     for folder in partial_folders(root):
-        pid_text = folder.name[len(prefix):].split("-", 1)[0]
+        pid_text = folder.name[len(prefix) :].split("-", 1)[0]
         if pid_text.isdigit() and int(pid_text) != os.getpid() and process_alive(int(pid_text)):
             continue
         shutil.rmtree(folder, ignore_errors=True)

@@ -18,14 +18,16 @@ which is the "first half of the class ids" split of :func:`dmlstudy.data.cub.rea
 
 A horizontal flip changes a glyph's identity (b/d), so the splits are built with ``flip_invariant=False``.
 """
+
 from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import matplotlib
 import numpy as np
@@ -40,10 +42,22 @@ from dmlstudy.data.embedded import encode_png, ensure_generated, image_rng, para
 CHARACTERS_FILE = "characters.json"
 
 FONT_FILES = (
-    "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
-    "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf", "DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf",
-    "DejaVuSerif.ttf", "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf",
-    "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
+    "DejaVuSans.ttf",
+    "DejaVuSans-Bold.ttf",
+    "DejaVuSans-Oblique.ttf",
+    "DejaVuSans-BoldOblique.ttf",
+    "DejaVuSansMono.ttf",
+    "DejaVuSansMono-Bold.ttf",
+    "DejaVuSansMono-Oblique.ttf",
+    "DejaVuSansMono-BoldOblique.ttf",
+    "DejaVuSerif.ttf",
+    "DejaVuSerif-Bold.ttf",
+    "DejaVuSerif-Italic.ttf",
+    "DejaVuSerif-BoldItalic.ttf",
+    "STIXGeneral.ttf",
+    "STIXGeneralBol.ttf",
+    "STIXGeneralItalic.ttf",
+    "STIXGeneralBolIta.ttf",
 )
 
 # Greek capitals and Cyrillic letters that look like Latin ones (Α Β Ε …, А В Е …), omicron, and
@@ -76,7 +90,7 @@ def font_dir() -> Path:
     return Path(matplotlib.get_data_path()) / "fonts" / "ttf"
 
 
-@lru_cache(maxsize=None)
+@cache
 def font_cmap(font_file: str) -> frozenset[int]:
     """Code points the font maps to a glyph other than ``.notdef`` (fontTools best cmap)."""
     font = TTFont(font_dir() / font_file, lazy=True)
@@ -84,7 +98,7 @@ def font_cmap(font_file: str) -> frozenset[int]:
     return frozenset(cp for cp, glyph in cmap.items() if glyph != ".notdef")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_font(font_file: str, size: int) -> ImageFont.FreeTypeFont:
     return ImageFont.truetype(str(font_dir() / font_file), size)
 
@@ -102,7 +116,7 @@ def font_coverage(characters: str | Sequence[str] = CANDIDATES, fonts: Sequence[
     return list(covered_characters(tuple(characters), tuple(fonts)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def covered_characters(characters: tuple[str, ...], fonts: tuple[str, ...]) -> tuple[str, ...]:
     """Cached worker of :func:`font_coverage` (hashable arguments)."""
     return tuple(ch for ch in characters if all(ord(ch) in font_cmap(f) and has_ink(ch, f) for f in fonts))
@@ -120,10 +134,13 @@ def character_name(character: str) -> str:
     return f"U{ord(character):04X}_{name}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def upsampling_matrix(size: int, cells: int) -> np.ndarray:
     """``size × cells`` matrix of 1-D cubic-spline upsampling (column ``j`` = upsampled unit vector ``e_j``)."""
-    return np.stack([ndimage.zoom(np.eye(cells)[j], size / cells, order=3, mode="reflect", grid_mode=True) for j in range(cells)], axis=1)
+    return np.stack(
+        [ndimage.zoom(np.eye(cells)[j], size / cells, order=3, mode="reflect", grid_mode=True) for j in range(cells)],
+        axis=1,
+    )
 
 
 def elastic_field(size: int, rng: np.random.Generator, *, alpha: float, cells: int) -> np.ndarray:
@@ -170,14 +187,18 @@ def render_glyph(character: str, font_file: str, rng: np.random.Generator, *, im
     mask = Image.new("L", (size, size), 0)
     font = load_font(font_file, round(EM_SIZE * size))
     ImageDraw.Draw(mask).text((size / 2, BASELINE * size), character, fill=255, font=font, anchor="ms")
-    warped = ndimage.map_coordinates(np.asarray(mask, dtype=np.float64) / 255.0, distortion_coordinates(size, rng), order=1, mode="constant")
+    warped = ndimage.map_coordinates(
+        np.asarray(mask, dtype=np.float64) / 255.0, distortion_coordinates(size, rng), order=1, mode="constant"
+    )
     ink_level = warped.reshape(image_size, 2, image_size, 2).mean(axis=(1, 3))[..., None]  # S × S × 1
     top = rng.uniform(175, 250) + rng.normal(0, 12, size=3)
     bottom = rng.uniform(175, 250) + rng.normal(0, 12, size=3)
     t = np.linspace(0.0, 1.0, image_size)[:, None, None]
     background = (1 - t) * top + t * bottom  # S × 1 × 3
     ink = rng.uniform(0, 80) + rng.normal(0, 15, size=3)
-    pixels = background * (1 - ink_level) + ink * ink_level + rng.normal(0.0, NOISE_STD, size=(image_size, image_size, 3))
+    pixels = (
+        background * (1 - ink_level) + ink * ink_level + rng.normal(0.0, NOISE_STD, size=(image_size, image_size, 3))
+    )
     return np.clip(pixels.round(), 0, 255).astype(np.uint8)
 
 
@@ -215,24 +236,50 @@ class GlyphsGenerator:
             raise ValueError(f"GlyphsGenerator: num_classes must be in [2, {len(classes)}], got {self.num_classes}")
         half = len(classes) // 2
         n_train = self.num_classes // 2
-        return classes[:n_train] + classes[half:half + self.num_classes - n_train]
+        return classes[:n_train] + classes[half : half + self.num_classes - n_train]
 
     def config(self) -> dict[str, Any]:
-        return {"characters": "".join(self.characters()), "fonts": list(FONT_FILES), "images_per_class": self.images_per_class, "image_size": self.image_size}
+        return {
+            "characters": "".join(self.characters()),
+            "fonts": list(FONT_FILES),
+            "images_per_class": self.images_per_class,
+            "image_size": self.image_size,
+        }
 
     def generate(self, folder: Path, *, seed: int) -> dict[str, int]:
         """Render all images (class-major order), write the CUB layout and ``characters.json``."""
         if self.images_per_class < 1 or self.image_size < 8:
-            raise ValueError(f"GlyphsGenerator: need images_per_class >= 1 and image_size >= 8, got {self.images_per_class}, {self.image_size}")
+            raise ValueError(
+                f"GlyphsGenerator: need images_per_class >= 1 and image_size >= 8, got {self.images_per_class}, {self.image_size}"
+            )
         characters = self.characters()
-        jobs = [(ch, seed, c, i, self.image_size) for c, ch in enumerate(characters) for i in range(self.images_per_class)]
+        jobs = [
+            (ch, seed, c, i, self.image_size) for c, ch in enumerate(characters) for i in range(self.images_per_class)
+        ]
         images = parallel_map(render_job, jobs, workers=self.workers, progress=f"generating {self.name}")
         labels = [c for c in range(len(characters)) for _ in range(self.images_per_class)]
         n_train = len(characters) // 2
-        write_cub_layout(folder, images, labels, [character_name(ch) for ch in characters], train_classes=range(n_train))
-        records = [{"class_id": c + 1, "character": ch, "name": unicodedata.name(ch, ""), "split": "train" if c < n_train else "test"} for c, ch in enumerate(characters)]
-        (folder / CHARACTERS_FILE).write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        return {"classes": len(characters), "images": len(images), "train_classes": n_train, "test_classes": len(characters) - n_train}
+        write_cub_layout(
+            folder, images, labels, [character_name(ch) for ch in characters], train_classes=range(n_train)
+        )
+        records = [
+            {
+                "class_id": c + 1,
+                "character": ch,
+                "name": unicodedata.name(ch, ""),
+                "split": "train" if c < n_train else "test",
+            }
+            for c, ch in enumerate(characters)
+        ]
+        (folder / CHARACTERS_FILE).write_text(
+            json.dumps(records, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+        return {
+            "classes": len(characters),
+            "images": len(images),
+            "train_classes": n_train,
+            "test_classes": len(characters) - n_train,
+        }
 
 
 @register_dataset("glyphs")

@@ -6,10 +6,11 @@ Query and gallery are labelled with ONE mapping built over the union of their it
 ``query label == gallery label`` exactly when both images show the same item; both datasets have
 the same ``class_names`` (some classes may have no image in one of the two).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dmlstudy.data.base import EvaluationProtocol, ImageListDataset, register_dataset
 from dmlstudy.data.cub import (
@@ -52,19 +53,38 @@ def read_partition(partition: Path, *, name: str, root: Path) -> list[list[str]]
     with open(partition, encoding="utf-8") as handle:
         head = [handle.readline().strip() for _ in range(2)]
     if not head[0].isdigit():
-        raise layout_error(name, root, INSHOP_LAYOUT, f"{PARTITION_FILE} line 1 should be the number of images, got {head[0]!r}")
+        raise layout_error(
+            name, root, INSHOP_LAYOUT, f"{PARTITION_FILE} line 1 should be the number of images, got {head[0]!r}"
+        )
     if not head[1].startswith("image_name"):
-        raise layout_error(name, root, INSHOP_LAYOUT, f"{PARTITION_FILE} line 2 should be the header 'image_name item_id evaluation_status', got {head[1]!r}")
+        raise layout_error(
+            name,
+            root,
+            INSHOP_LAYOUT,
+            f"{PARTITION_FILE} line 2 should be the header 'image_name item_id evaluation_status', got {head[1]!r}",
+        )
     rows = read_id_table(partition, name=name, root=root, layout=INSHOP_LAYOUT, columns=3, skip=2)
     if len(rows) != int(head[0]):
-        raise layout_error(name, root, INSHOP_LAYOUT, f"{PARTITION_FILE} announces {head[0]} images on line 1 but lists {len(rows)} (truncated file?)")
+        raise layout_error(
+            name,
+            root,
+            INSHOP_LAYOUT,
+            f"{PARTITION_FILE} announces {head[0]} images on line 1 but lists {len(rows)} (truncated file?)",
+        )
     unknown = sorted({r[2] for r in rows} - set(INSHOP_SPLITS))
     if unknown:
-        raise layout_error(name, root, INSHOP_LAYOUT, f"{PARTITION_FILE}: unknown evaluation_status {unknown[:MAX_LISTED_MISSING]}; expected one of {', '.join(INSHOP_SPLITS)}")
+        raise layout_error(
+            name,
+            root,
+            INSHOP_LAYOUT,
+            f"{PARTITION_FILE}: unknown evaluation_status {unknown[:MAX_LISTED_MISSING]}; expected one of {', '.join(INSHOP_SPLITS)}",
+        )
     return rows
 
 
-def read_inshop(root: str | Path, split: str, *, transform: Callable | None = None, name: str = "inshop") -> ImageListDataset:
+def read_inshop(
+    root: str | Path, split: str, *, transform: Callable | None = None, name: str = "inshop"
+) -> ImageListDataset:
     """The ``split`` ("train", "query" or "gallery") of an In-Shop folder.
 
     Labels: sorted item ids of the train rows for ``train``; sorted item ids of the query ∪ gallery
@@ -89,7 +109,10 @@ def read_inshop(root: str | Path, split: str, *, transform: Callable | None = No
     )
 
 
-@register_dataset("inshop", protocol=EvaluationProtocol(query_split="query", gallery_split="gallery", recall_ks=(1, 10, 20, 30, 40, 50)))
+@register_dataset(
+    "inshop",
+    protocol=EvaluationProtocol(query_split="query", gallery_split="gallery", recall_ks=(1, 10, 20, 30, 40, 50)),
+)
 def build(root: str | Path, split: str, transform: Callable | None = None) -> ImageListDataset:
     """In-Shop Clothes Retrieval: train 3,997 items; query 14,218 / gallery 12,612 images of 3,985 items."""
     return read_inshop(root, split, transform=transform)

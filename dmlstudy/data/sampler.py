@@ -1,9 +1,10 @@
 """Class-balanced P × M batch sampler (the "P classes × M samples" batches of Hermans et al. 2017),
 deterministic per (labels, seed, epoch) and shardable across distributed ranks.
 """
+
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -50,11 +51,17 @@ class ClassBalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         classes, inverse = np.unique(label_array, return_inverse=True)
         where = "ClassBalancedBatchSampler"
         if classes_per_batch < 1 or samples_per_class < 1:
-            raise ValueError(f"{where}: classes_per_batch and samples_per_class must be >= 1, got {classes_per_batch} and {samples_per_class}")
+            raise ValueError(
+                f"{where}: classes_per_batch and samples_per_class must be >= 1, got {classes_per_batch} and {samples_per_class}"
+            )
         if classes_per_batch > len(classes):
-            raise ValueError(f"{where}: labels contain {len(classes)} classes, fewer than classes_per_batch={classes_per_batch}")
+            raise ValueError(
+                f"{where}: labels contain {len(classes)} classes, fewer than classes_per_batch={classes_per_batch}"
+            )
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"{where}: need world_size >= 1 and 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+            raise ValueError(
+                f"{where}: need world_size >= 1 and 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
+            )
         batch_size = classes_per_batch * samples_per_class
         if batch_size % world_size:
             raise ValueError(
@@ -63,7 +70,9 @@ class ClassBalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         if num_batches is None:
             num_batches = len(label_array) // batch_size
             if num_batches < 1:
-                raise ValueError(f"{where}: {len(label_array)} labels are fewer than one batch of P·M = {batch_size}; pass num_batches explicitly")
+                raise ValueError(
+                    f"{where}: {len(label_array)} labels are fewer than one batch of P·M = {batch_size}; pass num_batches explicitly"
+                )
         if num_batches < 1:
             raise ValueError(f"{where}: num_batches must be >= 1, got {num_batches}")
         if seed < 0:

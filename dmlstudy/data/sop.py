@@ -1,10 +1,11 @@
 """Stanford Online Products reader (Oh Song et al., CVPR 2016): the official DML split,
 ``Ebay_train.txt`` (11,318 classes, 59,551 images) and ``Ebay_test.txt`` (11,316 classes, 60,502).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -63,7 +64,9 @@ def read_sop(root: str | Path, split: str, *, transform: Callable | None = None,
     return dataset
 
 
-@register_dataset("sop", protocol=EvaluationProtocol(query_split="test", gallery_split=None, recall_ks=(1, 10, 100, 1000)))
+@register_dataset(
+    "sop", protocol=EvaluationProtocol(query_split="test", gallery_split=None, recall_ks=(1, 10, 100, 1000))
+)
 def build(root: str | Path, split: str, transform: Callable | None = None) -> ImageListDataset:
     """Stanford Online Products: 11,318 train / 11,316 test classes (59,551 / 60,502 images)."""
     return read_sop(root, split, transform=transform)

@@ -18,13 +18,15 @@ Default size: 200 classes × 40 images of 64 × 64 RGB; classes 1–100 train, 1
 as in CUB). Images are drawn at twice the size and box-downsampled (anti-aliasing). The class
 definitions are written to ``class_attributes.json`` in the dataset folder.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw
@@ -156,13 +158,23 @@ def class_attributes(num_classes: int = 200, seed: int = 0) -> list[dict[str, An
             else:  # pragma: no cover - would need more species than one-part variants exist
                 raise RuntimeError(f"class_attributes: cannot find a new species for genus {genus}")
             seen.add(key)
-            classes.append({"name": species_name(genus, species), "family": family, "genus": genus, "species": species, "attributes": attributes})
+            classes.append(
+                {
+                    "name": species_name(genus, species),
+                    "family": family,
+                    "genus": genus,
+                    "species": species,
+                    "attributes": attributes,
+                }
+            )
     return classes
 
 
 def attribute_codes(classes: Sequence[dict[str, Any]]) -> np.ndarray:
     """``N × P`` integer codes: ``codes[c, p]`` is the index of class ``c``'s value in ``PARTS[p]``."""
-    return np.array([[PARTS[p].index(cls["attributes"][p]) for p in PARTS] for cls in classes], dtype=np.int64).reshape(len(classes), len(PARTS))
+    return np.array([[PARTS[p].index(cls["attributes"][p]) for p in PARTS] for cls in classes], dtype=np.int64).reshape(
+        len(classes), len(PARTS)
+    )
 
 
 def attribute_distances(classes: Sequence[dict[str, Any]]) -> np.ndarray:
@@ -188,7 +200,9 @@ def nearest_classes(classes: Sequence[dict[str, Any]], index: int, *, k: int = 4
             "index": j,
             "name": classes[j]["name"],
             "distance": int(distances[j]),
-            "differing": {p: (mine[p], classes[j]["attributes"][p]) for p in PARTS if mine[p] != classes[j]["attributes"][p]},
+            "differing": {
+                p: (mine[p], classes[j]["attributes"][p]) for p in PARTS if mine[p] != classes[j]["attributes"][p]
+            },
         }
         for j in order
     ]
@@ -235,7 +249,12 @@ def contrast_colour(colour: tuple[int, int, int]) -> tuple[int, int, int]:
     return (245, 245, 235) if luma < 110 else (25, 22, 20)
 
 
-def paste_clipped(canvas: Image.Image, clip: list[Point], colour: tuple[int, int, int], draw_shapes: Callable[[ImageDraw.ImageDraw], None]) -> None:
+def paste_clipped(
+    canvas: Image.Image,
+    clip: list[Point],
+    colour: tuple[int, int, int],
+    draw_shapes: Callable[[ImageDraw.ImageDraw], None],
+) -> None:
     """Paint ``colour`` where the shapes drawn by ``draw_shapes`` (255 on a mask) fall inside polygon ``clip``."""
     clip_mask = Image.new("L", canvas.size, 0)
     ImageDraw.Draw(clip_mask).polygon(clip, fill=255)
@@ -274,7 +293,13 @@ def beak_polygon(shape: str, bx: float, by: float) -> np.ndarray:
     points = {
         "cone": [(bx, by - 0.065), (bx + 0.17, by + 0.01), (bx, by + 0.07)],
         "needle": [(bx, by - 0.03), (bx + 0.34, by + 0.02), (bx, by + 0.04)],
-        "hook": [(bx, by - 0.075), (bx + 0.13, by - 0.05), (bx + 0.18, by + 0.05), (bx + 0.12, by + 0.02), (bx, by + 0.06)],
+        "hook": [
+            (bx, by - 0.075),
+            (bx + 0.13, by - 0.05),
+            (bx + 0.18, by + 0.05),
+            (bx + 0.12, by + 0.02),
+            (bx, by + 0.06),
+        ],
         "thick": [(bx - 0.02, by - 0.11), (bx + 0.16, by + 0.0), (bx - 0.02, by + 0.11)],
     }[shape]
     return np.asarray(points)
@@ -285,49 +310,108 @@ def draw_bird(canvas: Image.Image, attributes: dict[str, str], pose: Pose) -> li
     draw = ImageDraw.Draw(canvas)
     a = attributes
     (rx, ry), (hx, hy), hr = BODY_GEOMETRY[a["body_shape"]]
-    colour = {part: PALETTE[a[part]] for part in ("head_color", "body_color", "breast_color", "wing_color", "tail_color", "beak_color")}
+    colour = {
+        part: PALETTE[a[part]]
+        for part in ("head_color", "body_color", "breast_color", "wing_color", "tail_color", "beak_color")
+    }
 
     leg = (70, 60, 50)
     for x in (-0.06, 0.1):
-        draw.line(pose([(x, ry * 0.8), (x + 0.03, ry + 0.2), (x + 0.12, ry + 0.22)]), fill=leg, width=pose.width(0.035), joint="curve")
+        draw.line(
+            pose([(x, ry * 0.8), (x + 0.03, ry + 0.2), (x + 0.12, ry + 0.22)]),
+            fill=leg,
+            width=pose.width(0.035),
+            joint="curve",
+        )
 
     draw.polygon(pose(tail_polygon(a["tail_shape"], rx)), fill=colour["tail_color"], outline=(20, 20, 20))
     body = pose(ellipse(0.0, 0.0, rx, ry))
     draw.polygon(body, fill=colour["body_color"])
-    paste_clipped(canvas, body, colour["breast_color"], lambda d: d.polygon(pose(ellipse(rx * 0.35, ry * 0.45, rx * 0.62, ry * 0.62)), fill=255))
+    paste_clipped(
+        canvas,
+        body,
+        colour["breast_color"],
+        lambda d: d.polygon(pose(ellipse(rx * 0.35, ry * 0.45, rx * 0.62, ry * 0.62)), fill=255),
+    )
 
     ink = contrast_colour(colour["body_color"])
     pattern = a["body_pattern"]
     if pattern == "stripes":
-        paste_clipped(canvas, body, ink, lambda d: [d.line(pose([(-rx, y), (rx, y)]), fill=255, width=pose.width(0.04)) for y in np.arange(-ry, ry, 0.1)])
+        paste_clipped(
+            canvas,
+            body,
+            ink,
+            lambda d: [
+                d.line(pose([(-rx, y), (rx, y)]), fill=255, width=pose.width(0.04)) for y in np.arange(-ry, ry, 0.1)
+            ],
+        )
     elif pattern == "bars":
-        paste_clipped(canvas, body, ink, lambda d: [d.line(pose([(x, -ry), (x, ry)]), fill=255, width=pose.width(0.045)) for x in np.arange(-rx, rx, 0.13)])
+        paste_clipped(
+            canvas,
+            body,
+            ink,
+            lambda d: [
+                d.line(pose([(x, -ry), (x, ry)]), fill=255, width=pose.width(0.045)) for x in np.arange(-rx, rx, 0.13)
+            ],
+        )
     elif pattern == "spots":
         centres = [(x, y) for x in np.arange(-rx + 0.06, rx, 0.14) for y in np.arange(-ry + 0.07, ry, 0.12)]
-        paste_clipped(canvas, body, ink, lambda d: [d.polygon(pose(ellipse(x, y, 0.035, 0.035, n=8)), fill=255) for x, y in centres])
+        paste_clipped(
+            canvas,
+            body,
+            ink,
+            lambda d: [d.polygon(pose(ellipse(x, y, 0.035, 0.035, n=8)), fill=255) for x, y in centres],
+        )
 
     wing = pose(ellipse(-0.1, -0.03, rx * 0.72, ry * 0.55, angle=-10.0))
     draw.polygon(wing, fill=colour["wing_color"], outline=(20, 20, 20))
     wing_ink = contrast_colour(colour["wing_color"])
     wing_pattern = a["wing_pattern"]
     if wing_pattern == "bars":
-        paste_clipped(canvas, wing, wing_ink, lambda d: [d.line(pose([(x, -ry), (x - 0.04, ry)]), fill=255, width=pose.width(0.05)) for x in (-0.16, 0.02)])
+        paste_clipped(
+            canvas,
+            wing,
+            wing_ink,
+            lambda d: [
+                d.line(pose([(x, -ry), (x - 0.04, ry)]), fill=255, width=pose.width(0.05)) for x in (-0.16, 0.02)
+            ],
+        )
     elif wing_pattern == "spots":
         centres = [(x, y) for x in np.arange(-rx * 0.6, rx * 0.5, 0.12) for y in (-0.08, 0.03)]
-        paste_clipped(canvas, wing, wing_ink, lambda d: [d.polygon(pose(ellipse(x, y, 0.03, 0.03, n=8)), fill=255) for x, y in centres])
+        paste_clipped(
+            canvas,
+            wing,
+            wing_ink,
+            lambda d: [d.polygon(pose(ellipse(x, y, 0.03, 0.03, n=8)), fill=255) for x, y in centres],
+        )
     elif wing_pattern == "dark_tips":
         tip = (20, 20, 20) if wing_ink == (25, 22, 20) else (240, 240, 230)
-        paste_clipped(canvas, wing, tip, lambda d: d.polygon(pose([(-rx * 0.32, -1), (-2, -1), (-2, 1), (-rx * 0.32, 1)]), fill=255))
+        paste_clipped(
+            canvas,
+            wing,
+            tip,
+            lambda d: d.polygon(pose([(-rx * 0.32, -1), (-2, -1), (-2, 1), (-rx * 0.32, 1)]), fill=255),
+        )
 
     crest = a["crest"]
     if crest == "tuft":
-        draw.polygon(pose([(hx - 0.02, hy - hr * 0.75), (hx - 0.2, hy - hr - 0.2), (hx + 0.07, hy - hr * 0.9)]), fill=colour["head_color"])
+        draw.polygon(
+            pose([(hx - 0.02, hy - hr * 0.75), (hx - 0.2, hy - hr - 0.2), (hx + 0.07, hy - hr * 0.9)]),
+            fill=colour["head_color"],
+        )
     elif crest == "long":
         for dx in (-0.06, 0.0, 0.06):
-            draw.line(pose([(hx + dx, hy - hr * 0.8), (hx + dx - 0.22, hy - hr - 0.22)]), fill=colour["head_color"], width=pose.width(0.045))
+            draw.line(
+                pose([(hx + dx, hy - hr * 0.8), (hx + dx - 0.22, hy - hr - 0.22)]),
+                fill=colour["head_color"],
+                width=pose.width(0.045),
+            )
     elif crest == "spiky":
         for dx in (-0.1, -0.02, 0.06):
-            draw.polygon(pose([(hx + dx - 0.04, hy - hr * 0.8), (hx + dx, hy - hr - 0.12), (hx + dx + 0.04, hy - hr * 0.8)]), fill=colour["head_color"])
+            draw.polygon(
+                pose([(hx + dx - 0.04, hy - hr * 0.8), (hx + dx, hy - hr - 0.12), (hx + dx + 0.04, hy - hr * 0.8)]),
+                fill=colour["head_color"],
+            )
     head = pose(ellipse(hx, hy, hr, hr))
     draw.polygon(head, fill=colour["head_color"])
 
@@ -336,18 +420,45 @@ def draw_bird(canvas: Image.Image, attributes: dict[str, str], pose: Pose) -> li
     if marking == "ring":
         draw.polygon(pose(ellipse(ex, ey, 0.08, 0.08, n=16)), fill=(245, 245, 245))
     elif marking == "stripe":
-        paste_clipped(canvas, head, (15, 15, 15), lambda d: d.line(pose([(hx - hr, ey - 0.02), (hx + hr, ey + 0.01)]), fill=255, width=pose.width(0.07)))
+        paste_clipped(
+            canvas,
+            head,
+            (15, 15, 15),
+            lambda d: d.line(pose([(hx - hr, ey - 0.02), (hx + hr, ey + 0.01)]), fill=255, width=pose.width(0.07)),
+        )
     elif marking == "mask":
-        paste_clipped(canvas, head, (15, 15, 15), lambda d: d.polygon(pose(ellipse(ex + 0.02, ey + 0.02, 0.15, 0.1)), fill=255))
+        paste_clipped(
+            canvas, head, (15, 15, 15), lambda d: d.polygon(pose(ellipse(ex + 0.02, ey + 0.02, 0.15, 0.1)), fill=255)
+        )
     elif marking == "brow":
-        paste_clipped(canvas, head, (245, 245, 235), lambda d: d.line(pose([(hx - hr * 0.7, ey - 0.09), (hx + hr * 0.8, ey - 0.07)]), fill=255, width=pose.width(0.06)))
+        paste_clipped(
+            canvas,
+            head,
+            (245, 245, 235),
+            lambda d: d.line(
+                pose([(hx - hr * 0.7, ey - 0.09), (hx + hr * 0.8, ey - 0.07)]), fill=255, width=pose.width(0.06)
+            ),
+        )
     draw.polygon(pose(ellipse(ex, ey, 0.036, 0.036, n=12)), fill=(10, 10, 10))
 
-    draw.polygon(pose(BEAK_SCALE * beak_polygon(a["beak_shape"], 0.0, 0.0) + (hx + hr * 0.9, hy + 0.03)), fill=colour["beak_color"], outline=(20, 20, 20))
+    draw.polygon(
+        pose(BEAK_SCALE * beak_polygon(a["beak_shape"], 0.0, 0.0) + (hx + hr * 0.9, hy + 0.03)),
+        fill=colour["beak_color"],
+        outline=(20, 20, 20),
+    )
     return body
 
 
-NATURE = ((95, 140, 60), (60, 105, 45), (140, 120, 80), (170, 200, 230), (120, 170, 210), (150, 150, 140), (190, 175, 140), (90, 80, 60))
+NATURE = (
+    (95, 140, 60),
+    (60, 105, 45),
+    (140, 120, 80),
+    (170, 200, 230),
+    (120, 170, 210),
+    (150, 150, 140),
+    (190, 175, 140),
+    (90, 80, 60),
+)
 
 
 def random_colour(rng: np.random.Generator) -> tuple[int, int, int]:
@@ -378,7 +489,10 @@ def draw_background(size: int, rng: np.random.Generator) -> Image.Image:
         elif kind < 0.8:
             angle = rng.uniform(0, np.pi)
             half = rng.uniform(0.2, 0.7) * size
-            ends = [(centre[0] - half * np.cos(angle), centre[1] - half * np.sin(angle)), (centre[0] + half * np.cos(angle), centre[1] + half * np.sin(angle))]
+            ends = [
+                (centre[0] - half * np.cos(angle), centre[1] - half * np.sin(angle)),
+                (centre[0] + half * np.cos(angle), centre[1] + half * np.sin(angle)),
+            ]
             draw.line(ends, fill=random_colour(rng), width=int(rng.integers(2, max(3, size // 16))))
         else:
             r = rng.uniform(0.03, 0.1) * size
@@ -398,11 +512,20 @@ def render_bird(attributes: dict[str, str], rng: np.random.Generator, *, image_s
     size = 2 * image_size
     canvas = draw_background(size, rng)
     unit = size * BODY_UNIT * rng.uniform(*SCALE_RANGE)
-    centre = (size / 2 + rng.uniform(-MAX_SHIFT, MAX_SHIFT) * size, size / 2 + rng.uniform(-MAX_SHIFT, MAX_SHIFT) * size)
-    pose = Pose(centre=centre, unit=unit, angle=float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)), flip=bool(rng.random() < 0.5))
+    centre = (
+        size / 2 + rng.uniform(-MAX_SHIFT, MAX_SHIFT) * size,
+        size / 2 + rng.uniform(-MAX_SHIFT, MAX_SHIFT) * size,
+    )
+    pose = Pose(
+        centre=centre, unit=unit, angle=float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)), flip=bool(rng.random() < 0.5)
+    )
     if rng.random() < PERCH_P:
         ry = BODY_GEOMETRY[attributes["body_shape"]][0][1]
-        ImageDraw.Draw(canvas).line(pose([(-1.2, ry + 0.22), (1.2, ry + 0.22 + rng.uniform(-0.2, 0.2))]), fill=random_colour(rng), width=pose.width(0.07))
+        ImageDraw.Draw(canvas).line(
+            pose([(-1.2, ry + 0.22), (1.2, ry + 0.22 + rng.uniform(-0.2, 0.2))]),
+            fill=random_colour(rng),
+            width=pose.width(0.07),
+        )
     draw_bird(canvas, attributes, pose)
     if rng.random() < OCCLUSION_P:
         draw = ImageDraw.Draw(canvas)
@@ -439,22 +562,39 @@ class SynBirdsGenerator:
 
     def __post_init__(self) -> None:
         if self.num_classes < 2 or self.images_per_class < 1 or self.image_size < 8:
-            raise ValueError(f"SynBirdsGenerator: need num_classes >= 2, images_per_class >= 1, image_size >= 8; got {self.config()}")
+            raise ValueError(
+                f"SynBirdsGenerator: need num_classes >= 2, images_per_class >= 1, image_size >= 8; got {self.config()}"
+            )
 
     def config(self) -> dict[str, Any]:
-        return {"num_classes": self.num_classes, "images_per_class": self.images_per_class, "image_size": self.image_size}
+        return {
+            "num_classes": self.num_classes,
+            "images_per_class": self.images_per_class,
+            "image_size": self.image_size,
+        }
 
     def generate(self, folder: Path, *, seed: int) -> dict[str, int]:
         """Render all images (class-major order) and write the CUB layout and ``class_attributes.json``."""
         classes = class_attributes(self.num_classes, seed)
-        jobs = [(cls["attributes"], seed, c, i, self.image_size) for c, cls in enumerate(classes) for i in range(self.images_per_class)]
+        jobs = [
+            (cls["attributes"], seed, c, i, self.image_size)
+            for c, cls in enumerate(classes)
+            for i in range(self.images_per_class)
+        ]
         images = parallel_map(render_job, jobs, workers=self.workers, progress=f"generating {self.name}")
         labels = [c for c in range(self.num_classes) for _ in range(self.images_per_class)]
         n_train = self.num_classes // 2
         write_cub_layout(folder, images, labels, [cls["name"] for cls in classes], train_classes=range(n_train))
-        records = [{"class_id": c + 1, "split": "train" if c < n_train else "test"} | cls for c, cls in enumerate(classes)]
+        records = [
+            {"class_id": c + 1, "split": "train" if c < n_train else "test"} | cls for c, cls in enumerate(classes)
+        ]
         (folder / ATTRIBUTES_FILE).write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
-        return {"classes": self.num_classes, "images": len(images), "train_classes": n_train, "test_classes": self.num_classes - n_train}
+        return {
+            "classes": self.num_classes,
+            "images": len(images),
+            "train_classes": n_train,
+            "test_classes": self.num_classes - n_train,
+        }
 
 
 def load_class_attributes(root: str | Path) -> list[dict[str, Any]]:

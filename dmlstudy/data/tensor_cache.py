@@ -11,7 +11,8 @@ Decisions:
   (``TrainConfig.tensor_budget_gib``) before anything is decoded.
 * **Cache files.** ``<dataset root>/.tensor-cache/<split>.npy`` (the array, written with ``np.save``) and
   ``<split>.json`` (key, shape, CRC-32 of the bytes), each written to a temporary file and renamed, the
-  JSON last, under a file lock (``<split>.lock``) so that parallel runs decode a split once. The key is a SHA-256 over the cache format, the split's name, every file's path (relative to
+  JSON last, under a file lock (``<split>.lock``) so that parallel runs decode a split once. The key is a SHA-256
+  over the cache format, the split's name, every file's path (relative to
   the root), size and modification time, and the generator marker ``GENERATED.json`` of an embedded set
   (generator name, version, seed, configuration). A key that differs (files or generator changed) or an
   array that cannot be read, has the wrong shape or fails its CRC is rebuilt with a :class:`UserWarning`;
@@ -20,6 +21,7 @@ Decisions:
 * **Reading.** The ``.npy`` is opened memory-mapped and copied into one tensor (CPU), which
   :meth:`TensorImageSplit.to` moves to the training device once; there are no per-batch host copies.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,7 +64,9 @@ def stored_size(dataset: ImageListDataset) -> tuple[int, int]:
         with Image.open(path) as handle:
             sizes.add((handle.height, handle.width))
         if len(sizes) > 1:
-            raise DifferentImageSizes(f"{dataset.name}: images differ in size ({sorted(sizes)[:2]} …), so they cannot stack into one tensor")
+            raise DifferentImageSizes(
+                f"{dataset.name}: images differ in size ({sorted(sizes)[:2]} …), so they cannot stack into one tensor"
+            )
     if not sizes:
         raise DifferentImageSizes(f"{dataset.name}: no images")
     return sizes.pop()
@@ -96,7 +100,9 @@ def _decode(dataset: ImageListDataset, height: int, width: int) -> np.ndarray:
     for index in range(len(dataset)):
         pixels = np.asarray(dataset.read_image(index))
         if pixels.shape != (height, width, 3):
-            raise DifferentImageSizes(f"{dataset.name}: {dataset.paths[index]} is {pixels.shape[1]}×{pixels.shape[0]}, the others {width}×{height}")
+            raise DifferentImageSizes(
+                f"{dataset.name}: {dataset.paths[index]} is {pixels.shape[1]}×{pixels.shape[0]}, the others {width}×{height}"
+            )
         array[index] = pixels.transpose(2, 0, 1)
     return array
 
@@ -121,7 +127,10 @@ def _read_cache(array_file: Path, meta_file: Path, key: str) -> np.ndarray | Non
         warnings.warn(f"tensor cache {meta_file} is unreadable ({error}); rebuilding it", stacklevel=3)
         return None
     if meta.get("key") != key:
-        warnings.warn(f"tensor cache {array_file} is stale (the image files or the generator changed); rebuilding it", stacklevel=3)
+        warnings.warn(
+            f"tensor cache {array_file} is stale (the image files or the generator changed); rebuilding it",
+            stacklevel=3,
+        )
         return None
     try:
         array = np.load(array_file, mmap_mode="r")
@@ -170,12 +179,20 @@ def _read_or_build(dataset: ImageListDataset, root: Path, key: str, array_file: 
         return array
     height, width = stored_size(dataset)
     array = _decode(dataset, height, width)
-    meta = {"key": key, "shape": list(array.shape), "crc32": _checksum(array), "format": CACHE_FORMAT, "name": dataset.name}
+    meta = {
+        "key": key,
+        "shape": list(array.shape),
+        "crc32": _checksum(array),
+        "format": CACHE_FORMAT,
+        "name": dataset.name,
+    }
     try:
         _write_atomically(array_file, lambda handle: np.save(handle, array))
         _write_atomically(meta_file, lambda handle: handle.write(json.dumps(meta, indent=1).encode()))
     except OSError as error:
-        warnings.warn(f"cannot write the tensor cache {array_file} ({error}); using the decoded images from memory", stacklevel=2)
+        warnings.warn(
+            f"cannot write the tensor cache {array_file} ({error}); using the decoded images from memory", stacklevel=2
+        )
     return array
 
 
@@ -185,7 +202,14 @@ class TensorImageSplit(torch.utils.data.Dataset):
     ``split[i]`` is ``(uint8 3 × H × W, label)``; :meth:`load_image` gives the RGB picture (for figures).
     """
 
-    def __init__(self, source: ImageListDataset | Any, images: torch.Tensor, *, labels: np.ndarray | None = None, paths: Sequence[Path] | None = None) -> None:
+    def __init__(
+        self,
+        source: ImageListDataset | Any,
+        images: torch.Tensor,
+        *,
+        labels: np.ndarray | None = None,
+        paths: Sequence[Path] | None = None,
+    ) -> None:
         self.images = images
         self.labels = np.asarray(source.labels if labels is None else labels, dtype=np.int64)
         self.paths = list(source.paths if paths is None else paths)
@@ -209,7 +233,12 @@ class TensorImageSplit(torch.utils.data.Dataset):
     def subset(self, indices: Sequence[int], *, num_classes: int | None = None) -> TensorImageSplit:
         """The images at ``indices`` (a copy), e.g. the first n classes; ``num_classes`` keeps only that many names."""
         rows = np.asarray(indices, dtype=np.int64)
-        part = TensorImageSplit(self, self.images[torch.as_tensor(rows, device=self.images.device)], labels=self.labels[rows], paths=[self.paths[i] for i in rows])
+        part = TensorImageSplit(
+            self,
+            self.images[torch.as_tensor(rows, device=self.images.device)],
+            labels=self.labels[rows],
+            paths=[self.paths[i] for i in rows],
+        )
         if num_classes is not None:
             part.class_names = self.class_names[:num_classes]
         return part
@@ -286,8 +315,14 @@ class BatchAugmentedTrain(torch.utils.data.Dataset):
     def batch(self, indices: Sequence[int], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """Augmented, normalised float32 images ``B × 3 × s × s`` and int64 labels of ``indices``, on ``device``."""
         rows = torch.as_tensor(np.asarray(indices, dtype=np.int64), device=self.split.images.device)
-        images = augment_batch(self.split.images[rows].to(device, non_blocking=True), indices, seed=self.seed, epoch=self.epoch,
-                               image_size=self.image_size, flip=self.split.flip_invariant)
+        images = augment_batch(
+            self.split.images[rows].to(device, non_blocking=True),
+            indices,
+            seed=self.seed,
+            epoch=self.epoch,
+            image_size=self.image_size,
+            flip=self.split.flip_invariant,
+        )
         labels = torch.as_tensor(self.labels[np.asarray(indices, dtype=np.int64)]).to(device, non_blocking=True)
         return images, labels
 

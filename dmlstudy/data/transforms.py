@@ -7,9 +7,10 @@ float tensor in [0, 1] → ImageNet normalisation. Test: ``Resize(round(image_si
 These per-item transforms serve the file pipeline; :mod:`dmlstudy.data.batch_transforms` applies the same
 geometry (the constants below) to whole uint8 batches on the training device.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torchvision.transforms import v2
@@ -25,7 +26,9 @@ def _check_args(image_size: int, resize_ratio: float, crop_scale: tuple[float, f
     if not isinstance(image_size, int) or isinstance(image_size, bool) or image_size < 1:
         raise ValueError(f"build_transforms: image_size must be a positive int, got {image_size!r}")
     if not resize_ratio >= 1.0:
-        raise ValueError(f"build_transforms: resize_ratio must be >= 1 (resize, then crop a smaller centre), got {resize_ratio!r}")
+        raise ValueError(
+            f"build_transforms: resize_ratio must be >= 1 (resize, then crop a smaller centre), got {resize_ratio!r}"
+        )
     low, high = crop_scale
     if not 0.0 < low <= high <= 1.0:
         raise ValueError(f"build_transforms: crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale!r}")

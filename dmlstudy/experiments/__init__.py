@@ -7,6 +7,7 @@ shares is in :mod:`~dmlstudy.experiments.kit`; the papers' numbers are in ``pape
 ``NOTEBOOK_CONFIGS`` maps each notebook to the dataclass its ``parameters`` cell mirrors one to one
 (checked by ``tests/test_notebooks.py``).
 """
+
 NOTEBOOK_CONFIGS = {
     "00_datasets.ipynb": "dmlstudy.experiments.datasets:DatasetTour",
     "01_train.ipynb": "dmlstudy.train:TrainConfig",

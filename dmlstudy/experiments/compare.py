@@ -32,15 +32,17 @@ Decisions (stated in the notebook too):
 * The papers' numbers (each on its own backbone and protocol) are used only to print the size of the
   effect each paper claims; SynBirds stands beside CUB-200 and Glyphs beside Cars196.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -60,8 +62,13 @@ from dmlstudy.train import RunResult, TrainConfig, run
 
 RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
 EXTRA_ROWS = {  # rows of the comparison that are not registered methods (the others come from the method registry)
-    RERANK: MethodInfo(RERANK, "MS + DIML re-ranking", "paper", "Zhao et al., ICCV 2021 (test-time use)",
-                       "the same ms models; each query's cosine top-K re-ranked by cos + s_struct (optimal transport between G × G local embeddings)"),
+    RERANK: MethodInfo(
+        RERANK,
+        "MS + DIML re-ranking",
+        "paper",
+        "Zhao et al., ICCV 2021 (test-time use)",
+        "the same ms models; each query's cosine top-K re-ranked by cos + s_struct (optimal transport between G × G local embeddings)",
+    ),
     "softmax": kit.SHARED_ROWS["softmax"],
 }
 RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K
@@ -74,9 +81,15 @@ DIML_PAPER_DATASET = {"CUB": "CUB-200", "Cars": "Cars196"}
 class CompareStudy(ProtocolConfig):
     """Parameters of ``notebooks/90_compare.ipynb``: the protocol plus which methods enter the table."""
 
-    methods: list = field(default_factory=lambda: ["ms", "crt", RERANK])  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
-    classic_methods: list = field(default_factory=lambda: ["triplet"])  # classic baselines (registry group 'classic'), with classic_seeds
-    classic_seeds: list = field(default_factory=lambda: [0])  # seeds of the classic baselines (fewer than seeds: the table says so)
+    methods: list = field(
+        default_factory=lambda: ["ms", "crt", RERANK]
+    )  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
+    classic_methods: list = field(
+        default_factory=lambda: ["triplet"]
+    )  # classic baselines (registry group 'classic'), with classic_seeds
+    classic_seeds: list = field(
+        default_factory=lambda: [0]
+    )  # seeds of the classic baselines (fewer than seeds: the table says so)
     rerank_top_k: int = 20  # K of DIML re-ranking: the cosine top-K re-ranked by cos + s_struct (the paper: 100)
     rerank_grid: int = 4  # G of DIML re-ranking: G × G local embeddings (DIML's default 4)
     projection_classes: int = 8  # test classes of the first dataset in the UMAP / t-SNE panels (all their images)
@@ -91,18 +104,24 @@ class CompareStudy(ProtocolConfig):
             if unknown:
                 raise ValueError(f"parameter {name!r}: unknown methods {unknown}; valid: {sorted(known)}")
         if RERANK in self.classic_methods:
-            raise ValueError(f"parameter 'classic_methods': {RERANK!r} is a main method (it re-ranks the ms runs of every seed)")
+            raise ValueError(
+                f"parameter 'classic_methods': {RERANK!r} is a main method (it re-ranks the ms runs of every seed)"
+            )
         overlap = sorted(set(self.methods) & set(self.classic_methods))
         if overlap:
             raise ValueError(f"parameters 'methods' and 'classic_methods' share {overlap}; list each method once")
         if self.classic_methods and not self.classic_seeds:
-            raise ValueError("parameter 'classic_seeds' must list at least one seed when 'classic_methods' is not empty")
+            raise ValueError(
+                "parameter 'classic_seeds' must list at least one seed when 'classic_methods' is not empty"
+            )
         if self.rerank_top_k < 1 or self.rerank_grid < 1:
-            raise ValueError(f"parameters 'rerank_top_k' and 'rerank_grid' must be ≥ 1, got {self.rerank_top_k} and {self.rerank_grid}")
+            raise ValueError(
+                f"parameters 'rerank_top_k' and 'rerank_grid' must be ≥ 1, got {self.rerank_top_k} and {self.rerank_grid}"
+            )
         if self.projection_classes < 2:
             raise ValueError(f"parameter 'projection_classes' must be ≥ 2, got {self.projection_classes}")
 
-    def classic_protocol(self) -> "CompareStudy":
+    def classic_protocol(self) -> CompareStudy:
         """This protocol with the classic baselines' seeds."""
         return dataclasses.replace(self, seeds=list(self.classic_seeds))
 
@@ -182,8 +201,15 @@ def run_classic(config: CompareStudy) -> list[tuple[str, RunResult]]:
 
 def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: TransportOptions) -> dict[str, Any]:
     ks = tuple(config.recall_ks) or evaluation_protocol(config.dataset).recall_ks
-    return {"top_k": top_k, "grid": grid, "ks": list(ks), "epsilon": options.epsilon, "uniform": options.uniform_marginals,
-            "tolerance": options.tolerance, "max_iterations": options.max_iterations}
+    return {
+        "top_k": top_k,
+        "grid": grid,
+        "ks": list(ks),
+        "epsilon": options.epsilon,
+        "uniform": options.uniform_marginals,
+        "tolerance": options.tolerance,
+        "max_iterations": options.max_iterations,
+    }
 
 
 def _rerank_cache(run_dir: Path, settings: Mapping[str, Any]) -> Path:
@@ -194,7 +220,9 @@ def _rerank_metrics_in_process(train_config: dict[str, Any], top_k: int, grid: i
     rerank_metrics(run(TrainConfig(**train_config)), top_k=top_k, grid=grid)
 
 
-def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: TransportOptions | None = None) -> dict[str, float]:
+def rerank_metrics(
+    result: RunResult, *, top_k: int, grid: int, options: TransportOptions | None = None
+) -> dict[str, float]:
     """Retrieval metrics of one trained run after DIML re-ranking of each query's cosine top-``top_k`` (all
     Recall@K of the dataset's list, RP, MAP@R) and the seconds it took; cached in the run folder.
 
@@ -211,10 +239,20 @@ def rerank_metrics(result: RunResult, *, top_k: int, grid: int, options: Transpo
     sets = kit.evaluation_sets(result, grid_sizes=[grid])
     query, gallery = sets["query"], sets["gallery"]
     retrievable = len(query.global_) - 1 if gallery is None else len(gallery.global_)
-    gallery_kwargs = {} if gallery is None else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
+    gallery_kwargs = (
+        {}
+        if gallery is None
+        else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
+    )
     k = min(top_k, retrievable)
-    values = reranked_retrieval_metrics(query.global_, query.local[grid], query.labels, top_ks=[k], ks=ks, options=options, **gallery_kwargs)[k]
-    metrics = {**{name: float(value) for name, value in values.items()}, "rerank_top_k": k, "rerank_seconds": time.perf_counter() - started}
+    values = reranked_retrieval_metrics(
+        query.global_, query.local[grid], query.labels, top_ks=[k], ks=ks, options=options, **gallery_kwargs
+    )[k]
+    metrics = {
+        **{name: float(value) for name, value in values.items()},
+        "rerank_top_k": k,
+        "rerank_seconds": time.perf_counter() - started,
+    }
     write_json(cache, {"settings": settings, "metrics": metrics})
     return metrics
 
@@ -225,23 +263,46 @@ def rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStud
     if RERANK not in config.methods:
         return []
     options = TransportOptions()
-    missing = [result.config for variant, result in results if variant == "ms"
-               and not _rerank_cache(result.run_dir, _rerank_settings(result.config, top_k=config.rerank_top_k, grid=config.rerank_grid, options=options)).is_file()]
+    missing = [
+        result.config
+        for variant, result in results
+        if variant == "ms"
+        and not _rerank_cache(
+            result.run_dir,
+            _rerank_settings(result.config, top_k=config.rerank_top_k, grid=config.rerank_grid, options=options),
+        ).is_file()
+    ]
     if config.workers > 1 and len(missing) > 1:  # each process writes its run's cache; read below
-        call_in_processes(_rerank_metrics_in_process, [(c.to_dict(), config.rerank_top_k, config.rerank_grid) for c in missing], workers=config.workers)
+        call_in_processes(
+            _rerank_metrics_in_process,
+            [(c.to_dict(), config.rerank_top_k, config.rerank_grid) for c in missing],
+            workers=config.workers,
+        )
     rows = []
     for variant, result in results:
         if variant != "ms":
             continue
         reranked = rerank_metrics(result, top_k=config.rerank_top_k, grid=config.rerank_grid)
-        row = {"variant": RERANK, "dataset": result.config.dataset, "method": RERANK, "seed": result.config.seed,
-               "method_kwargs": json.dumps({"top_k": reranked["rerank_top_k"], "grid_size": config.rerank_grid}), **result.metrics}
+        row = {
+            "variant": RERANK,
+            "dataset": result.config.dataset,
+            "method": RERANK,
+            "seed": result.config.seed,
+            "method_kwargs": json.dumps({"top_k": reranked["rerank_top_k"], "grid_size": config.rerank_grid}),
+            **result.metrics,
+        }
         row.update(reranked)
         rows.append(row)
     return rows
 
 
-def comparison_frame(main: Sequence[tuple[str, RunResult]], classic: Sequence[tuple[str, RunResult]], rerank_rows: Sequence[Mapping[str, Any]], *, methods: Sequence[str]) -> pd.DataFrame:
+def comparison_frame(
+    main: Sequence[tuple[str, RunResult]],
+    classic: Sequence[tuple[str, RunResult]],
+    rerank_rows: Sequence[Mapping[str, Any]],
+    *,
+    methods: Sequence[str],
+) -> pd.DataFrame:
     """One row per run (and per re-ranked ``ms`` run) with a ``group`` column (main / classic), main methods in
     the order of ``methods`` (only those asked for), then the classic baselines."""
     parts = []
@@ -255,7 +316,9 @@ def comparison_frame(main: Sequence[tuple[str, RunResult]], classic: Sequence[tu
     if not parts:
         return pd.DataFrame(columns=["variant", "dataset", "method", "seed", "group"])
     frame = pd.concat(parts, ignore_index=True)
-    order = {name: i for i, name in enumerate([*methods, *dict.fromkeys(frame.loc[frame["group"] == "classic", "variant"])])}
+    order = {
+        name: i for i, name in enumerate([*methods, *dict.fromkeys(frame.loc[frame["group"] == "classic", "variant"])])
+    }
     frame["_order"] = frame["variant"].map(order)
     return frame.sort_values(["_order", "dataset", "seed"], kind="stable").drop(columns="_order").reset_index(drop=True)
 
@@ -273,7 +336,9 @@ def _seed_text(seeds: Iterable[Any]) -> str:
     return ", ".join(str(int(s)) for s in sorted(set(seeds)))
 
 
-def comparison_table(frame: pd.DataFrame, *, metrics: Sequence[str] | None = None, decimals: int = DECIMALS) -> pd.DataFrame:
+def comparison_table(
+    frame: pd.DataFrame, *, metrics: Sequence[str] | None = None, decimals: int = DECIMALS
+) -> pd.DataFrame:
     """Mean ± std over seeds per (dataset, method), in percent, in the frame's row order.
 
     Columns: ``dataset``, ``method`` (the label; classic rows with fewer seeds than the main rows get
@@ -285,7 +350,9 @@ def comparison_table(frame: pd.DataFrame, *, metrics: Sequence[str] | None = Non
     seeds = frame.groupby(["dataset", "variant", "group"], sort=False)["seed"].apply(_seed_text).tolist()
     table.insert(3, "seeds", seeds)
     main_runs = table.loc[table["group"] == "main"].groupby("dataset")["runs"].max()
-    fewer = [(g == "classic" and r < main_runs.get(d, 0)) for d, g, r in zip(table["dataset"], table["group"], table["runs"])]
+    fewer = [
+        (g == "classic" and r < main_runs.get(d, 0)) for d, g, r in zip(table["dataset"], table["group"], table["runs"])
+    ]
     labels = [method_label(v) + (f" {FEWER_SEEDS_MARK}" if f else "") for v, f in zip(table["variant"], fewer)]
     table.insert(1, "method", labels)
     flags = best_flags(table, metrics, decimals=decimals)
@@ -294,7 +361,9 @@ def comparison_table(frame: pd.DataFrame, *, metrics: Sequence[str] | None = Non
     return table
 
 
-def best_flags(table: pd.DataFrame, metrics: Sequence[str], *, by: str = "dataset", decimals: int = DECIMALS) -> pd.DataFrame:
+def best_flags(
+    table: pd.DataFrame, metrics: Sequence[str], *, by: str = "dataset", decimals: int = DECIMALS
+) -> pd.DataFrame:
     """``True`` where a row has the highest ``<metric>_mean`` of its ``by`` group, compared as displayed
     (rounded to ``decimals``), so ties are all best; missing values are never best."""
     flags = pd.DataFrame(False, index=table.index, columns=list(metrics))
@@ -319,13 +388,17 @@ def table_note(config: CompareStudy) -> str:
     ("" otherwise), and the note on the re-ranked row."""
     notes = []
     if config.classic_methods and len(set(config.classic_seeds)) < len(set(config.seeds)):
-        notes.append(f"{FEWER_SEEDS_MARK} classic baselines ran with {len(set(config.classic_seeds))} seed(s) "
-                     f"({_seed_text(config.classic_seeds)}) only, the main methods with {len(set(config.seeds))} "
-                     f"({_seed_text(config.seeds)}): their mean ± std is over fewer runs.")
+        notes.append(
+            f"{FEWER_SEEDS_MARK} classic baselines ran with {len(set(config.classic_seeds))} seed(s) "
+            f"({_seed_text(config.classic_seeds)}) only, the main methods with {len(set(config.seeds))} "
+            f"({_seed_text(config.seeds)}): their mean ± std is over fewer runs."
+        )
     if RERANK in config.methods:
-        notes.append(f"MS + DIML re-ranking: the MS runs' cosine top-{config.rerank_top_k} re-ranked by cos + s_struct "
-                     f"({config.rerank_grid} × {config.rerank_grid} local embeddings); NMI is the MS embeddings' "
-                     "(re-ranking changes neighbour order, not the embeddings).")
+        notes.append(
+            f"MS + DIML re-ranking: the MS runs' cosine top-{config.rerank_top_k} re-ranked by cos + s_struct "
+            f"({config.rerank_grid} × {config.rerank_grid} local embeddings); NMI is the MS embeddings' "
+            "(re-ranking changes neighbour order, not the embeddings)."
+        )
     return " ".join(notes)
 
 
@@ -335,8 +408,13 @@ def comparison_markdown(table: pd.DataFrame, config: CompareStudy, *, dataset: s
     metrics = [m for m in table_metrics_of(table) if rows[f"{m}_mean"].notna().any()]
     shown = bold_best(rows, metrics)[["method", "seeds", *metrics]]
     note = table_note(config)
-    lines = [f"### {dataset}: retrieval (%), mean ± std over seeds, best per column in bold", "",
-             f"Protocol: {config.protocol_text()}.", "", shown.to_markdown(index=False)]
+    lines = [
+        f"### {dataset}: retrieval (%), mean ± std over seeds, best per column in bold",
+        "",
+        f"Protocol: {config.protocol_text()}.",
+        "",
+        shown.to_markdown(index=False),
+    ]
     if note:
         lines += ["", note]
     return "\n".join(lines) + "\n"
@@ -344,7 +422,7 @@ def comparison_markdown(table: pd.DataFrame, config: CompareStudy, *, dataset: s
 
 def table_metrics_of(table: pd.DataFrame) -> list[str]:
     """The metric columns of a :func:`comparison_table` (those with a ``best`` flag), in order."""
-    return [c[len("best "):] for c in table.columns if c.startswith("best ")]
+    return [c[len("best ") :] for c in table.columns if c.startswith("best ")]
 
 
 def write_comparison(table: pd.DataFrame, config: CompareStudy, *, folder: str | Path | None = None) -> list[Path]:
@@ -364,7 +442,7 @@ def write_comparison(table: pd.DataFrame, config: CompareStudy, *, folder: str |
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Claim:
-    """"``better`` beats ``worse`` in R@1", as a paper claims it, with the paper's R@1 gain per paper dataset."""
+    """ "``better`` beats ``worse`` in R@1", as a paper claims it, with the paper's R@1 gain per paper dataset."""
 
     name: str
     better: str
@@ -396,17 +474,55 @@ def _dgcrl_gain(dataset: str, other: str) -> float:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("CRT > MS baseline", "crt", "ms", "CRT paper, MiT-B1", {d: _crt_gain(d) for d in ("CUB", "Cars")}),
-    Claim("DIML re-ranking > MS baseline", RERANK, "ms", "DIML supplement Table 1, ResNet-50, P@1 at K = 100",
-          {d: _diml_gain(d) for d in ("CUB", "Cars")}),
-    Claim("DIML training > MS baseline", "diml", "ms", "DIML paper (no MS-vs-DIML-trained number)", {"CUB": None, "Cars": None}),
-    Claim("cross-attention > MS baseline", "cross_attention", "ms", "cross-attention paper Table 1 (ResNet-50 vs the MS paper's BN-Inception)",
-          {d: _cross_attention_gain(d) for d in ("CUB", "Cars")}),
-    Claim("DGCRL > triplet", "dgcrl", "triplet", "DGCRL paper Table 1, ResNet-50", {d: _dgcrl_gain(d, "triplet") for d in ("CUB", "Cars")}),
-    Claim("DGCRL > lifted structure", "dgcrl", "lifted", "DGCRL paper Table 1, ResNet-50", {d: _dgcrl_gain(d, "lifted") for d in ("CUB", "Cars")}),
-    Claim("DGCRL > softmax without N-S", "dgcrl", "softmax", "DGCRL paper (N-S layer, centre margin and decorrelation over a plain softmax; no number)",
-          {"CUB": None, "Cars": None}),
-    Claim("DGCRL > normalized softmax", "dgcrl", "normsoftmax", "DGCRL paper (N-S layer + centre margin over a plain softmax; no number)",
-          {"CUB": None, "Cars": None}),
+    Claim(
+        "DIML re-ranking > MS baseline",
+        RERANK,
+        "ms",
+        "DIML supplement Table 1, ResNet-50, P@1 at K = 100",
+        {d: _diml_gain(d) for d in ("CUB", "Cars")},
+    ),
+    Claim(
+        "DIML training > MS baseline",
+        "diml",
+        "ms",
+        "DIML paper (no MS-vs-DIML-trained number)",
+        {"CUB": None, "Cars": None},
+    ),
+    Claim(
+        "cross-attention > MS baseline",
+        "cross_attention",
+        "ms",
+        "cross-attention paper Table 1 (ResNet-50 vs the MS paper's BN-Inception)",
+        {d: _cross_attention_gain(d) for d in ("CUB", "Cars")},
+    ),
+    Claim(
+        "DGCRL > triplet",
+        "dgcrl",
+        "triplet",
+        "DGCRL paper Table 1, ResNet-50",
+        {d: _dgcrl_gain(d, "triplet") for d in ("CUB", "Cars")},
+    ),
+    Claim(
+        "DGCRL > lifted structure",
+        "dgcrl",
+        "lifted",
+        "DGCRL paper Table 1, ResNet-50",
+        {d: _dgcrl_gain(d, "lifted") for d in ("CUB", "Cars")},
+    ),
+    Claim(
+        "DGCRL > softmax without N-S",
+        "dgcrl",
+        "softmax",
+        "DGCRL paper (N-S layer, centre margin and decorrelation over a plain softmax; no number)",
+        {"CUB": None, "Cars": None},
+    ),
+    Claim(
+        "DGCRL > normalized softmax",
+        "dgcrl",
+        "normsoftmax",
+        "DGCRL paper (N-S layer + centre margin over a plain softmax; no number)",
+        {"CUB": None, "Cars": None},
+    ),
 )
 
 
@@ -426,17 +542,36 @@ def claims_table(table: pd.DataFrame, *, claims: Sequence[Claim] = CLAIMS, metri
         for dataset in dict.fromkeys(table["dataset"]):
             better, worse = _stats(table, dataset, claim.better, metric), _stats(table, dataset, claim.worse, metric)
             paper_gain = claim.paper_gain.get(PAPER_DATASET.get(dataset, ""))
-            row = {"claim": claim.name, "dataset": dataset, "paper": claim.paper,
-                   f"paper Δ{metric}": paper_gain if paper_gain is not None else "–"}
+            row = {
+                "claim": claim.name,
+                "dataset": dataset,
+                "paper": claim.paper,
+                f"paper Δ{metric}": paper_gain if paper_gain is not None else "–",
+            }
             if better is None or worse is None:
                 missing = [name for name, stats in ((claim.better, better), (claim.worse, worse)) if stats is None]
-                rows.append({**row, f"ours Δ{metric}": math.nan, "s.e.": math.nan, "seeds": 0, "verdict": f"not evaluated (no {' / '.join(missing)} runs)"})
+                rows.append(
+                    {
+                        **row,
+                        f"ours Δ{metric}": math.nan,
+                        "s.e.": math.nan,
+                        "seeds": 0,
+                        "verdict": f"not evaluated (no {' / '.join(missing)} runs)",
+                    }
+                )
                 continue
             difference = better[0] - worse[0]
             error = math.sqrt(better[1] ** 2 / better[2] + worse[1] ** 2 / worse[2])
             seeds = min(better[2], worse[2])
-            rows.append({**row, f"ours Δ{metric}": round(difference, 2), "s.e.": round(error, 2) if seeds >= 2 else math.nan,
-                         "seeds": seeds, "verdict": kit.claim_verdict(difference, error, seeds)})
+            rows.append(
+                {
+                    **row,
+                    f"ours Δ{metric}": round(difference, 2),
+                    "s.e.": round(error, 2) if seeds >= 2 else math.nan,
+                    "seeds": seeds,
+                    "verdict": kit.claim_verdict(difference, error, seeds),
+                }
+            )
     columns = ["claim", "dataset", f"ours Δ{metric}", "s.e.", "seeds", f"paper Δ{metric}", "paper", "verdict"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -451,11 +586,18 @@ def claim_sentences(claims: pd.DataFrame, *, metric: str = "R@1") -> list[str]:
     evaluated = claims[~claims["verdict"].str.startswith("not evaluated")]
     if evaluated.empty:
         return ["No claim could be evaluated: the methods it compares did not run."]
-    counts = {kind: int(evaluated["verdict"].str.startswith(kind).sum()) for kind in ("held", "did not hold", "inconclusive", "no difference")}
+    counts = {
+        kind: int(evaluated["verdict"].str.startswith(kind).sum())
+        for kind in ("held", "did not hold", "inconclusive", "no difference")
+    }
     skipped = sorted(set(claims.loc[claims["verdict"].str.startswith("not evaluated"), "claim"]))
-    summary = (f"Of {len(evaluated)} claim × dataset comparisons, {counts['held']} held, {counts['did not hold']} did not hold, "
-               f"{counts['inconclusive']} were within seed noise" + (f" and {counts['no difference']} showed no difference" if counts["no difference"] else "")
-               + "." + (f" Not evaluated (methods not run): {', '.join(skipped)}." if skipped else ""))
+    summary = (
+        f"Of {len(evaluated)} claim × dataset comparisons, {counts['held']} held, {counts['did not hold']} did not hold, "
+        f"{counts['inconclusive']} were within seed noise"
+        + (f" and {counts['no difference']} showed no difference" if counts["no difference"] else "")
+        + "."
+        + (f" Not evaluated (methods not run): {', '.join(skipped)}." if skipped else "")
+    )
     return [*sentences, summary]
 
 
@@ -463,7 +605,11 @@ def _claim_sentence(row: Mapping[str, Any], *, metric: str) -> str:
     difference, error, seeds = row[f"ours Δ{metric}"], row["s.e."], row["seeds"]
     noise = f" ± {error:.2f} s.e." if seeds >= 2 else ""
     paper = row[f"paper Δ{metric}"]
-    paper_text = f"the paper reports {paper:+.2f} ({row['paper']})" if paper != "–" else f"the paper gives no number ({row['paper']})"
+    paper_text = (
+        f"the paper reports {paper:+.2f} ({row['paper']})"
+        if paper != "–"
+        else f"the paper gives no number ({row['paper']})"
+    )
     return f"{row['dataset']}: {row['claim']}: ours {difference:+.2f} {metric} points{noise} over {seeds} seed(s); {paper_text} → {row['verdict']}."
 
 
@@ -471,7 +617,7 @@ def caveats(config: CompareStudy, frame: pd.DataFrame) -> list[str]:
     """What limits the reading, with this study's actual settings."""
     parameters = frame.groupby("variant")["parameters"].first() if "parameters" in frame else pd.Series(dtype=float)
     base = f" ({parameters['ms'] / 1e6:.2f} M parameters with the MS head)" if "ms" in parameters else ""
-    classic = (f"; classic baselines {len(set(config.classic_seeds))} seed(s)" if config.classic_methods else "")
+    classic = f"; classic baselines {len(set(config.classic_seeds))} seed(s)" if config.classic_methods else ""
     return [
         f"Synthetic data: {', '.join(config.datasets)} stand in for CUB-200 / Cars196; the papers' effects were measured on real photographs.",
         f"Small backbone trained from scratch: {config.backbone}{base}, random initialisation — no ImageNet pre-training, which every paper uses "
@@ -492,7 +638,9 @@ def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd
     """Rows = methods, columns = datasets: :func:`kit.geometry_summary` of ``metric`` (``ESD`` or ``rho``) with the
     CRT paper's MS / +CRT numbers beside. The re-ranked row is left out (same embeddings as ``ms``)."""
     paper = numbers("crt", "ESD" if metric == "ESD" else "RHO")
-    return kit.geometry_summary(own_embedding_rows(frame), metric=metric, paper=paper, label=method_label, decimals=decimals)
+    return kit.geometry_summary(
+        own_embedding_rows(frame), metric=metric, paper=paper, label=method_label, decimals=decimals
+    )
 
 
 def own_embedding_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -517,10 +665,16 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
     metrics = [m for m in ("train_seconds", "seconds_per_epoch", "rerank_seconds") if m in frame.columns]
     table = summarize(frame, by=["dataset", "variant"], metrics=metrics, percent=False, decimals=1)
     parameters = frame.groupby(["dataset", "variant"], sort=False)["parameters"].first() / 1e6
-    table.insert(2, "parameters (M)", [round(float(parameters.loc[(d, v)]), 3) for d, v in zip(table["dataset"], table["variant"])])
+    table.insert(
+        2,
+        "parameters (M)",
+        [round(float(parameters.loc[(d, v)]), 3) for d, v in zip(table["dataset"], table["variant"])],
+    )
     table.insert(1, "method", [method_label(v) for v in table["variant"]])
     if "rerank_seconds" in table:
-        table["rerank_seconds"] = [text if v == RERANK else "–" for text, v in zip(table["rerank_seconds"], table["variant"])]
+        table["rerank_seconds"] = [
+            text if v == RERANK else "–" for text, v in zip(table["rerank_seconds"], table["variant"])
+        ]
     return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
 
 
@@ -534,13 +688,26 @@ def time_figure(frame: pd.DataFrame) -> plt.Figure:
         for index, (variant, group) in enumerate(rows.groupby("variant", sort=False)):
             x, y = group["train_seconds"], 100 * group["R@1"]
             marker = "s" if group["group"].iloc[0] == "classic" else ("D" if variant == RERANK else "o")
-            axis.errorbar(x.mean(), y.mean(), xerr=x.std() if len(group) > 1 else None, yerr=y.std() if len(group) > 1 else None,
-                          marker=marker, color=f"C{index % 10}", capsize=3, linestyle="none", label=method_label(variant))
-            axis.annotate(method_label(variant), (x.mean(), y.mean()), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            axis.errorbar(
+                x.mean(),
+                y.mean(),
+                xerr=x.std() if len(group) > 1 else None,
+                yerr=y.std() if len(group) > 1 else None,
+                marker=marker,
+                color=f"C{index % 10}",
+                capsize=3,
+                linestyle="none",
+                label=method_label(variant),
+            )
+            axis.annotate(
+                method_label(variant), (x.mean(), y.mean()), textcoords="offset points", xytext=(4, 4), fontsize=7
+            )
         axis.set(xlabel="training seconds (whole run)", ylabel="R@1 (%)", title=dataset)
         axis.grid(alpha=0.3)
     axes[0, -1].legend(fontsize=7, loc="best")
-    figure.suptitle("R@1 against training time (circles: main methods, squares: classic baselines, diamond: re-ranked MS)")
+    figure.suptitle(
+        "R@1 against training time (circles: main methods, squares: classic baselines, diamond: re-ranked MS)"
+    )
     figure.tight_layout()
     return figure
 
@@ -587,16 +754,23 @@ def figures_readme(folder: str | Path, *, study: str = "") -> str:
     by_notebook: dict[str | None, list[str]] = {}
     for name in names:
         by_notebook.setdefault(figure_notebook(name), []).append(name)
-    lines = ["# Figures", "",
-             "Written by the study's notebooks (`make study` regenerates them from the run records; do not edit by hand).",
-             "Each figure names the notebook that made it, from its file-name prefix.", ""]
+    lines = [
+        "# Figures",
+        "",
+        "Written by the study's notebooks (`make study` regenerates them from the run records; do not edit by hand).",
+        "Each figure names the notebook that made it, from its file-name prefix.",
+        "",
+    ]
     for notebook in [*order, None]:
         if notebook not in by_notebook:
             continue
         lines += [f"## {notebook or 'no notebook prefix'}", ""]
         if notebook in entries:
-            lines += [f"Plan entry `{entries[notebook]}` of `plans/{study}.yaml`; executed notebook "
-                      f"`runs/{study}/{entries[notebook]}/{notebook}`; runs under `runs/{study}/`.", ""]
+            lines += [
+                f"Plan entry `{entries[notebook]}` of `plans/{study}.yaml`; executed notebook "
+                f"`runs/{study}/{entries[notebook]}/{notebook}`; runs under `runs/{study}/`.",
+                "",
+            ]
         for name in by_notebook[notebook]:
             made_by = f"made by `notebooks/{notebook}`" if notebook else "made by: unknown (no known file-name prefix)"
             lines += [f"**{name}** — {made_by}", "", f"![]({name})", ""]

@@ -16,7 +16,8 @@ Decisions (stated in the notebook too):
   class) and on image b (another class), blocks 2, 4, 6, and their difference — "how a map changes when
   the conditioning image changes". Maps are drawn on the test-transformed image the network saw.
 * Local parts: the query location of an image is its interior feature-map cell with the largest L2 norm
-  (the most activated part; border cells are left out, zero padding dominates them); each other test image contributes its most similar cell (cosine of backbone features
+  (the most activated part; border cells are left out, zero padding dominates them); each other test image
+  contributes its most similar cell (cosine of backbone features
   E(I)ₓᵧ, as the paper's Sec. 4.3.2); the top images are shown as crops of two cells around that cell.
 * The "larger backbone without blocks" is timm's ``test_resnet`` at output stride 16 (a 4 × 4 grid like
   ours): the paper pairs ResNet-50 + blocks (27.7M) with a ResNet-101 baseline (45.3M).
@@ -24,12 +25,14 @@ Decisions (stated in the notebook too):
   orient the reader and are not targets. SynBirds stands beside CUB and Glyphs beside Cars. Figure 3's
   values exist only as a plot in the paper; its reading (caption vs text) is quoted instead.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -40,11 +43,27 @@ from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.experiments.kit import (
-    arrow, as_grid, box, device_of, difference, effect_sentence, lookup, paper_column, paper_dataset, run_variants, without_numbers,
+    arrow,
+    as_grid,
+    box,
+    device_of,
+    difference,
+    effect_sentence,
+    lookup,
+    paper_column,
+    paper_dataset,
+    run_variants,
+    without_numbers,
 )
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame
-from dmlstudy.methods.cross_attention import AttentionRecorder, CrossAttention, conditional_retrieval, feature_maps, subset_indices
+from dmlstudy.methods.cross_attention import (
+    AttentionRecorder,
+    CrossAttention,
+    conditional_retrieval,
+    feature_maps,
+    subset_indices,
+)
 from dmlstudy.plots import CORRECT, WRONG, seen_image
 from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, load_datasets
@@ -54,7 +73,9 @@ from dmlstudy.train import RunResult, load_datasets
 # ----------------------------------------------------------------------------------------------
 PAPER_TABLE1 = numbers("cross_attention", "TABLE1")  # paper dataset → variant → (R@1, R@2, NMI)
 PAPER_PARAMETERS = numbers("cross_attention", "PARAMETERS")  # model → (parameters in millions, R@1 CUB, R@1 Cars)
-PAPER_OVERHEAD_AT_128 = numbers("cross_attention", "OVERHEAD_AT_128")  # training time per batch of 128, with blocks / without
+PAPER_OVERHEAD_AT_128 = numbers(
+    "cross_attention", "OVERHEAD_AT_128"
+)  # training time per batch of 128, with blocks / without
 PAPER_BLOCKS = numbers("cross_attention", "BLOCKS")  # N of every experiment in the paper
 PAPER_FIGURE3_CAPTION = numbers("cross_attention", "FIGURE3_CAPTION")
 PAPER_FIGURE3_TEXT = numbers("cross_attention", "FIGURE3_TEXT")
@@ -64,9 +85,13 @@ PAPER_FIGURE3_TEXT = numbers("cross_attention", "FIGURE3_TEXT")
 class CrossAttentionStudy(ProtocolConfig):
     """Parameters of ``notebooks/30_cross_attention.ipynb``: the protocol plus the method's ablations."""
 
-    ablation_datasets: list = field(default_factory=lambda: ["synbirds"])  # datasets of the N × n grid, the options and the parameter table
+    ablation_datasets: list = field(
+        default_factory=lambda: ["synbirds"]
+    )  # datasets of the N × n grid, the options and the parameter table
     ablation_seeds: list = field(default_factory=lambda: [0])  # seeds of the ablations
-    block_counts: list = field(default_factory=lambda: [0, 6])  # trained N, the rows of the grid (N 0 is the ms run, N 6 the cross_attention run)
+    block_counts: list = field(
+        default_factory=lambda: [0, 6]
+    )  # trained N, the rows of the grid (N 0 is the ms run, N 6 the cross_attention run)
     rescoring_subset: int = 100  # test images scored all-against-all with sⁿ (0: the whole test set)
     options: list = field(default_factory=list)  # extra variants: independent, residual, unconditional_loss
     larger_backbone: str = "test_resnet"  # MS without blocks on this (bigger) backbone; "" skips the table
@@ -75,7 +100,7 @@ class CrossAttentionStudy(ProtocolConfig):
     part_queries: int = 2  # query images of the local-part figure (one location each)
     part_neighbours: int = 6  # most similar locations shown per query
 
-    def ablation_protocol(self) -> "CrossAttentionStudy":
+    def ablation_protocol(self) -> CrossAttentionStudy:
         """This config with the ablation seeds."""
         return dataclasses.replace(self, seeds=list(self.ablation_seeds))
 
@@ -83,7 +108,11 @@ class CrossAttentionStudy(ProtocolConfig):
 # ----------------------------------------------------------------------------------------------
 # Variants and runs
 # ----------------------------------------------------------------------------------------------
-OPTION_KWARGS = {"independent": {"shared_blocks": False}, "residual": {"residual": True}, "unconditional_loss": {"unconditional_loss": True}}
+OPTION_KWARGS = {
+    "independent": {"shared_blocks": False},
+    "residual": {"residual": True},
+    "unconditional_loss": {"unconditional_loss": True},
+}
 SHARED_RUNS = ("ms", "cross_attention")  # reused by the comparison notebook: trained exactly as the protocol says
 FINAL_EVALUATION_ONLY = {"eval_every": 1_000_000}  # ablation-only runs: test metrics after the last epoch only
 
@@ -91,8 +120,11 @@ FINAL_EVALUATION_ONLY = {"eval_every": 1_000_000}  # ablation-only runs: test me
 def method_defaults() -> dict[str, Any]:
     """The method's keyword arguments and their defaults (from the class signature)."""
     skip = {"backbone", "embedding_dim", "num_classes"}
-    return {name: spec.default for name, spec in inspect.signature(CrossAttention.__init__).parameters.items()
-            if name not in skip and spec.default is not inspect.Parameter.empty}
+    return {
+        name: spec.default
+        for name, spec in inspect.signature(CrossAttention.__init__).parameters.items()
+        if name not in skip and spec.default is not inspect.Parameter.empty
+    }
 
 
 def variant(**method_kwargs: Any) -> tuple[str, dict[str, Any]]:
@@ -124,7 +156,10 @@ def option_variants(options: Sequence[str]) -> dict[str, tuple[str, dict]]:
     unknown = sorted(set(options) - set(OPTION_KWARGS))
     if unknown:
         raise KeyError(f"options: unknown {unknown}; valid: {sorted(OPTION_KWARGS)}")
-    return {"default (shared, no residual, MS on sᴺ)": variant(), **{name: variant(**OPTION_KWARGS[name]) for name in options}}
+    return {
+        "default (shared, no residual, MS on sᴺ)": variant(),
+        **{name: variant(**OPTION_KWARGS[name]) for name in options},
+    }
 
 
 def larger_backbone_variant(name: str) -> tuple[str, dict]:
@@ -142,15 +177,26 @@ def ablation_grid(variants: Mapping[Any, tuple[str, dict]]) -> dict[str, dict]:
     evaluation does not change training, so their final metrics are the same, and on 2 CPU cores a test-set
     evaluation per epoch costs about as much as the epoch itself.
     """
-    return {name: spec if name in SHARED_RUNS else {**spec, **FINAL_EVALUATION_ONLY} for name, spec in as_grid(variants).items()}
+    return {
+        name: spec if name in SHARED_RUNS else {**spec, **FINAL_EVALUATION_ONLY}
+        for name, spec in as_grid(variants).items()
+    }
 
 
 def parameter_variants(larger_backbone: str) -> dict[str, dict]:
     """MS, MS + blocks (``cross_attention``) and MS on ``larger_backbone``, ready for :meth:`ProtocolConfig.grid`."""
-    return ablation_grid({"ms": ("ms", {"method": "ms"}), "cross_attention": variant(), "larger": larger_backbone_variant(larger_backbone)})
+    return ablation_grid(
+        {
+            "ms": ("ms", {"method": "ms"}),
+            "cross_attention": variant(),
+            "larger": larger_backbone_variant(larger_backbone),
+        }
+    )
 
 
-def run_block_grid(protocol: ProtocolConfig, block_counts: Sequence[int], *, dataset: str) -> dict[int, list[RunResult]]:
+def run_block_grid(
+    protocol: ProtocolConfig, block_counts: Sequence[int], *, dataset: str
+) -> dict[int, list[RunResult]]:
     """Train (or load) one model per trained N (and seed of ``protocol``) on ``dataset``: ``{N: [runs]}``."""
     variants = grid_variants(block_counts)
     results = run_variants(protocol, ablation_grid(variants), datasets=[dataset])
@@ -169,19 +215,34 @@ def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list
             ours, seeds = difference(table, dataset, "cross_attention", "ms", metric)
             values = [paper.get(v, (None,) * 3)[index] for v in ("cross_attention", "ms")] if paper else [None, None]
             gain = values[0] - values[1] if None not in values else None
-            sentences.append(effect_sentence(f"{dataset}: cross-attention − MS, {metric}", ours=ours, paper=gain, seeds=seeds,
-                                             unit=f"{metric} points"))
+            sentences.append(
+                effect_sentence(
+                    f"{dataset}: cross-attention − MS, {metric}",
+                    ours=ours,
+                    paper=gain,
+                    seeds=seeds,
+                    unit=f"{metric} points",
+                )
+            )
         (slow, _), _ = difference(table, dataset, "cross_attention", "ms", "seconds_per_epoch")
         base = lookup(table, dataset, "ms", "seconds_per_epoch")[0]
-        sentences.append(f"{dataset}: training seconds per epoch (data loading included) with the blocks / without = "
-                         f"{(base + slow) / base:.2f} (the paper: {PAPER_OVERHEAD_AT_128:.2f} per batch of 128 with a ResNet-50, "
-                         f"whose backbone dominates the step; ours is small and the machine may be shared).")
-    shown = paper_column(table, PAPER_TABLE1, label=lambda name: f"paper R@1 / R@2 / NMI ({name})",
-                         show=lambda values: " / ".join("–" if v is None else f"{v:.1f}" for v in values))
+        sentences.append(
+            f"{dataset}: training seconds per epoch (data loading included) with the blocks / without = "
+            f"{(base + slow) / base:.2f} (the paper: {PAPER_OVERHEAD_AT_128:.2f} per batch of 128 with a ResNet-50, "
+            f"whose backbone dominates the step; ours is small and the machine may be shared)."
+        )
+    shown = paper_column(
+        table,
+        PAPER_TABLE1,
+        label=lambda name: f"paper R@1 / R@2 / NMI ({name})",
+        show=lambda values: " / ".join("–" if v is None else f"{v:.1f}" for v in values),
+    )
     return without_numbers(shown), sentences
 
 
-def rescoring_grid(results: Mapping[int, list[RunResult]], *, subset: int, seed: int = 0, ks: Sequence[int] = (1,)) -> pd.DataFrame:
+def rescoring_grid(
+    results: Mapping[int, list[RunResult]], *, subset: int, seed: int = 0, ks: Sequence[int] = (1,)
+) -> pd.DataFrame:
     """The paper's Figure 3 on our data: R@1 (%) of sⁿ, all against all on a seeded test subset, for every
     trained N (rows) and inference level n ≤ N (columns), averaged over the runs (seeds) of each N; the last
     column is the full-test-set R@1 of s⁰ from the run's own evaluation.
@@ -194,8 +255,14 @@ def rescoring_grid(results: Mapping[int, list[RunResult]], *, subset: int, seed:
         for result in runs:
             for level, value in level_recalls(result, subset=subset, seed=seed, ks=ks).items():
                 scores.setdefault(level, []).append(100.0 * value)
-        rows.append({"trained N": count, **{f"n={n}": float(np.mean(v)) for n, v in sorted(scores.items())},
-                     "full test R@1 (s⁰)": 100.0 * float(np.mean([r.metrics["R@1"] for r in runs])), "runs": len(runs)})
+        rows.append(
+            {
+                "trained N": count,
+                **{f"n={n}": float(np.mean(v)) for n, v in sorted(scores.items())},
+                "full test R@1 (s⁰)": 100.0 * float(np.mean([r.metrics["R@1"] for r in runs])),
+                "runs": len(runs),
+            }
+        )
     grid = pd.DataFrame(rows).set_index("trained N")
     levels = sorted((c for c in grid.columns if c.startswith("n=")), key=lambda c: int(c[2:]))
     return grid[[*levels, "full test R@1 (s⁰)", "runs"]]
@@ -211,7 +278,9 @@ def level_recalls(result: RunResult, *, subset: int, seed: int = 0, ks: Sequence
         return {0: values["R@1"]}
     test = load_datasets(result.config)["query"]
     maps = feature_maps(method, torch.utils.data.Subset(test, chosen.tolist()), device=device_of(method))
-    return {level: values["R@1"] for level, values in conditional_retrieval(method, maps, labels[chosen], ks=ks).items()}
+    return {
+        level: values["R@1"] for level, values in conditional_retrieval(method, maps, labels[chosen], ks=ks).items()
+    }
 
 
 def grid_readings(grid: pd.DataFrame) -> list[str]:
@@ -227,18 +296,23 @@ def grid_readings(grid: pd.DataFrame) -> list[str]:
         last.append(grid.loc[count, f"n={count}"] - base)
     sentences = []
     if trained:
-        verdict = ("on our data sⁿ with n = N helps at test time, as the paper's text says (not its caption)" if np.mean(last) > 0
-                   else "on our data sⁿ with n = N hurts at test time, as the paper's caption says (not its text)")
+        verdict = (
+            "on our data sⁿ with n = N helps at test time, as the paper's text says (not its caption)"
+            if np.mean(last) > 0
+            else "on our data sⁿ with n = N hurts at test time, as the paper's caption says (not its text)"
+        )
         sentences.append(
             f"Test-time level: some n > 0 beat s⁰ in {better} of {len(trained)} trained models; over all n > 0 the mean change is "
             f"{np.mean(changes):+.2f} R@1 points and at n = N it is {np.mean(last):+.2f} → {verdict}. "
-            f"Caption: “{PAPER_FIGURE3_CAPTION}”; text: “{PAPER_FIGURE3_TEXT}”.")
+            f"Caption: “{PAPER_FIGURE3_CAPTION}”; text: “{PAPER_FIGURE3_TEXT}”."
+        )
     full = grid["full test R@1 (s⁰)"]
     best = int(full.idxmax())
     sentences.append(
         f"Trained N: the best full-test R@1 with s⁰ is at N = {best} ({full.max():.1f}); N = 0 (MS) gives {full.get(0, float('nan')):.1f}, "
         f"largest N = {int(full.index.max())} gives {full.iloc[-1]:.1f} (the paper: gains saturate around 6–8 blocks, best N = {PAPER_BLOCKS}; "
-        f"{'single seed, no noise estimate' if int(grid['runs'].max()) < 2 else 'mean over seeds'}).")
+        f"{'single seed, no noise estimate' if int(grid['runs'].max()) < 2 else 'mean over seeds'})."
+    )
     return sentences
 
 
@@ -250,17 +324,32 @@ def grid_heatmap(grid: pd.DataFrame, *, title: str = "") -> plt.Figure:
     image = axis.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto")
     for (row, column), value in np.ndenumerate(values):
         if not np.isnan(value):
-            axis.text(column, row, f"{value:.1f}", ha="center", va="center", fontsize=8,
-                      color="white" if value < np.nanmean(values) else "black")
-    axis.set(xticks=range(len(levels)), xticklabels=[c[2:] for c in levels], yticks=range(len(grid)),
-             yticklabels=[str(n) for n in grid.index], xlabel="inference level n (sⁿ)", ylabel="trained blocks N",
-             title=title or "R@1 (%) of sⁿ on a test subset")
+            axis.text(
+                column,
+                row,
+                f"{value:.1f}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if value < np.nanmean(values) else "black",
+            )
+    axis.set(
+        xticks=range(len(levels)),
+        xticklabels=[c[2:] for c in levels],
+        yticks=range(len(grid)),
+        yticklabels=[str(n) for n in grid.index],
+        xlabel="inference level n (sⁿ)",
+        ylabel="trained blocks N",
+        title=title or "R@1 (%) of sⁿ on a test subset",
+    )
     figure.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
     figure.tight_layout()
     return figure
 
 
-def options_table(results: list[tuple[str, RunResult]], variants: Mapping[str, tuple[str, dict]]) -> tuple[pd.DataFrame, list[str]]:
+def options_table(
+    results: list[tuple[str, RunResult]], variants: Mapping[str, tuple[str, dict]]
+) -> tuple[pd.DataFrame, list[str]]:
     """The options at N = 6 against the default (R@1, NMI; mean ± std), one sentence per option."""
     labels = {name: label for label, (name, _) in variants.items()}
     table = mean_std_table(results_frame(results), metrics=["R@1", "NMI"])
@@ -280,7 +369,11 @@ def parameter_table(results: list[tuple[str, RunResult]], *, larger: str) -> tup
     frame = results_frame(results)
     table = mean_std_table(frame, metrics=["R@1"])
     rows = []
-    models = {"ms": "MS (protocol backbone)", "cross_attention": "MS + 6 cross-attention blocks", larger: "MS, larger backbone, no blocks"}
+    models = {
+        "ms": "MS (protocol backbone)",
+        "cross_attention": "MS + 6 cross-attention blocks",
+        larger: "MS, larger backbone, no blocks",
+    }
     for name, label in models.items():
         result = next((r for v, r in results if v == name), None)
         if result is None:
@@ -288,7 +381,12 @@ def parameter_table(results: list[tuple[str, RunResult]], *, larger: str) -> tup
         method = result.method
         blocks = sum(p.numel() for p in method.blocks.parameters()) if isinstance(method, CrossAttention) else 0
         total = sum(p.numel() for p in method.parameters())
-        row = {"model": label, "backbone": result.config.backbone, "parameters (training)": total, "parameters (inference)": total - blocks}
+        row = {
+            "model": label,
+            "backbone": result.config.backbone,
+            "parameters (training)": total,
+            "parameters (inference)": total - blocks,
+        }
         for dataset in dict.fromkeys(table["dataset"]):
             row[f"R@1 {dataset}"] = mean_std_text(*lookup(table, dataset, name))
         rows.append(row)
@@ -298,11 +396,18 @@ def parameter_table(results: list[tuple[str, RunResult]], *, larger: str) -> tup
         ca_params, big_params = rows[1]["parameters (training)"], rows[2]["parameters (training)"]
         for dataset in dict.fromkeys(table["dataset"]):
             (gain, error), seeds = difference(table, dataset, "cross_attention", larger)
-            paper = PAPER_PARAMETERS["ResNet-50 + 6 blocks"][1 if paper_dataset(dataset) == "CUB" else 2] - \
-                PAPER_PARAMETERS["ResNet-101, MS, no blocks"][1 if paper_dataset(dataset) == "CUB" else 2]
-            sentences.append(effect_sentence(
-                f"{dataset}: MS + blocks ({ca_params / 1e6:.2f}M) − larger backbone ({big_params / 1e6:.2f}M)",
-                ours=(gain, error), paper=paper, seeds=seeds))
+            paper = (
+                PAPER_PARAMETERS["ResNet-50 + 6 blocks"][1 if paper_dataset(dataset) == "CUB" else 2]
+                - PAPER_PARAMETERS["ResNet-101, MS, no blocks"][1 if paper_dataset(dataset) == "CUB" else 2]
+            )
+            sentences.append(
+                effect_sentence(
+                    f"{dataset}: MS + blocks ({ca_params / 1e6:.2f}M) − larger backbone ({big_params / 1e6:.2f}M)",
+                    ours=(gain, error),
+                    paper=paper,
+                    seeds=seeds,
+                )
+            )
     return shown, sentences
 
 
@@ -315,7 +420,9 @@ def gradient_variants(block_counts: Sequence[int] = (1, 2, 6)) -> dict[str, tupl
     return variants
 
 
-def initial_gradients(protocol: ProtocolConfig, *, dataset: str, variants: Mapping[str, tuple[str, dict]], seed: int = 0) -> pd.DataFrame:
+def initial_gradients(
+    protocol: ProtocolConfig, *, dataset: str, variants: Mapping[str, tuple[str, dict]], seed: int = 0
+) -> pd.DataFrame:
     """‖∂L/∂W‖ of the test-time embedding layer φ and of the first convolution at initialisation, on one
     class-balanced training batch, per variant (same seed, so the same backbone and φ weights).
 
@@ -327,8 +434,13 @@ def initial_gradients(protocol: ProtocolConfig, *, dataset: str, variants: Mappi
     from dmlstudy.train import build_model
 
     train = load_datasets(protocol.train_config(dataset=dataset, seed=seed, name="ms", method="ms"))["train"]
-    sampler = ClassBalancedBatchSampler(train.labels, classes_per_batch=protocol.classes_per_batch,
-                                        samples_per_class=protocol.samples_per_class, num_batches=1, seed=seed)
+    sampler = ClassBalancedBatchSampler(
+        train.labels,
+        classes_per_batch=protocol.classes_per_batch,
+        samples_per_class=protocol.samples_per_class,
+        num_batches=1,
+        seed=seed,
+    )
     indices = next(iter(sampler))
     torch.manual_seed(seed)
     images = torch.stack([train[i][0] for i in indices])
@@ -340,19 +452,30 @@ def initial_gradients(protocol: ProtocolConfig, *, dataset: str, variants: Mappi
         loss, _ = method.loss(images, labels)
         loss.backward()
         first_conv = next(m for m in method.backbone.modules() if isinstance(m, torch.nn.Conv2d))
-        rows.append({"variant": label, "loss": float(loss.detach()), "‖∂L/∂W_φ‖": float(method.embedding.weight.grad.norm()),
-                     "‖∂L/∂W_conv1‖": float(first_conv.weight.grad.norm())})
+        rows.append(
+            {
+                "variant": label,
+                "loss": float(loss.detach()),
+                "‖∂L/∂W_φ‖": float(method.embedding.weight.grad.norm()),
+                "‖∂L/∂W_conv1‖": float(first_conv.weight.grad.norm()),
+            }
+        )
     return pd.DataFrame(rows).set_index("variant")
 
 
 def gradient_reading(table: pd.DataFrame) -> str:
     """Computed sentence: how much gradient reaches φ with the paper's block, relative to MS."""
     base = table.loc["MS (no blocks)", "‖∂L/∂W_φ‖"]
-    deepest = max((label for label in table.index if label.startswith("N = ") and "," not in label), key=lambda l: int(l.split()[-1]))
+    deepest = max(
+        (label for label in table.index if label.startswith("N = ") and "," not in label),
+        key=lambda label: int(label.split()[-1]),
+    )
     ratio = table.loc[deepest, "‖∂L/∂W_φ‖"] / base
     fixes = ", ".join(f"{label}: {table.loc[label, '‖∂L/∂W_φ‖'] / base:.2g}×" for label in table.index if "," in label)
-    return (f"At initialisation the test-time layer φ receives {ratio:.2g}× the gradient of MS with {deepest} "
-            f"({'vanishing' if ratio < 1e-3 else 'comparable' if ratio > 0.1 else 'attenuated'}); with a direct path: {fixes}.")
+    return (
+        f"At initialisation the test-time layer φ receives {ratio:.2g}× the gradient of MS with {deepest} "
+        f"({'vanishing' if ratio < 1e-3 else 'comparable' if ratio > 0.1 else 'attenuated'}); with a direct path: {fixes}."
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,14 +494,31 @@ def hierarchy_diagram(*, levels: int = 3, channels: int = 128, grid: int = 4, em
     for name, x in columns.items():
         other = "j" if name == "i" else "i"
         side = memories[name]
-        axis.add_patch(FancyBboxPatch((side - 0.55, 0.45), 1.1, top - 0.45, boxstyle="round,pad=0.05", facecolor="#c6dbef", edgecolor="0.3"))
-        axis.text(side, (top + 0.45) / 2, f"E_{name}\n{grid}×{grid}×{channels}\n\nLN,\nthen\nK, V\n(once)", ha="center", va="center", fontsize=8)
+        axis.add_patch(
+            FancyBboxPatch(
+                (side - 0.55, 0.45), 1.1, top - 0.45, boxstyle="round,pad=0.05", facecolor="#c6dbef", edgecolor="0.3"
+            )
+        )
+        axis.text(
+            side,
+            (top + 0.45) / 2,
+            f"E_{name}\n{grid}×{grid}×{channels}\n\nLN,\nthen\nK, V\n(once)",
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
         box(axis, (x, 0.9), f"φ⁰({name}) = Linear(avgpool E_{name})", width=width, height=0.55, colour="#e5f5e0")
         start, edge = (side + 0.55, x - width / 2) if name == "i" else (side - 0.55, x + width / 2)
         arrow(axis, (start, 0.9), (edge, 0.9), colour="0.35")
         for level in range(1, levels + 1):
             y = 0.9 + level
-            box(axis, (x, y), f"φ{_sup(level)}({name}|{other}) = CA(φ{_sup(level - 1)}({other}|{name}), E_{name}, E_{name})", width=width, height=0.55)
+            box(
+                axis,
+                (x, y),
+                f"φ{_sup(level)}({name}|{other}) = CA(φ{_sup(level - 1)}({other}|{name}), E_{name}, E_{name})",
+                width=width,
+                height=0.55,
+            )
             edge = x - width / 2 if name == "i" else x + width / 2
             arrow(axis, (side + (0.55 if name == "i" else -0.55), y), (edge, y), colour="#3182bd", linestyle=":")
     inner_i, inner_j = columns["i"] + width / 2, columns["j"] - width / 2
@@ -386,11 +526,27 @@ def hierarchy_diagram(*, levels: int = 3, channels: int = 128, grid: int = 4, em
         y = 0.9 + level
         arrow(axis, (inner_j, y - 1.0), (inner_i, y), colour="#e6550d")
         arrow(axis, (inner_i, y - 1.0), (inner_j, y), colour="#e6550d")
-    axis.text(5.0, top + 0.55, f"s{_sup(levels)}(i, j) = cos(φ{_sup(levels)}(i|j), φ{_sup(levels)}(j|i))  →  Multi-Similarity loss",
-              ha="center", fontsize=9.5, color="#a50f15")
-    axis.text(5.0, -0.3, "grey: average pooling;  orange: the query q̂ = the OTHER image's previous level, normalised;  "
-                        f"blue dotted: keys and values from the image's own feature map;  d = {embedding_dim}", ha="center", va="center", fontsize=7.5)
-    axis.set_title("Training only — a B × B × d tensor per level for all ordered pairs of the batch; test time uses φ⁰ alone", fontsize=9)
+    axis.text(
+        5.0,
+        top + 0.55,
+        f"s{_sup(levels)}(i, j) = cos(φ{_sup(levels)}(i|j), φ{_sup(levels)}(j|i))  →  Multi-Similarity loss",
+        ha="center",
+        fontsize=9.5,
+        color="#a50f15",
+    )
+    axis.text(
+        5.0,
+        -0.3,
+        "grey: average pooling;  orange: the query q̂ = the OTHER image's previous level, normalised;  "
+        f"blue dotted: keys and values from the image's own feature map;  d = {embedding_dim}",
+        ha="center",
+        va="center",
+        fontsize=7.5,
+    )
+    axis.set_title(
+        "Training only — a B × B × d tensor per level for all ordered pairs of the batch; test time uses φ⁰ alone",
+        fontsize=9,
+    )
     return figure
 
 
@@ -413,14 +569,18 @@ def attention_triples(labels: np.ndarray, count: int, *, seed: int = 0) -> list[
     return triples
 
 
-def attention_figure(method: CrossAttention, dataset, triples: Sequence[tuple[int, int, int]], *, blocks: Sequence[int] = (2, 4, 6)) -> plt.Figure:
+def attention_figure(
+    method: CrossAttention, dataset, triples: Sequence[tuple[int, int, int]], *, blocks: Sequence[int] = (2, 4, 6)
+) -> plt.Figure:
     """For each triple (x, a, b): Attn over x's locations at the given blocks when x is conditioned on a (top),
     on b (bottom), and their difference (middle, red = more weight when conditioned on a). Each panel has its
     own colour scale (titles give the largest weight; uniform attention is 1/hw)."""
     blocks = [n for n in blocks if 1 <= n <= method.num_blocks]
     if not blocks:
         raise ValueError(f"attention_figure: none of the blocks is in 1..{method.num_blocks}")
-    figure, axes = plt.subplots(3 * len(triples), len(blocks) + 1, figsize=(1.7 * (len(blocks) + 1), 1.75 * 3 * len(triples)), squeeze=False)
+    figure, axes = plt.subplots(
+        3 * len(triples), len(blocks) + 1, figsize=(1.7 * (len(blocks) + 1), 1.75 * 3 * len(triples)), squeeze=False
+    )
     device = device_of(method)
     for example, (x, a, b) in enumerate(triples):
         images = torch.stack([dataset[i][0] for i in (x, a, b)]).to(device)
@@ -433,21 +593,36 @@ def attention_figure(method: CrossAttention, dataset, triples: Sequence[tuple[in
         height, width = maps.shape[-2:]
         picture = seen_image(dataset, x)
         rows = 3 * example
-        for offset, (index, label) in enumerate(((a, "conditioned on a\n(same class)"), (x, "image x"), (b, "conditioned on b\n(other class)"))):
+        for offset, (index, label) in enumerate(
+            ((a, "conditioned on a\n(same class)"), (x, "image x"), (b, "conditioned on b\n(other class)"))
+        ):
             axis = axes[rows + offset, 0]
             axis.imshow(seen_image(dataset, index))
             axis.set_ylabel(label, fontsize=7)
         for column, level in enumerate(blocks, start=1):
             weights = recorder.maps[level - 1]  # 3 × 3 × T; [0, j] = x conditioned on image j
             on_a, on_b = (weights[0, j].reshape(height, width).numpy() for j in (1, 2))
-            for offset, (heat, cmap, limits) in enumerate(((on_a, "jet", (0, on_a.max())), (on_a - on_b, "RdBu_r", None), (on_b, "jet", (0, on_b.max())))):
+            for offset, (heat, cmap, limits) in enumerate(
+                ((on_a, "jet", (0, on_a.max())), (on_a - on_b, "RdBu_r", None), (on_b, "jet", (0, on_b.max())))
+            ):
                 axis = axes[rows + offset, column]
                 axis.imshow(picture)
                 bound = float(np.abs(heat).max()) or 1.0
                 vmin, vmax = limits if limits else (-bound, bound)
-                axis.imshow(heat, cmap=cmap, alpha=0.55, vmin=vmin, vmax=vmax, interpolation="bilinear",
-                            extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5))
-                axis.set_title(f"block {level}, " + (f"a − b, max |Δ| {bound:.2f}" if offset == 1 else f"max weight {heat.max():.2f}"), fontsize=7)
+                axis.imshow(
+                    heat,
+                    cmap=cmap,
+                    alpha=0.55,
+                    vmin=vmin,
+                    vmax=vmax,
+                    interpolation="bilinear",
+                    extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
+                )
+                axis.set_title(
+                    f"block {level}, "
+                    + (f"a − b, max |Δ| {bound:.2f}" if offset == 1 else f"max weight {heat.max():.2f}"),
+                    fontsize=7,
+                )
     for axis in axes.flat:
         axis.set_xticks([])
         axis.set_yticks([])
@@ -477,7 +652,9 @@ def attention_statistics(method: CrossAttention, dataset, triples: Sequence[tupl
     return table.round(3)
 
 
-def part_discovery(method: CrossAttention, dataset, *, queries: int = 2, neighbours: int = 6, seed: int = 0, batch_size: int = 256) -> tuple[plt.Figure, pd.DataFrame]:
+def part_discovery(
+    method: CrossAttention, dataset, *, queries: int = 2, neighbours: int = 6, seed: int = 0, batch_size: int = 256
+) -> tuple[plt.Figure, pd.DataFrame]:
     """Local parts (the paper's Sec. 4.3.2, Fig. 5): for the most activated location of a query image, the
     test images whose best-matching location (cosine of backbone features) is most similar, drawn as crops
     framed green (same class as the query) or red; with the share of same-class matches per query."""
@@ -487,7 +664,9 @@ def part_discovery(method: CrossAttention, dataset, *, queries: int = 2, neighbo
     locations = F.normalize(maps.flatten(2).transpose(1, 2), dim=-1)  # N × T × C
     labels = np.asarray(dataset.labels)
     chosen = np.random.default_rng(seed).choice(count, size=min(queries, count), replace=False)
-    figure, axes = plt.subplots(len(chosen), neighbours + 1, figsize=(1.45 * (neighbours + 1), 1.6 * len(chosen)), squeeze=False)
+    figure, axes = plt.subplots(
+        len(chosen), neighbours + 1, figsize=(1.45 * (neighbours + 1), 1.6 * len(chosen)), squeeze=False
+    )
     rows = []
     interior = torch.zeros(height, width, dtype=torch.bool, device=maps.device)
     interior[1:-1, 1:-1] = True
@@ -506,15 +685,30 @@ def part_discovery(method: CrossAttention, dataset, *, queries: int = 2, neighbo
         for column, other in enumerate(order, start=1):
             colour = CORRECT if labels[other] == labels[query] else WRONG
             same += int(labels[other] == labels[query])
-            _crop_axis(axes[row, column], seen_image(dataset, int(other)), int(where[other]), (height, width), frame=colour,
-                       title=f"cos {float(best[other]):.2f}", crop=True)
-        rows.append({"query image": int(query), "location (row, col)": divmod(cell, width), "same class among top": f"{same}/{len(order)}",
-                     "chance": f"{(np.sum(labels == labels[query]) - 1) / (count - 1):.3f}"})
+            _crop_axis(
+                axes[row, column],
+                seen_image(dataset, int(other)),
+                int(where[other]),
+                (height, width),
+                frame=colour,
+                title=f"cos {float(best[other]):.2f}",
+                crop=True,
+            )
+        rows.append(
+            {
+                "query image": int(query),
+                "location (row, col)": divmod(cell, width),
+                "same class among top": f"{same}/{len(order)}",
+                "chance": f"{(np.sum(labels == labels[query]) - 1) / (count - 1):.3f}",
+            }
+        )
     figure.tight_layout()
     return figure, pd.DataFrame(rows)
 
 
-def _crop_axis(axis, picture: np.ndarray, cell: int, grid: tuple[int, int], *, frame: str, title: str, crop: bool = False) -> None:
+def _crop_axis(
+    axis, picture: np.ndarray, cell: int, grid: tuple[int, int], *, frame: str, title: str, crop: bool = False
+) -> None:
     """Show the whole picture with the cell outlined, or (``crop``) a two-cell window around the cell, framed."""
     rows, columns = grid
     size_y, size_x = picture.shape[0] / rows, picture.shape[1] / columns
@@ -523,12 +717,18 @@ def _crop_axis(axis, picture: np.ndarray, cell: int, grid: tuple[int, int], *, f
         centre_y, centre_x = (row + 0.5) * size_y, (column + 0.5) * size_x
         top = int(np.clip(round(centre_y - size_y), 0, picture.shape[0] - 2 * size_y))
         left = int(np.clip(round(centre_x - size_x), 0, picture.shape[1] - 2 * size_x))
-        patch = picture[top:top + int(2 * size_y), left:left + int(2 * size_x)]
+        patch = picture[top : top + int(2 * size_y), left : left + int(2 * size_x)]
         axis.imshow(patch)
-        axis.add_patch(Rectangle((0, 0), patch.shape[1] - 1, patch.shape[0] - 1, fill=False, edgecolor=frame, linewidth=4))
+        axis.add_patch(
+            Rectangle((0, 0), patch.shape[1] - 1, patch.shape[0] - 1, fill=False, edgecolor=frame, linewidth=4)
+        )
     else:
         axis.imshow(picture)
-        axis.add_patch(Rectangle((column * size_x - 0.5, row * size_y - 0.5), size_x, size_y, fill=False, edgecolor=frame, linewidth=2))
+        axis.add_patch(
+            Rectangle(
+                (column * size_x - 0.5, row * size_y - 0.5), size_x, size_y, fill=False, edgecolor=frame, linewidth=2
+            )
+        )
     axis.set_title(title, fontsize=7)
     axis.set_xticks([])
     axis.set_yticks([])
@@ -538,10 +738,16 @@ def attention_reading(statistics: pd.DataFrame) -> str:
     """Computed sentence: does attention sharpen with depth (the paper: deeper blocks focus on fewer details)?"""
     first, last = statistics.index.min(), statistics.index.max()
     entropy_first, entropy_last = statistics.loc[first, "entropy"], statistics.loc[last, "entropy"]
-    verdict = "sharper in the deeper block, as the paper describes" if entropy_last < entropy_first else "NOT sharper in the deeper block"
-    return (f"Attention entropy block {first} → block {last}: {entropy_first:.3f} → {entropy_last:.3f} nats → {verdict}; "
-            f"maps of x conditioned on a vs b differ by a total variation of {statistics['TV(x|a, x|b)'].mean():.3f} on average "
-            f"(0: the conditioning image does not matter).")
+    verdict = (
+        "sharper in the deeper block, as the paper describes"
+        if entropy_last < entropy_first
+        else "NOT sharper in the deeper block"
+    )
+    return (
+        f"Attention entropy block {first} → block {last}: {entropy_first:.3f} → {entropy_last:.3f} nats → {verdict}; "
+        f"maps of x conditioned on a vs b differ by a total variation of {statistics['TV(x|a, x|b)'].mean():.3f} on average "
+        f"(0: the conditioning image does not matter)."
+    )
 
 
 def parts_reading(table: pd.DataFrame) -> str:

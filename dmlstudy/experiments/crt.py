@@ -21,13 +21,15 @@ Decisions (reported in the notebook):
 * Paper numbers are on real data with ImageNet-pretrained backbones (MiT-B1 for the ablations, CUB); they
   orient the reader, they are not targets. SynBirds is put beside CUB and Glyphs beside Cars.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -39,8 +41,19 @@ from torch.utils.flop_counter import FlopCounterMode
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms, evaluation_protocol
 from dmlstudy.experiments.kit import (
-    box, device_of, difference, effect_sentence, link, lookup, paper_dataset, paper_column, projection_figure, summary,
-    variant_name, with_reference, without_numbers,
+    box,
+    device_of,
+    difference,
+    effect_sentence,
+    link,
+    lookup,
+    paper_column,
+    paper_dataset,
+    projection_figure,
+    summary,
+    variant_name,
+    with_reference,
+    without_numbers,
 )
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
@@ -85,17 +98,27 @@ class CRTStudy(ProtocolConfig):
     k1_values: list = field(default_factory=lambda: [1])  # K1 sweep (separate banks, K2 = 64); 64 is always added
     k2_values: list = field(default_factory=lambda: [1])  # K2 sweep (separate banks, K1 = 64); 64 is always added
     lambda2_values: list = field(default_factory=lambda: [0.0])  # λ2 sweep; 0.9 (the default run) is always added
-    batch_sizes: list = field(default_factory=lambda: [32])  # total batch N = P·M at the protocol M; the protocol batch is always added
-    dim_pairs: list = field(default_factory=lambda: [[32, 64]])  # (d, D) pairs scored on both branches; (128, 1024) is added
-    backbones: list = field(default_factory=lambda: ["test_vit"])  # MS vs +CRT per backbone; the protocol backbone is added
-    complexity_backbones: list = field(default_factory=lambda: ["dml_convnet", "test_resnet", "test_vit"])  # params/FLOPs table
+    batch_sizes: list = field(
+        default_factory=lambda: [32]
+    )  # total batch N = P·M at the protocol M; the protocol batch is always added
+    dim_pairs: list = field(
+        default_factory=lambda: [[32, 64]]
+    )  # (d, D) pairs scored on both branches; (128, 1024) is added
+    backbones: list = field(
+        default_factory=lambda: ["test_vit"]
+    )  # MS vs +CRT per backbone; the protocol backbone is added
+    complexity_backbones: list = field(
+        default_factory=lambda: ["dml_convnet", "test_resnet", "test_vit"]
+    )  # params/FLOPs table
     complexity_image_size: int = 227  # pixels of the params/FLOPs count (227 as in the paper)
     geometry_splits: list = field(default_factory=lambda: ["test"])  # ESD/ρ on these splits (test, train)
-    geometry_drop_first: list = field(default_factory=lambda: [0, 1])  # ρ with these many leading singular values dropped
+    geometry_drop_first: list = field(
+        default_factory=lambda: [0, 1]
+    )  # ρ with these many leading singular values dropped
     heatmap_prototypes: int = 8  # prototypes shown in the code heat maps
     tsne_classes: int = 5  # test classes in the t-SNE plots
 
-    def ablation_protocol(self) -> "CRTStudy":
+    def ablation_protocol(self) -> CRTStudy:
         """This config with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
         return dataclasses.replace(self, seeds=list(self.ablation_seeds))
 
@@ -106,8 +129,11 @@ class CRTStudy(ProtocolConfig):
 def crt_defaults() -> dict[str, Any]:
     """CRT's keyword arguments and their defaults (from the class signature)."""
     skip = {"backbone", "embedding_dim", "num_classes"}
-    return {name: spec.default for name, spec in inspect.signature(CRT.__init__).parameters.items()
-            if name not in skip and spec.default is not inspect.Parameter.empty}
+    return {
+        name: spec.default
+        for name, spec in inspect.signature(CRT.__init__).parameters.items()
+        if name not in skip and spec.default is not inspect.Parameter.empty
+    }
 
 
 def crt_variant(*, overrides: Mapping[str, Any] | None = None, **method_kwargs: Any) -> tuple[str, dict[str, Any]]:
@@ -181,7 +207,9 @@ def batch_variants(batch_sizes: Sequence[int], protocol: ProtocolConfig) -> dict
 def dim_variants(pairs: Sequence[Sequence[int]], protocol: ProtocolConfig) -> dict[tuple[int, int], tuple[str, dict]]:
     """(d, D) pairs; (protocol d, 1024) — the ``crt`` run — always included."""
     out = {}
-    for d, high in with_reference([tuple(int(v) for v in p) for p in pairs], (protocol.embedding_dim, HIGH_DIM_DEFAULT)):
+    for d, high in with_reference(
+        [tuple(int(v) for v in p) for p in pairs], (protocol.embedding_dim, HIGH_DIM_DEFAULT)
+    ):
         overrides = {} if d == protocol.embedding_dim else {"embedding_dim": d}
         out[(d, high)] = crt_variant(overrides=overrides, high_dim=high)
     return out
@@ -190,14 +218,26 @@ def dim_variants(pairs: Sequence[Sequence[int]], protocol: ProtocolConfig) -> di
 def backbone_variants(backbones: Sequence[str], protocol: ProtocolConfig) -> dict[str, dict[str, tuple[str, dict]]]:
     """Per backbone: MS and CRT on it (the protocol backbone's pair is ``ms`` / ``crt``)."""
     names = [protocol.backbone, *[b for b in backbones if b != protocol.backbone]]
-    return {name: {"ms": ms_variant(overrides=backbone_overrides(name, protocol)),
-                   "crt": crt_variant(overrides=backbone_overrides(name, protocol))} for name in names}
+    return {
+        name: {
+            "ms": ms_variant(overrides=backbone_overrides(name, protocol)),
+            "crt": crt_variant(overrides=backbone_overrides(name, protocol)),
+        }
+        for name in names
+    }
 
 
 # ----------------------------------------------------------------------------------------------
 # Tables and their one-line readings
 # ----------------------------------------------------------------------------------------------
-def _display(table: pd.DataFrame, labels: Mapping[str, Any], paper: Mapping[Any, Any], *, label: str = "setting", paper_label: str = "paper R@1") -> pd.DataFrame:
+def _display(
+    table: pd.DataFrame,
+    labels: Mapping[str, Any],
+    paper: Mapping[Any, Any],
+    *,
+    label: str = "setting",
+    paper_label: str = "paper R@1",
+) -> pd.DataFrame:
     """``table`` with a readable setting column and the paper's number per setting, in ``labels`` order."""
     order = {variant: i for i, variant in enumerate(labels)}
     shown = table[table["variant"].isin(order)].copy()
@@ -216,7 +256,11 @@ def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list
     for dataset in dict.fromkeys(table["dataset"]):
         paper = PAPER_BASELINE_VS_CRT.get(paper_dataset(dataset), {})
         ours, seeds = difference(table, dataset, "crt", "ms")
-        sentences.append(effect_sentence(f"{dataset}: +CRT − MS", ours=ours, paper=paper["crt"] - paper["ms"] if paper else None, seeds=seeds))
+        sentences.append(
+            effect_sentence(
+                f"{dataset}: +CRT − MS", ours=ours, paper=paper["crt"] - paper["ms"] if paper else None, seeds=seeds
+            )
+        )
     shown = paper_column(table, PAPER_BASELINE_VS_CRT, label=lambda name: f"paper R@1 ({name}, MiT-B1)")
     return without_numbers(shown), sentences
 
@@ -230,26 +274,50 @@ def components_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame
     sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
         ours, seeds = difference(table, dataset, full, minus_crt)
-        sentences.append(effect_sentence(f"{dataset}: full − (−CRT) (the coded residual transform)", ours=ours, seeds=seeds,
-                                         paper=PAPER_COMPONENTS["crt"] - PAPER_COMPONENTS["−CRT"]))
+        sentences.append(
+            effect_sentence(
+                f"{dataset}: full − (−CRT) (the coded residual transform)",
+                ours=ours,
+                seeds=seeds,
+                paper=PAPER_COMPONENTS["crt"] - PAPER_COMPONENTS["−CRT"],
+            )
+        )
         ours, seeds = difference(table, dataset, minus_crt, plain)
-        sentences.append(effect_sentence(f"{dataset}: (−CRT) − (−CRT−Consistency) (two branches + L_CON)", ours=ours, seeds=seeds,
-                                         paper=PAPER_COMPONENTS["−CRT"] - PAPER_COMPONENTS["−CRT−Consistency"]))
+        sentences.append(
+            effect_sentence(
+                f"{dataset}: (−CRT) − (−CRT−Consistency) (two branches + L_CON)",
+                ours=ours,
+                seeds=seeds,
+                paper=PAPER_COMPONENTS["−CRT"] - PAPER_COMPONENTS["−CRT−Consistency"],
+            )
+        )
     return _display(table, labels, PAPER_COMPONENTS), sentences
 
 
-def pair_table(results: list[tuple[str, RunResult]], *, labels: Mapping[str, str], paper: Mapping[str, float], what: str) -> tuple[pd.DataFrame, list[str]]:
+def pair_table(
+    results: list[tuple[str, RunResult]], *, labels: Mapping[str, str], paper: Mapping[str, float], what: str
+) -> tuple[pd.DataFrame, list[str]]:
     """A two-setting table (``labels``: variant → label, the paper's preferred setting listed first)."""
     table = summary(results)
     (first, first_label), (second, second_label) = list(labels.items())
     sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
         ours, seeds = difference(table, dataset, first, second)
-        sentences.append(effect_sentence(f"{dataset}: {what}", ours=ours, seeds=seeds, paper=paper[first_label] - paper[second_label]))
+        sentences.append(
+            effect_sentence(
+                f"{dataset}: {what}", ours=ours, seeds=seeds, paper=paper[first_label] - paper[second_label]
+            )
+        )
     return _display(table, labels, paper), sentences
 
 
-def sweep_table(results: list[tuple[str, RunResult]], *, variants: Mapping[Any, tuple[str, dict]], paper: Mapping[Any, float], name: str) -> tuple[pd.DataFrame, list[str]]:
+def sweep_table(
+    results: list[tuple[str, RunResult]],
+    *,
+    variants: Mapping[Any, tuple[str, dict]],
+    paper: Mapping[Any, float],
+    name: str,
+) -> tuple[pd.DataFrame, list[str]]:
     """A one-parameter sweep: ours per value beside the paper's; the sentence contrasts the two swept values
     the paper ranks best and worst (among those we ran)."""
     table = summary(results)
@@ -259,12 +327,20 @@ def sweep_table(results: list[tuple[str, RunResult]], *, variants: Mapping[Any, 
     common = [value for value in variants if value in paper]
     for dataset in dict.fromkeys(table["dataset"]):
         if len(common) < 2:
-            sentences.append(f"{dataset}: fewer than two swept {name} values have a paper number; no direction to check.")
+            sentences.append(
+                f"{dataset}: fewer than two swept {name} values have a paper number; no direction to check."
+            )
             continue
         best, worst = max(common, key=paper.get), min(common, key=paper.get)
         ours, seeds = difference(table, dataset, variants[best][0], variants[worst][0])
-        sentences.append(effect_sentence(f"{dataset}: {name} = {best} − {name} = {worst} (the paper's best − worst of ours)",
-                                         ours=ours, seeds=seeds, paper=paper[best] - paper[worst]))
+        sentences.append(
+            effect_sentence(
+                f"{dataset}: {name} = {best} − {name} = {worst} (the paper's best − worst of ours)",
+                ours=ours,
+                seeds=seeds,
+                paper=paper[best] - paper[worst],
+            )
+        )
     return shown, sentences
 
 
@@ -273,19 +349,33 @@ def branch_scores(result: RunResult, *, branch: int) -> dict[str, float]:
     if branch == 1:
         return dict(result.metrics)
     query = evaluation_split(result.config, "test")
-    embeddings = embed(BranchEmbedder(result.method, branch), query, batch_size=result.config.eval_batch_size, device=device_of(result.method))
+    embeddings = embed(
+        BranchEmbedder(result.method, branch),
+        query,
+        batch_size=result.config.eval_batch_size,
+        device=device_of(result.method),
+    )
     ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
     return metric_functions.retrieval_metrics(embeddings, np.asarray(query.labels), ks=ks)
 
 
-def dims_table(results: list[tuple[str, RunResult]], variants: Mapping[tuple[int, int], tuple[str, dict]]) -> tuple[pd.DataFrame, list[str]]:
+def dims_table(
+    results: list[tuple[str, RunResult]], variants: Mapping[tuple[int, int], tuple[str, dict]]
+) -> tuple[pd.DataFrame, list[str]]:
     """(d, D) pairs, each run scored on branch 1 (d) and branch 2 (D), mean ± std over seeds, the paper beside."""
-    pair_of = {variant: pair for pair, (variant, _) in variants.items()}
     rows = []
     for variant, result in results:
         for branch in (1, 2):
             scores = branch_scores(result, branch=branch)
-            rows.append({"dataset": result.config.dataset, "variant": variant, "branch": branch, "seed": result.config.seed, "R@1": scores["R@1"]})
+            rows.append(
+                {
+                    "dataset": result.config.dataset,
+                    "variant": variant,
+                    "branch": branch,
+                    "seed": result.config.seed,
+                    "R@1": scores["R@1"],
+                }
+            )
     frame = pd.DataFrame(rows)
     grouped = frame.groupby(["dataset", "variant", "branch"], sort=False)["R@1"]
     stats = grouped.agg(["mean", "std", "count"]).reset_index()
@@ -293,33 +383,59 @@ def dims_table(results: list[tuple[str, RunResult]], variants: Mapping[tuple[int
     out, sentences = [], []
     for dataset in dict.fromkeys(stats["dataset"]):
         for pair, (variant, _) in variants.items():
-            cell = {b: stats[(stats["dataset"] == dataset) & (stats["variant"] == variant) & (stats["branch"] == b)].iloc[0] for b in (1, 2)}
+            cell = {
+                b: stats[(stats["dataset"] == dataset) & (stats["variant"] == variant) & (stats["branch"] == b)].iloc[0]
+                for b in (1, 2)
+            }
             paper = PAPER_DIMS.get(pair, ("–", "–"))
-            out.append({"dataset": dataset, "d": pair[0], "D": pair[1], "runs": int(cell[1]["count"]),
-                        "branch 1 R@1 (d)": mean_std_text(100 * cell[1]["mean"], 100 * cell[1]["std"], int(cell[1]["count"])),
-                        "branch 2 R@1 (D)": mean_std_text(100 * cell[2]["mean"], 100 * cell[2]["std"], int(cell[2]["count"])),
-                        "paper branch 1": paper[0], "paper branch 2": paper[1],
-                        "_b1": 100 * cell[1]["mean"], "_b2": 100 * cell[2]["mean"]})
+            out.append(
+                {
+                    "dataset": dataset,
+                    "d": pair[0],
+                    "D": pair[1],
+                    "runs": int(cell[1]["count"]),
+                    "branch 1 R@1 (d)": mean_std_text(
+                        100 * cell[1]["mean"], 100 * cell[1]["std"], int(cell[1]["count"])
+                    ),
+                    "branch 2 R@1 (D)": mean_std_text(
+                        100 * cell[2]["mean"], 100 * cell[2]["std"], int(cell[2]["count"])
+                    ),
+                    "paper branch 1": paper[0],
+                    "paper branch 2": paper[1],
+                    "_b1": 100 * cell[1]["mean"],
+                    "_b2": 100 * cell[2]["mean"],
+                }
+            )
         rows_here = [row for row in out if row["dataset"] == dataset]
         ours_wins = sum(row["_b2"] > row["_b1"] for row in rows_here)
         paper_rows = [PAPER_DIMS[(row["d"], row["D"])] for row in rows_here if (row["d"], row["D"]) in PAPER_DIMS]
         paper_wins = sum(b2 > b1 for b1, b2 in paper_rows)
-        sentences.append(f"{dataset}: branch 2 (D) beats branch 1 (d) in {ours_wins}/{len(rows_here)} of our (d, D) pairs; "
-                         f"the paper's branch 2 wins in {paper_wins}/{len(paper_rows)} of the same pairs → "
-                         f"{'direction held' if (ours_wins > len(rows_here) / 2) == (paper_wins > len(paper_rows) / 2) else 'direction NOT reproduced'}.")
+        sentences.append(
+            f"{dataset}: branch 2 (D) beats branch 1 (d) in {ours_wins}/{len(rows_here)} of our (d, D) pairs; "
+            f"the paper's branch 2 wins in {paper_wins}/{len(paper_rows)} of the same pairs → "
+            f"{'direction held' if (ours_wins > len(rows_here) / 2) == (paper_wins > len(paper_rows) / 2) else 'direction NOT reproduced'}."
+        )
         ds = sorted({row["d"] for row in rows_here})
         if len(ds) >= 2:
             low = next(row for row in rows_here if row["d"] == ds[0])
             high = next(row for row in rows_here if row["d"] == ds[-1])
             paper_low, paper_high = PAPER_DIMS.get((low["d"], low["D"])), PAPER_DIMS.get((high["d"], high["D"]))
             paper_diff = paper_high[0] - paper_low[0] if paper_low and paper_high else None
-            sentences.append(effect_sentence(f"{dataset}: branch 1 at d = {ds[-1]} − d = {ds[0]}", ours=(high["_b1"] - low["_b1"], 0.0),
-                                             paper=paper_diff, seeds=1))
+            sentences.append(
+                effect_sentence(
+                    f"{dataset}: branch 1 at d = {ds[-1]} − d = {ds[0]}",
+                    ours=(high["_b1"] - low["_b1"], 0.0),
+                    paper=paper_diff,
+                    seeds=1,
+                )
+            )
     table = pd.DataFrame(out)
     return table[[c for c in table.columns if not c.startswith("_")]], sentences
 
 
-def backbone_table(results: list[tuple[str, RunResult]], variants: Mapping[str, Mapping[str, tuple[str, dict]]]) -> tuple[pd.DataFrame, list[str]]:
+def backbone_table(
+    results: list[tuple[str, RunResult]], variants: Mapping[str, Mapping[str, tuple[str, dict]]]
+) -> tuple[pd.DataFrame, list[str]]:
     """MS vs +CRT per backbone (ours) and the paper's per-backbone gains (CUB, Cars)."""
     table = summary(results)
     rows, sentences = [], []
@@ -329,13 +445,23 @@ def backbone_table(results: list[tuple[str, RunResult]], variants: Mapping[str, 
             ms_stats, crt_stats = lookup(table, dataset, pair["ms"][0]), lookup(table, dataset, pair["crt"][0])
             (gain, error), _ = difference(table, dataset, pair["crt"][0], pair["ms"][0])
             wins += gain > 0
-            rows.append({"dataset": dataset, "backbone": backbone, "runs": ms_stats[2], "MS R@1": mean_std_text(*ms_stats),
-                         "+CRT R@1": mean_std_text(*crt_stats), "gain": f"{gain:+.2f}"})
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "backbone": backbone,
+                    "runs": ms_stats[2],
+                    "MS R@1": mean_std_text(*ms_stats),
+                    "+CRT R@1": mean_std_text(*crt_stats),
+                    "gain": f"{gain:+.2f}",
+                }
+            )
         stand_in = paper_dataset(dataset, "CUB")
         paper_wins = sum(values[stand_in][1] > values[stand_in][0] for values in PAPER_BACKBONES.values())
-        sentences.append(f"{dataset}: +CRT beat MS on {wins}/{len(variants)} of our backbones; the paper's +CRT beat MS on "
-                         f"{paper_wins}/{len(PAPER_BACKBONES)} backbones ({stand_in}) → "
-                         f"{'direction held' if wins == len(variants) else 'direction held on some backbones only' if wins else 'direction NOT reproduced'}.")
+        sentences.append(
+            f"{dataset}: +CRT beat MS on {wins}/{len(variants)} of our backbones; the paper's +CRT beat MS on "
+            f"{paper_wins}/{len(PAPER_BACKBONES)} backbones ({stand_in}) → "
+            f"{'direction held' if wins == len(variants) else 'direction held on some backbones only' if wins else 'direction NOT reproduced'}."
+        )
     return pd.DataFrame(rows), sentences
 
 
@@ -372,17 +498,26 @@ def split_embeddings(result: RunResult, split: str) -> tuple[np.ndarray, np.ndar
     if split == "test":
         return result.embeddings["embeddings"], result.embeddings["labels"]
     dataset = evaluation_split(result.config, split)
-    return embed(result.method, dataset, batch_size=result.config.eval_batch_size, device=device_of(result.method)), np.asarray(dataset.labels)
+    return embed(
+        result.method, dataset, batch_size=result.config.eval_batch_size, device=device_of(result.method)
+    ), np.asarray(dataset.labels)
 
 
-def split_geometry_table(results: list[tuple[str, RunResult]], *, splits: Sequence[str], drop_first: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
+def split_geometry_table(
+    results: list[tuple[str, RunResult]], *, splits: Sequence[str], drop_first: Sequence[int]
+) -> tuple[pd.DataFrame, list[str]]:
     """ESD (π_intra/π_inter) and ρ (spectral decay, per ``drop_first``) of MS vs +CRT, per split, mean ± std."""
     rows = []
     for variant, result in results:
         for split in splits:
             embeddings, labels = split_embeddings(result, split)
-            row = {"dataset": result.config.dataset, "variant": variant, "split": split, "seed": result.config.seed,
-                   "ESD": metric_functions.embedding_space_density(embeddings, labels)}
+            row = {
+                "dataset": result.config.dataset,
+                "variant": variant,
+                "split": split,
+                "seed": result.config.seed,
+                "ESD": metric_functions.embedding_space_density(embeddings, labels),
+            }
             for drop in drop_first:
                 row[f"rho (drop_first={drop})"] = metric_functions.spectral_decay(embeddings, drop_first=int(drop))
             rows.append(row)
@@ -403,10 +538,24 @@ def split_geometry_table(results: list[tuple[str, RunResult]], *, splits: Sequen
         paper = PAPER_ESD.get(paper_dataset(dataset))
         paper_rho = PAPER_RHO.get(paper_dataset(dataset))
         esd = group.loc["crt", "ESD"] - group.loc["ms", "ESD"]
-        text = [f"{dataset} ({split} split): ESD +CRT − MS = {esd:+.3f}" + (f" (paper {paper[1] - paper[0]:+.2f}: {'held' if np.sign(esd) == np.sign(paper[1] - paper[0]) else 'NOT reproduced'})" if paper else "")]
+        text = [
+            f"{dataset} ({split} split): ESD +CRT − MS = {esd:+.3f}"
+            + (
+                f" (paper {paper[1] - paper[0]:+.2f}: {'held' if np.sign(esd) == np.sign(paper[1] - paper[0]) else 'NOT reproduced'})"
+                if paper
+                else ""
+            )
+        ]
         for column in values[1:]:
             rho = group.loc["crt", column] - group.loc["ms", column]
-            text.append(f"ρ {column[4:]} +CRT − MS = {rho:+.3f}" + (f" (paper {paper_rho[1] - paper_rho[0]:+.2f}, drop_first unstated: {'held' if np.sign(rho) == np.sign(paper_rho[1] - paper_rho[0]) else 'NOT reproduced'})" if paper_rho else ""))
+            text.append(
+                f"ρ {column[4:]} +CRT − MS = {rho:+.3f}"
+                + (
+                    f" (paper {paper_rho[1] - paper_rho[0]:+.2f}, drop_first unstated: {'held' if np.sign(rho) == np.sign(paper_rho[1] - paper_rho[0]) else 'NOT reproduced'})"  # noqa: E501
+                    if paper_rho
+                    else ""
+                )
+            )
         sentences.append("; ".join(text) + ".")
     return table, sentences
 
@@ -431,7 +580,9 @@ def _count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def complexity_row(backbone_name: str, *, image_size: int = 227, embedding_dim: int = 128, output_stride: int | None = None) -> dict[str, Any]:
+def complexity_row(
+    backbone_name: str, *, image_size: int = 227, embedding_dim: int = 128, output_stride: int | None = None
+) -> dict[str, Any]:
     """Parameters (M) and GFLOPs of one image: the backbone, MS (backbone + FC) and CRT (branch 1 at test
     time; both branches in training). A ViT whose patch size does not divide ``image_size`` is counted at
     the nearest smaller multiple (column ``px``)."""
@@ -449,7 +600,10 @@ def complexity_row(backbone_name: str, *, image_size: int = 227, embedding_dim: 
     with torch.no_grad():
         grid = tuple(backbone(image).shape[2:])
         row = {
-            "backbone": backbone_name, "px": size, "output stride": output_stride or "own", "grid": "×".join(map(str, grid)),
+            "backbone": backbone_name,
+            "px": size,
+            "output stride": output_stride or "own",
+            "grid": "×".join(map(str, grid)),
             "backbone params (M)": _count(backbone) / 1e6,
             "MS params (M)": _count(ms) / 1e6,
             "+CRT params, test (M)": (_count(crt) - _count(crt.heads[1])) / 1e6,
@@ -462,7 +616,9 @@ def complexity_row(backbone_name: str, *, image_size: int = 227, embedding_dim: 
     return row
 
 
-COMPLEXITY_OUTPUT_STRIDE = {"test_resnet": 16}  # as trained in the study; full-size ResNets at their own stride 32, as in the paper
+COMPLEXITY_OUTPUT_STRIDE = {
+    "test_resnet": 16
+}  # as trained in the study; full-size ResNets at their own stride 32, as in the paper
 
 
 def complexity_sentences(table: pd.DataFrame) -> list[str]:
@@ -472,8 +628,9 @@ def complexity_sentences(table: pd.DataFrame) -> list[str]:
     for row in table.to_dict("records"):
         sentences.append(
             f"{row['backbone']} at {row['px']} px: +CRT has {row['+CRT params, test (M)'] / row['MS params (M)']:.1f}× the parameters of MS at test time "
-            f"and {row['+CRT params, train (M)'] / row['MS params (M)']:.1f}× in training; FLOPs +{100 * (row['+CRT GFLOPs, test'] / row['MS GFLOPs'] - 1):.1f} % "
-            f"at test time, +{100 * (row['+CRT GFLOPs, train fwd'] / row['MS GFLOPs'] - 1):.1f} % in the training forward pass.")
+            f"and {row['+CRT params, train (M)'] / row['MS params (M)']:.1f}× in training; FLOPs +{100 * (row['+CRT GFLOPs, test'] / row['MS GFLOPs'] - 1):.1f} % "  # noqa: E501
+            f"at test time, +{100 * (row['+CRT GFLOPs, train fwd'] / row['MS GFLOPs'] - 1):.1f} % in the training forward pass."
+        )
     return sentences
 
 
@@ -482,16 +639,29 @@ def cost_sentence(results: list[tuple[str, RunResult]], *, cheaper: str, dearer:
     frame = results_frame(results)
     seconds = frame.groupby("variant")["seconds_per_epoch"].mean()
     parameters = frame.groupby("variant")["parameters"].first()
-    return (f"cost: {dearer} trains at {seconds[dearer] / seconds[cheaper]:.2f}× the seconds per epoch of {cheaper} "
-            f"(timings on a shared machine are noisy) with {parameters[dearer] - parameters[cheaper]:+,d} parameters.")
+    return (
+        f"cost: {dearer} trains at {seconds[dearer] / seconds[cheaper]:.2f}× the seconds per epoch of {cheaper} "
+        f"(timings on a shared machine are noisy) with {parameters[dearer] - parameters[cheaper]:+,d} parameters."
+    )
 
 
-def complexity_table(backbones: Sequence[str], *, image_size: int = 227, embedding_dim: int = 128) -> tuple[pd.DataFrame, pd.DataFrame]:
+def complexity_table(
+    backbones: Sequence[str], *, image_size: int = 227, embedding_dim: int = 128
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Our params/FLOPs per backbone (:func:`complexity_row`) and the paper's table (backbones only)."""
-    rows = [complexity_row(name, image_size=image_size, embedding_dim=embedding_dim, output_stride=COMPLEXITY_OUTPUT_STRIDE.get(name)) for name in backbones]
+    rows = [
+        complexity_row(
+            name, image_size=image_size, embedding_dim=embedding_dim, output_stride=COMPLEXITY_OUTPUT_STRIDE.get(name)
+        )
+        for name in backbones
+    ]
     ours = pd.DataFrame(rows).round(3)
-    ours["paper backbone (params M, GFLOPs)"] = [PAPER_COMPLEXITY.get(PAPER_NAME_OF_BACKBONE.get(name, ""), "–") for name in ours["backbone"]]
-    paper = pd.DataFrame([{"backbone": name, "params (M)": p, "FLOPs (G)": f} for name, (p, f) in PAPER_COMPLEXITY.items()])
+    ours["paper backbone (params M, GFLOPs)"] = [
+        PAPER_COMPLEXITY.get(PAPER_NAME_OF_BACKBONE.get(name, ""), "–") for name in ours["backbone"]
+    ]
+    paper = pd.DataFrame(
+        [{"backbone": name, "params (M)": p, "FLOPs (G)": f} for name, (p, f) in PAPER_COMPLEXITY.items()]
+    )
     return ours, paper
 
 
@@ -511,10 +681,23 @@ def transform_figure(method: CRT, *, image_size: int = 64) -> plt.Figure:
     axis.set(xlim=(0, 14), ylim=(0, 5.2))
     axis.axis("off")
     image = box(axis, (0.75, 2.5), f"image\n3×{image_size}×{image_size}", width=1.3)
-    features = box(axis, (3.3, 2.5), f"backbone map X\n{channels}×{height}×{width}\n= {height * width} tokens x_j", width=1.9, height=1.1)
+    features = box(
+        axis,
+        (3.3, 2.5),
+        f"backbone map X\n{channels}×{height}×{width}\n= {height * width} tokens x_j",
+        width=1.9,
+        height=1.1,
+    )
     link(axis, image, features, "backbone")
     bank = "one shared bank" if method.shared else "a bank per branch"
-    codes = box(axis, (6.3, 2.5), f"codes a_jk =\nsoftplus(x_jᵀc_k)\n{height * width}×{method.K1}\n(K = {method.K1} prototypes c_k,\n{bank})", width=2.1, height=1.5, colour="#fee6ce")
+    codes = box(
+        axis,
+        (6.3, 2.5),
+        f"codes a_jk =\nsoftplus(x_jᵀc_k)\n{height * width}×{method.K1}\n(K = {method.K1} prototypes c_k,\n{bank})",
+        width=2.1,
+        height=1.5,
+        colour="#fee6ce",
+    )
     link(axis, features, codes)
     residual = box(axis, (9.1, 2.5), f"r_k = Σ_j a_jk (x_j − c_k)\n{method.K1}×{channels}", width=2.3, colour="#fee6ce")
     link(axis, codes, residual)
@@ -522,10 +705,20 @@ def transform_figure(method: CRT, *, image_size: int = 64) -> plt.Figure:
     second = box(axis, (12.3, 1.0), f"f² = (1/K) Σ_k Γ²_k r_k\nD = {high}", width=2.5, colour="#e5f5e0")
     link(axis, residual, first, "Γ¹_k: C → d", shift=(-0.75, 0.0))
     link(axis, residual, second, "Γ²_k: C → D", shift=(-0.75, -0.3))
-    axis.text(12.3, 2.5, "L_CON = mean |S¹ − S²|\n(batch cosine matrices)", ha="center", va="center", fontsize=8, color="#a50f15")
+    axis.text(
+        12.3,
+        2.5,
+        "L_CON = mean |S¹ − S²|\n(batch cosine matrices)",
+        ha="center",
+        va="center",
+        fontsize=8,
+        color="#a50f15",
+    )
     axis.text(12.3, 4.75, "L_MS(f¹)", ha="center", fontsize=8, color="#a50f15")
     axis.text(12.3, 0.1, "L_MS(f²)", ha="center", fontsize=8, color="#a50f15")
-    axis.text(6.3, 1.45, "L_DIV = mean over k ≠ j of |cos(c_k, c_j)|", ha="center", va="top", fontsize=8, color="#a50f15")
+    axis.text(
+        6.3, 1.45, "L_DIV = mean over k ≠ j of |cos(c_k, c_j)|", ha="center", va="top", fontsize=8, color="#a50f15"
+    )
     axis.set_title("Coded residual transform: L = L_DIV + λ1 (L_MS(f¹) + L_MS(f²)) + λ2 L_CON", fontsize=10)
     return figure
 
@@ -539,8 +732,13 @@ def branch_tsne_figure(result: RunResult, *, classes: int = 10, seed: int = 0) -
     subset = Subset(query, keep.tolist())
     panels = {}
     for branch in (2, 1):
-        embeddings = embed(BranchEmbedder(result.method, branch), subset, batch_size=result.config.eval_batch_size, device=device_of(result.method))
+        embeddings = embed(
+            BranchEmbedder(result.method, branch),
+            subset,
+            batch_size=result.config.eval_batch_size,
+            device=device_of(result.method),
+        )
         panels[f"branch {branch}: {'D' if branch == 2 else 'd'} = {embeddings.shape[1]}"] = (embeddings, labels[keep])
-    return projection_figure(panels, kind="tsne", classes=classes, seed=seed, title=f"{result.config.dataset}, CRT's two branches")
-
-
+    return projection_figure(
+        panels, kind="tsne", classes=classes, seed=seed, title=f"{result.config.dataset}, CRT's two branches"
+    )

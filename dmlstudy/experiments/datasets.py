@@ -1,5 +1,6 @@
 """The dataset tour (``notebooks/00_datasets.ipynb``): example grids, class definitions, nearest classes,
 and the raw-pixel kNN baseline that shows how hard each embedded set is."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,8 +12,8 @@ from PIL import Image
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
-from dmlstudy.data import ImageListDataset, build_dataset
 from dmlstudy.config import TypedConfig
+from dmlstudy.data import ImageListDataset, build_dataset
 from dmlstudy.paths import data_root
 
 
@@ -27,7 +28,6 @@ class DatasetTour(TypedConfig):
     knn_sizes: list = field(default_factory=lambda: [64, 32])  # pixel sizes for the raw-pixel kNN baseline
     knn_classes: int = 0  # 0: all test classes in the raw-pixel kNN; n: the first n (CI-sized)
     seed: int = 0  # which images are shown
-
 
     def root(self, name: str) -> Path:
         return Path(self.data_root or data_root()) / name
@@ -54,7 +54,10 @@ def example_grid(dataset: ImageListDataset, *, classes: list[int], images_per_cl
 def pixel_matrix(dataset: ImageListDataset, *, size: int, classes: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Flattened RGB pixels (resized to ``size``) of the first ``classes`` classes (all when 0)."""
     keep = np.flatnonzero(dataset.labels < classes) if classes else np.arange(len(dataset))
-    rows = [np.asarray(dataset.load_image(int(i)).resize((size, size), Image.BILINEAR), dtype=np.float32).ravel() / 255.0 for i in keep]
+    rows = [
+        np.asarray(dataset.load_image(int(i)).resize((size, size), Image.BILINEAR), dtype=np.float32).ravel() / 255.0
+        for i in keep
+    ]
     return np.stack(rows), dataset.labels[keep]
 
 
@@ -66,8 +69,19 @@ def pixel_knn_table(tour: DatasetTour) -> pd.DataFrame:
         for size in tour.knn_sizes:
             pixels, labels = pixel_matrix(test, size=size, classes=tour.knn_classes)
             values = metric_functions.retrieval_metrics(pixels, labels, ks=(1, 2, 4, 8))
-            rows.append({"dataset": name, "pixels": f"{size}×{size}×3", "test images": len(labels), "classes": len(np.unique(labels)),
-                         **{key: round(100 * value, 1) for key, value in values.items() if key in ("R@1", "R@2", "R@4", "R@8", "MAP@R")}})
+            rows.append(
+                {
+                    "dataset": name,
+                    "pixels": f"{size}×{size}×3",
+                    "test images": len(labels),
+                    "classes": len(np.unique(labels)),
+                    **{
+                        key: round(100 * value, 1)
+                        for key, value in values.items()
+                        if key in ("R@1", "R@2", "R@4", "R@8", "MAP@R")
+                    },
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -78,8 +92,16 @@ def summary_table(tour: DatasetTour) -> pd.DataFrame:
         splits = load_splits(tour, name)
         for split, dataset in splits.items():
             counts = np.bincount(dataset.labels)
-            rows.append({"dataset": name, "split": split, "classes": dataset.num_classes, "images": len(dataset),
-                         "images per class": f"{counts.min()}–{counts.max()}", "size": "×".join(map(str, dataset.load_image(0).size))})
+            rows.append(
+                {
+                    "dataset": name,
+                    "split": split,
+                    "classes": dataset.num_classes,
+                    "images": len(dataset),
+                    "images per class": f"{counts.min()}–{counts.max()}",
+                    "size": "×".join(map(str, dataset.load_image(0).size)),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -92,7 +114,9 @@ def class_definition_table(tour: DatasetTour, *, class_index: int = 100) -> pd.D
     columns = {classes[class_index]["name"]: classes[class_index]["attributes"]}
     for neighbour in neighbours:
         attributes = classes[neighbour["index"]]["attributes"]
-        columns[neighbour["name"]] = {part: (f"**{value}**" if part in neighbour["differing"] else value) for part, value in attributes.items()}
+        columns[neighbour["name"]] = {
+            part: (f"**{value}**" if part in neighbour["differing"] else value) for part, value in attributes.items()
+        }
     return pd.DataFrame(columns)
 
 
@@ -105,13 +129,19 @@ def nearest_classes_figure(tour: DatasetTour, *, class_index: int = 100, images_
     test = load_splits(tour, "synbirds")["test"]
     by_name = {name.split(".", 1)[-1]: label for label, name in enumerate(test.class_names)}
     rows = [(classes[class_index]["name"], "reference")]
-    rows += [(n["name"], ", ".join(f"{part}: {new}" for part, (_, new) in n["differing"].items())) for n in nearest_classes(classes, class_index, k=3)]
+    rows += [
+        (n["name"], ", ".join(f"{part}: {new}" for part, (_, new) in n["differing"].items()))
+        for n in nearest_classes(classes, class_index, k=3)
+    ]
     rng = np.random.default_rng(tour.seed)
     images, labels = [], []
     for name, difference in rows:
         if name not in by_name:
             continue
         members = np.flatnonzero(test.labels == by_name[name])
-        images += [np.asarray(test.load_image(int(i))) for i in rng.choice(members, size=min(images_per_class, len(members)), replace=False)]
+        images += [
+            np.asarray(test.load_image(int(i)))
+            for i in rng.choice(members, size=min(images_per_class, len(members)), replace=False)
+        ]
         labels.append(f"{name}\n({difference})")
     return plots.image_grid(images, columns=images_per_class, row_labels=labels, size=1.3)

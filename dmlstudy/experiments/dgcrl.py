@@ -25,14 +25,16 @@ Decisions (stated in the notebook too):
 * Paper numbers are ImageNet-pretrained ResNet-50 on CUB / Cars; they orient, they are not targets.
   SynBirds stands beside CUB and Glyphs beside Cars.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -45,7 +47,14 @@ from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.experiments.kit import (
     SHARED_VARIANTS,
-    first_seed_embeddings, judge, lookup, paper_dataset, projection_figure, variant_name, with_reference, without_numbers,
+    first_seed_embeddings,
+    judge,
+    lookup,
+    paper_dataset,
+    projection_figure,
+    variant_name,
+    with_reference,
+    without_numbers,
 )
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame
@@ -61,9 +70,9 @@ from dmlstudy.methods.dgcrl import (
 )
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
-from dmlstudy.train import RunResult, load_datasets
 from dmlstudy.records import seed_everything
 from dmlstudy.study import mean_std_text
+from dmlstudy.train import RunResult, load_datasets
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.
@@ -84,8 +93,12 @@ NAMED_VARIANTS: dict[str, dict[str, Any]] = {
     "lifted-ns": {"method": "dgcrl", "method_kwargs": {"loss": "lifted"}},
 }
 VARIANT_LABELS = {
-    "ms": "MS baseline", "softmax": "softmax without N-S", "dgcrl": "DGCRL", "gcrl": "GCRL (Eq. 2)",
-    "triplet-ns": "triplet (N-S head)", "lifted-ns": "lifted structure (N-S head)",
+    "ms": "MS baseline",
+    "softmax": "softmax without N-S",
+    "dgcrl": "DGCRL",
+    "gcrl": "GCRL (Eq. 2)",
+    "triplet-ns": "triplet (N-S head)",
+    "lifted-ns": "lifted structure (N-S head)",
 }
 KWARG_TAGS = {"decorrelation_weight": "lambda", "decorrelation": "decor"}  # DGCRL arguments abbreviated in run names
 
@@ -94,12 +107,18 @@ KWARG_TAGS = {"decorrelation_weight": "lambda", "decorrelation": "decor"}  # DGC
 class DGCRLStudy(ProtocolConfig):
     """Parameters of ``notebooks/40_dgcrl.ipynb``: the protocol plus DGCRL's sweeps. Empty lists skip a table."""
 
-    main_variants: list = field(default_factory=lambda: ["ms", "softmax", "dgcrl"])  # main table on every dataset and seed
+    main_variants: list = field(
+        default_factory=lambda: ["ms", "softmax", "dgcrl"]
+    )  # main table on every dataset and seed
     ablation_datasets: list = field(default_factory=lambda: ["synbirds"])  # datasets of the ablation tables
     ablation_seeds: list = field(default_factory=lambda: [0])  # seeds of the ablation tables
     alphas: list = field(default_factory=lambda: [1.0])  # α of the N-S sweep (Fig. 3: 1 … 256); 128 is always added
-    lambdas: list = field(default_factory=lambda: [])  # λ of the Gram–Schmidt push (Table 2: 0, .1, .2, .4); 0.1 is added
-    losses: list = field(default_factory=lambda: ["triplet-ns"])  # Table 3 losses (triplet-ns, lifted-ns, gcrl); dgcrl is added
+    lambdas: list = field(
+        default_factory=lambda: []
+    )  # λ of the Gram–Schmidt push (Table 2: 0, .1, .2, .4); 0.1 is added
+    losses: list = field(
+        default_factory=lambda: ["triplet-ns"]
+    )  # Table 3 losses (triplet-ns, lifted-ns, gcrl); dgcrl is added
     decorrelations: list = field(default_factory=lambda: [])  # beside the default paper hook: code, none
     table_ks: list = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # K of the Recall@K tables (the paper's)
     accuracy_items: int = 128  # training images scored with the centres (Fig. 3, right)
@@ -124,7 +143,7 @@ class DGCRLStudy(ProtocolConfig):
             if unknown:
                 raise ValueError(f"parameter {name!r}: unknown values {unknown}; valid: {sorted(valid)}")
 
-    def ablation_protocol(self) -> "DGCRLStudy":
+    def ablation_protocol(self) -> DGCRLStudy:
         """This config with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
         return dataclasses.replace(self, seeds=list(self.ablation_seeds))
 
@@ -135,8 +154,11 @@ class DGCRLStudy(ProtocolConfig):
 def dgcrl_defaults() -> dict[str, Any]:
     """DGCRL's keyword arguments and their defaults (from the class signature)."""
     skip = {"backbone", "embedding_dim", "num_classes"}
-    return {name: spec.default for name, spec in inspect.signature(DGCRL.__init__).parameters.items()
-            if name not in skip and spec.default is not inspect.Parameter.empty}
+    return {
+        name: spec.default
+        for name, spec in inspect.signature(DGCRL.__init__).parameters.items()
+        if name not in skip and spec.default is not inspect.Parameter.empty
+    }
 
 
 def _format(value: Any) -> str:
@@ -173,7 +195,10 @@ def alpha_variants(alphas: Sequence[float]) -> dict[float, tuple[str, dict]]:
 
 
 def lambda_variants(lambdas: Sequence[float]) -> dict[float, tuple[str, dict]]:
-    return {value: dgcrl_variant(decorrelation_weight=float(value)) for value in with_reference([float(v) for v in lambdas], 0.1)}
+    return {
+        value: dgcrl_variant(decorrelation_weight=float(value))
+        for value in with_reference([float(v) for v in lambdas], 0.1)
+    }
 
 
 def decorrelation_variants(decorrelations: Sequence[str]) -> dict[str, tuple[str, dict]]:
@@ -222,7 +247,9 @@ def training_accuracy(result: RunResult, *, items: int = 512) -> float:
     """Classification accuracy of the run's centres on ``items`` training images (paper Fig. 3, right)."""
     if not isinstance(result.method, DGCRL) or result.method.centres is None:
         raise TypeError(f"training_accuracy needs a DGCRL run with class centres, got {type(result.method).__name__}")
-    return centre_accuracy(result.method, training_subset(result, items=items), batch_size=result.config.eval_batch_size)
+    return centre_accuracy(
+        result.method, training_subset(result, items=items), batch_size=result.config.eval_batch_size
+    )
 
 
 def centre_correlation(result: RunResult) -> float:
@@ -237,21 +264,38 @@ def centre_correlation(result: RunResult) -> float:
 def _rows(results: list[tuple[str, RunResult]], ks: Sequence[int], extra=None) -> pd.DataFrame:
     rows = []
     for variant, result in results:
-        row = {"variant": variant, "dataset": result.config.dataset, "seed": result.config.seed, **recall_at(result, ks)}
+        row = {
+            "variant": variant,
+            "dataset": result.config.dataset,
+            "seed": result.config.seed,
+            **recall_at(result, ks),
+        }
         row.update(extra(variant, result) if extra else {})
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-COLUMN_DECIMALS = {"best R@1 (%)": 1, "centre |cos|": 3, "train accuracy": 3, "s/epoch (run)": 2, "s/epoch (side by side)": 2, "s to best": 1}
+COLUMN_DECIMALS = {
+    "best R@1 (%)": 1,
+    "centre |cos|": 3,
+    "train accuracy": 3,
+    "s/epoch (run)": 2,
+    "s/epoch (side by side)": 2,
+    "s to best": 1,
+}
 
 
-def _mean_table(frame: pd.DataFrame, metrics: Sequence[str], *, by: Sequence[str] = ("dataset", "variant")) -> pd.DataFrame:
+def _mean_table(
+    frame: pd.DataFrame, metrics: Sequence[str], *, by: Sequence[str] = ("dataset", "variant")
+) -> pd.DataFrame:
     """:func:`mean_std_table`, with the non-retrieval columns of :data:`COLUMN_DECIMALS` shown at their own precision."""
     table = mean_std_table(frame, metrics=list(metrics), by=tuple(by))
     for column, decimals in COLUMN_DECIMALS.items():
         if column in metrics:
-            table[column] = [mean_std_text(m, s, n, decimals=decimals) for m, s, n in zip(table[f"{column}_mean"], table[f"{column}_std"], table["runs"])]
+            table[column] = [
+                mean_std_text(m, s, n, decimals=decimals)
+                for m, s, n in zip(table[f"{column}_mean"], table[f"{column}_std"], table["runs"])
+            ]
     return table
 
 
@@ -298,7 +342,7 @@ def _judged(a: tuple[float, float, int], b: tuple[float, float, int]):
 
 
 def _compare(name_a: str, a: tuple[float, float, int], name_b: str, b: tuple[float, float, int]) -> str:
-    """"A beats B by Δ points" / "within seed noise" (the study's verdict rule, :func:`~dmlstudy.experiments.kit.judge`)."""
+    """ "A beats B by Δ points" / "within seed noise" (the study's verdict rule, :func:`~dmlstudy.experiments.kit.judge`)."""
     verdict, change, error = _judged(a, b)
     if verdict.within_noise:
         return f"{name_a} and {name_b} are within seed noise ({change:+.1f} points, s.e. {error:.1f})"
@@ -312,23 +356,43 @@ def main_sentence(table: pd.DataFrame, dataset: str) -> str:
     dgcrl, softmax, ms = (_mean_std(table, dataset, v) for v in ("dgcrl", "softmax", "ms"))
     if dgcrl is None:
         return f"{dataset}: no dgcrl run, nothing to compare."
-    parts = [_compare("DGCRL", dgcrl, other_label, other) for other_label, other in (("softmax without N-S", softmax), ("MS", ms)) if other]
+    parts = [
+        _compare("DGCRL", dgcrl, other_label, other)
+        for other_label, other in (("softmax without N-S", softmax), ("MS", ms))
+        if other
+    ]
     if softmax is None:
         verdict = "cannot be checked (no softmax run)"
     else:
         judged, _, _ = _judged(dgcrl, softmax)
-        verdict = "is not separable from seed noise" if judged.within_noise or not judged.direction else "held" if judged.direction > 0 else "did not hold"
-    return (f"{dataset}: R@1 " + "; ".join(parts) + f". The paper's direction (N-S layer and centre loss above a plain softmax "
-            f"pipeline) {verdict} here.")
+        verdict = (
+            "is not separable from seed noise"
+            if judged.within_noise or not judged.direction
+            else "held"
+            if judged.direction > 0
+            else "did not hold"
+        )
+    return (
+        f"{dataset}: R@1 "
+        + "; ".join(parts)
+        + f". The paper's direction (N-S layer and centre loss above a plain softmax "
+        f"pipeline) {verdict} here."
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # α sweep (Fig. 3)
 # ----------------------------------------------------------------------------------------------
-def alpha_frame(results: list[tuple[str, RunResult]], variants: Mapping[float, tuple[str, dict]], *, ks: Sequence[int], items: int) -> pd.DataFrame:
+def alpha_frame(
+    results: list[tuple[str, RunResult]], variants: Mapping[float, tuple[str, dict]], *, ks: Sequence[int], items: int
+) -> pd.DataFrame:
     """One row per (dataset, α, seed): test Recall@K and the centres' accuracy on training images."""
     alpha_of = {name: alpha for alpha, (name, _) in variants.items()}
-    frame = _rows(results, ks, lambda variant, result: {"alpha": alpha_of[variant], "train accuracy": training_accuracy(result, items=items)})
+    frame = _rows(
+        results,
+        ks,
+        lambda variant, result: {"alpha": alpha_of[variant], "train accuracy": training_accuracy(result, items=items)},
+    )
     return frame.groupby(["dataset", "alpha"], sort=True).mean(numeric_only=True).drop(columns="seed").reset_index()
 
 
@@ -339,9 +403,14 @@ def alpha_figure(frame: pd.DataFrame) -> plt.Figure:
     for dataset, group in frame.groupby("dataset"):
         style = "-" if dataset == frame["dataset"].iloc[0] else "--"
         for index, column in enumerate(recall_columns):
-            left.plot(group["alpha"], 100 * group[column], style, marker="o", color=f"C{index}", label=f"{column} {dataset}")
+            left.plot(
+                group["alpha"], 100 * group[column], style, marker="o", color=f"C{index}", label=f"{column} {dataset}"
+            )
         right.plot(group["alpha"], 100 * group["train accuracy"], style, marker="o", color="k", label=dataset)
-    for axis, title, ylabel in ((left, "test Recall@K", "Recall@K (%)"), (right, "training accuracy (centres)", "accuracy (%)")):
+    for axis, title, ylabel in (
+        (left, "test Recall@K", "Recall@K (%)"),
+        (right, "training accuracy (centres)", "accuracy (%)"),
+    ):
         axis.set_xscale("log", base=2)
         axis.set(xlabel="α (N-S scale)", ylabel=ylabel, title=title)
         axis.grid(alpha=0.3)
@@ -362,8 +431,10 @@ def alpha_sentence(frame: pd.DataFrame) -> list[str]:
         large = [value for alpha, value in r1.items() if alpha >= 16]
         spread = max(large) - min(large) if len(large) > 1 else float("nan")
         poor = r1[smallest] < r1[best] - 2.0
-        text = (f"{dataset}: R@1 {r1[smallest]:.1f} at α = {smallest:g} vs {r1[best]:.1f} at the best α = {best:g} "
-                f"({'poor at small α, as the paper says' if poor else 'not poor at small α (within 2 points of the best), unlike the paper'})")
+        text = (
+            f"{dataset}: R@1 {r1[smallest]:.1f} at α = {smallest:g} vs {r1[best]:.1f} at the best α = {best:g} "
+            f"({'poor at small α, as the paper says' if poor else 'not poor at small α (within 2 points of the best), unlike the paper'})"
+        )
         if len(large) > 1:
             text += f"; for α ≥ 16 R@1 spans {spread:.1f} points ({'stable' if spread <= 3.0 else 'not stable'} by a 3-point criterion)"
         sentences.append(text + ".")
@@ -373,7 +444,14 @@ def alpha_sentence(frame: pd.DataFrame) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # λ table (Table 2), loss comparison (Table 3), decorrelation variants
 # ----------------------------------------------------------------------------------------------
-def recall_table(results: list[tuple[str, RunResult]], *, ks: Sequence[int], key: Mapping[str, Any] | None = None, key_name: str = "setting", extra=None) -> pd.DataFrame:
+def recall_table(
+    results: list[tuple[str, RunResult]],
+    *,
+    ks: Sequence[int],
+    key: Mapping[str, Any] | None = None,
+    key_name: str = "setting",
+    extra=None,
+) -> pd.DataFrame:
     """Mean ± std of Recall@K (and any ``extra`` per-run numbers) per dataset and variant, labelled by ``key``."""
     frame = _rows(results, ks, extra)
     metrics = [c for c in frame.columns if c not in ("variant", "dataset", "seed")]
@@ -382,10 +460,14 @@ def recall_table(results: list[tuple[str, RunResult]], *, ks: Sequence[int], key
     return table
 
 
-def lambda_table(results: list[tuple[str, RunResult]], variants: Mapping[float, tuple[str, dict]], *, ks: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
+def lambda_table(
+    results: list[tuple[str, RunResult]], variants: Mapping[float, tuple[str, dict]], *, ks: Sequence[int]
+) -> tuple[pd.DataFrame, list[str]]:
     """Recall@K per λ, the paper's Table 2 beside, and the sentence: did λ = 0.1 beat λ = 0?"""
     lambda_of = {name: value for value, (name, _) in variants.items()}
-    table = recall_table(results, ks=ks, key=lambda_of, key_name="λ", extra=lambda v, r: {"centre |cos|": centre_correlation(r)})
+    table = recall_table(
+        results, ks=ks, key=lambda_of, key_name="λ", extra=lambda v, r: {"centre |cos|": centre_correlation(r)}
+    )
     table["paper R@K (CUB)"] = [_paper_recall(PAPER_LAMBDA.get(lambda_of[v]), ks) for v in table["variant"]]
     sentences = []
     for dataset in table["dataset"].unique():
@@ -394,38 +476,63 @@ def lambda_table(results: list[tuple[str, RunResult]], variants: Mapping[float, 
         best = max(r1, key=r1.get)
         text = f"{dataset}: best λ here is {best:g} (R@1 {r1[best]:.1f}); the paper's best is 0.1"
         if 0.0 in r1 and 0.1 in r1:
-            text += (f"; λ = 0.1 − λ = 0 = {r1[0.1] - r1[0.0]:+.1f} points (paper +1.2): the push "
-                     f"{'helped' if r1[0.1] > r1[0.0] else 'did not help'}")
+            text += (
+                f"; λ = 0.1 − λ = 0 = {r1[0.1] - r1[0.0]:+.1f} points (paper +1.2): the push "
+                f"{'helped' if r1[0.1] > r1[0.0] else 'did not help'}"
+            )
         sentences.append(text + ".")
     return without_numbers(table), sentences
 
 
-def decorrelation_table(results: list[tuple[str, RunResult]], variants: Mapping[str, tuple[str, dict]], *, ks: Sequence[int]) -> tuple[pd.DataFrame, list[str]]:
+def decorrelation_table(
+    results: list[tuple[str, RunResult]], variants: Mapping[str, tuple[str, dict]], *, ks: Sequence[int]
+) -> tuple[pd.DataFrame, list[str]]:
     """The three decorrelations side by side: Recall@K and the final centres' mean |cos|."""
     label_of = {name: decorrelation for decorrelation, (name, _) in variants.items()}
-    table = recall_table(results, ks=ks, key=label_of, key_name="decorrelation", extra=lambda v, r: {"centre |cos|": centre_correlation(r)})
+    table = recall_table(
+        results,
+        ks=ks,
+        key=label_of,
+        key_name="decorrelation",
+        extra=lambda v, r: {"centre |cos|": centre_correlation(r)},
+    )
     sentences = []
     for dataset in table["dataset"].unique():
         here = table[table["dataset"] == dataset].set_index("decorrelation")
-        parts = [f"{name}: R@1 {here.loc[name, 'R@1_mean']:.1f}, centre |cos| {here.loc[name, 'centre |cos|_mean']:.3f}" for name in here.index]
+        parts = [
+            f"{name}: R@1 {here.loc[name, 'R@1_mean']:.1f}, centre |cos| {here.loc[name, 'centre |cos|_mean']:.3f}"
+            for name in here.index
+        ]
         text = f"{dataset}: " + "; ".join(parts)
         if {"paper", "none"} <= set(here.index):
             gain = here.loc["paper", "R@1_mean"] - here.loc["none", "R@1_mean"]
             decorrelated = here.loc["paper", "centre |cos|_mean"] < here.loc["none", "centre |cos|_mean"]
-            text += (f". The paper hook {'did' if decorrelated else 'did not'} leave the centres less correlated than no "
-                     f"decorrelation and changed R@1 by {gain:+.1f} points")
+            text += (
+                f". The paper hook {'did' if decorrelated else 'did not'} leave the centres less correlated than no "
+                f"decorrelation and changed R@1 by {gain:+.1f} points"
+            )
         sentences.append(text + ".")
     return without_numbers(table), sentences
 
 
-def loss_frame(results: list[tuple[str, RunResult]], *, ks: Sequence[int], step_seconds_by_variant: Mapping[str, float] | None = None) -> pd.DataFrame:
+def loss_frame(
+    results: list[tuple[str, RunResult]],
+    *,
+    ks: Sequence[int],
+    step_seconds_by_variant: Mapping[str, float] | None = None,
+) -> pd.DataFrame:
     """Per run: Recall@K, the epoch of the best test R@1, the run's own seconds per epoch, and (if given) the
     side-by-side step time × steps per epoch and the training time to the best epoch."""
+
     def extra(variant: str, result: RunResult) -> dict[str, float]:
         epoch, value = best_epoch(result.history)
         steps = result.history.get("train_seconds")
-        row = {"best epoch": epoch, "best R@1 (%)": 100 * value, "epochs run": int(result.history["epoch"].max()),
-               "s/epoch (run)": float(steps.mean()) if steps is not None else float("nan")}
+        row = {
+            "best epoch": epoch,
+            "best R@1 (%)": 100 * value,
+            "epochs run": int(result.history["epoch"].max()),
+            "s/epoch (run)": float(steps.mean()) if steps is not None else float("nan"),
+        }
         if step_seconds_by_variant and variant in step_seconds_by_variant:
             row["s/epoch (side by side)"] = step_seconds_by_variant[variant] * steps_per_epoch(result)
             row["s to best"] = row["s/epoch (side by side)"] * epoch
@@ -460,17 +567,24 @@ def loss_sentence(table: pd.DataFrame, dataset: str) -> str:
         return f"{dataset}: no dgcrl run."
     epochs_run = int(here["epochs run_mean"].max())
     at_cap = [v for v in here.index if here.loc[v, "best epoch_mean"] >= epochs_run]
-    text = (f"{dataset}: best R@1 reached at epoch " + ", ".join(f"{v} {here.loc[v, 'best epoch_mean']:.1f}" for v in here.index)
-            + f" (of {epochs_run}; {len(at_cap)}/{len(here)} losses peak at the last epoch, so their epochs-to-best is capped by the budget)")
+    text = (
+        f"{dataset}: best R@1 reached at epoch "
+        + ", ".join(f"{v} {here.loc[v, 'best epoch_mean']:.1f}" for v in here.index)
+        + f" (of {epochs_run}; {len(at_cap)}/{len(here)} losses peak at the last epoch, so their epochs-to-best is capped by the budget)"
+    )
     if "triplet-ns" in here.index:
         epoch_ratio = here.loc["triplet-ns", "best epoch_mean"] / here.loc["dgcrl", "best epoch_mean"]
         text += f". Triplet needs {epoch_ratio:.1f}× the epochs of DGCRL (paper 100/20 = 5.0×)"
         if "s to best_mean" in here.columns and np.isfinite(here.loc["dgcrl", "s to best_mean"]):
             time_ratio = here.loc["triplet-ns", "s to best_mean"] / here.loc["dgcrl", "s to best_mean"]
-            per_epoch = here.loc["triplet-ns", "s/epoch (side by side)_mean"] / here.loc["dgcrl", "s/epoch (side by side)_mean"]
-            text += (f"; with side-by-side step times (triplet/DGCRL per epoch {per_epoch:.2f}×) training time to the best "
-                     f"epoch is {time_ratio:.1f}× (the paper claims {PAPER_SPEEDUP_OVER_TRIPLET:.0f}×): the claim "
-                     f"{'held' if time_ratio >= 0.8 * PAPER_SPEEDUP_OVER_TRIPLET else 'did not hold'} here")
+            per_epoch = (
+                here.loc["triplet-ns", "s/epoch (side by side)_mean"] / here.loc["dgcrl", "s/epoch (side by side)_mean"]
+            )
+            text += (
+                f"; with side-by-side step times (triplet/DGCRL per epoch {per_epoch:.2f}×) training time to the best "
+                f"epoch is {time_ratio:.1f}× (the paper claims {PAPER_SPEEDUP_OVER_TRIPLET:.0f}×): the claim "
+                f"{'held' if time_ratio >= 0.8 * PAPER_SPEEDUP_OVER_TRIPLET else 'did not hold'} here"
+            )
     best = max(here.index, key=lambda v: here.loc[v, "R@1_mean"])
     return text + f". Highest R@1: {VARIANT_LABELS.get(best, best)} (paper: DGCRL)."
 
@@ -502,7 +616,15 @@ def loss_curves(results: list[tuple[str, RunResult]], *, metric: str = "R@1") ->
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def step_seconds(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, num_classes: int, rounds: int = 3, seed: int = 0, clock: str = "wall") -> dict[str, float]:
+def step_seconds(
+    protocol: ProtocolConfig,
+    variants: Mapping[str, Mapping[str, Any]],
+    *,
+    num_classes: int,
+    rounds: int = 3,
+    seed: int = 0,
+    clock: str = "wall",
+) -> dict[str, float]:
     """Median seconds of one training step (forward, loss, backward, AdamW step) per variant, measured
     interleaved in this process on one random batch of the protocol's shape (after one warm-up step each).
 
@@ -515,12 +637,22 @@ def step_seconds(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, A
     if clock == "cpu":
         torch.set_num_threads(1)
     try:
-        return _interleaved_steps(protocol, variants, num_classes=num_classes, rounds=rounds, seed=seed, now=CLOCKS[clock])
+        return _interleaved_steps(
+            protocol, variants, num_classes=num_classes, rounds=rounds, seed=seed, now=CLOCKS[clock]
+        )
     finally:
         torch.set_num_threads(threads)
 
 
-def _interleaved_steps(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, num_classes: int, rounds: int, seed: int, now) -> dict[str, float]:
+def _interleaved_steps(
+    protocol: ProtocolConfig,
+    variants: Mapping[str, Mapping[str, Any]],
+    *,
+    num_classes: int,
+    rounds: int,
+    seed: int,
+    now,
+) -> dict[str, float]:
     """The measurement of :func:`step_seconds` with the clock ``now``: round 0 warms up, later rounds alternate the order."""
     seed_everything(seed)
     batch = protocol.classes_per_batch * protocol.samples_per_class
@@ -529,7 +661,13 @@ def _interleaved_steps(protocol: ProtocolConfig, variants: Mapping[str, Mapping[
     models, optimizers = {}, {}
     for name, spec in variants.items():
         backbone = build_backbone(protocol.backbone, image_size=protocol.image_size)
-        models[name] = build_method(spec["method"], backbone=backbone, embedding_dim=protocol.embedding_dim, num_classes=num_classes, **dict(spec.get("method_kwargs") or {}))
+        models[name] = build_method(
+            spec["method"],
+            backbone=backbone,
+            embedding_dim=protocol.embedding_dim,
+            num_classes=num_classes,
+            **dict(spec.get("method_kwargs") or {}),
+        )
         groups = models[name].parameter_groups(lr=protocol.lr, head_lr=1e-2, weight_decay=1e-4)
         optimizers[name] = torch.optim.AdamW([{k: v for k, v in g.items() if k != "name"} for g in groups])
     timings: dict[str, list[float]] = {name: [] for name in variants}
@@ -549,7 +687,9 @@ def _interleaved_steps(protocol: ProtocolConfig, variants: Mapping[str, Mapping[
 # ----------------------------------------------------------------------------------------------
 # Teaching figures: Eq. 8 and the decorrelation toy
 # ----------------------------------------------------------------------------------------------
-def distance_softmax_gap(*, alpha: float = 128.0, classes: int = 5, dim: int = 8, equal_norms: bool = True, seed: int = 0) -> float:
+def distance_softmax_gap(
+    *, alpha: float = 128.0, classes: int = 5, dim: int = 8, equal_norms: bool = True, seed: int = 0
+) -> float:
     """max |softmax(x̂ Wᵀ) − softmax(−½‖x̂ − w_j‖²)| over a random batch: 0 when every ‖w_j‖ is equal (Eq. 8)."""
     generator = torch.Generator().manual_seed(seed)
     scaled = normalize_scale(torch.randn(16, dim, generator=generator, dtype=torch.float64), alpha=alpha)
@@ -560,7 +700,9 @@ def distance_softmax_gap(*, alpha: float = 128.0, classes: int = 5, dim: int = 8
     return float(((scaled @ centres.T).softmax(1) - (-0.5 * distances**2).softmax(1)).abs().max())
 
 
-def toy_decorrelation(*, decorrelation: str, weight: float = 1.0, with_loss: bool = True, steps: int = 60, lr: float = 0.5, seed: int = 0) -> dict[str, Any]:
+def toy_decorrelation(
+    *, decorrelation: str, weight: float = 1.0, with_loss: bool = True, steps: int = 60, lr: float = 0.5, seed: int = 0
+) -> dict[str, Any]:
     """Three centres in 3-D (so they can become orthogonal), started strongly correlated, trained by SGD under a decorrelation variant.
 
     With ``with_loss`` the centres also get the margin-softmax gradient (α = 2, m = 0.5) of 40 fixed random
@@ -579,7 +721,7 @@ def toy_decorrelation(*, decorrelation: str, weight: float = 1.0, with_loss: boo
         used = centres
         if decorrelation == "paper":
             used = centres.view_as(centres)
-            used.register_hook(lambda g, values=centres.detach(): gram_schmidt_gradient(g, values, weight=weight))
+            used.register_hook(lambda g, values=centres.detach(): gram_schmidt_gradient(g, values, weight=weight))  # noqa: B008 (the centres when the hook is made)
         loss = centre_softmax_loss(features, used, labels, margin=0.5)[0] if with_loss else 0.0 * used.sum()
         if decorrelation == "code":
             loss = loss + 0.5 * centre_orthogonality_loss(used)
@@ -597,13 +739,24 @@ def toy_decorrelation(*, decorrelation: str, weight: float = 1.0, with_loss: boo
 def toy_figure(*, steps: int = 60, paper_weight: float = 1.0) -> plt.Figure:
     """Unit centres before and after the decorrelation alone (3-D arrows), and mean |cos| per step, alone and
     together with the softmax loss (λ = 0 vs λ = ``paper_weight``)."""
-    alone = {f"paper push alone (λ = {paper_weight:g})": toy_decorrelation(decorrelation="paper", weight=paper_weight, with_loss=False, steps=steps),
-             "code regulariser alone": toy_decorrelation(decorrelation="code", with_loss=False, steps=steps)}
-    with_loss = {"softmax + paper, λ = 0": toy_decorrelation(decorrelation="paper", weight=0.0, steps=steps),
-                 f"softmax + paper, λ = {paper_weight:g}": toy_decorrelation(decorrelation="paper", weight=paper_weight, steps=steps),
-                 "softmax + code": toy_decorrelation(decorrelation="code", steps=steps)}
+    alone = {
+        f"paper push alone (λ = {paper_weight:g})": toy_decorrelation(
+            decorrelation="paper", weight=paper_weight, with_loss=False, steps=steps
+        ),
+        "code regulariser alone": toy_decorrelation(decorrelation="code", with_loss=False, steps=steps),
+    }
+    with_loss = {
+        "softmax + paper, λ = 0": toy_decorrelation(decorrelation="paper", weight=0.0, steps=steps),
+        f"softmax + paper, λ = {paper_weight:g}": toy_decorrelation(
+            decorrelation="paper", weight=paper_weight, steps=steps
+        ),
+        "softmax + code": toy_decorrelation(decorrelation="code", steps=steps),
+    }
     figure = plt.figure(figsize=(13, 3.8))
-    panels = [("start", next(iter(alone.values()))["centres"][0]), *[(name, run["centres"][-1]) for name, run in alone.items()]]
+    panels = [
+        ("start", next(iter(alone.values()))["centres"][0]),
+        *[(name, run["centres"][-1]) for name, run in alone.items()],
+    ]
     for index, (title, centres) in enumerate(panels):
         axis = figure.add_subplot(1, len(panels) + 1, index + 1, projection="3d")
         unit = centres / np.linalg.norm(centres, axis=1, keepdims=True)
@@ -622,13 +775,27 @@ def toy_figure(*, steps: int = 60, paper_weight: float = 1.0) -> plt.Figure:
     return figure
 
 
-def tsne_figure(results: list[tuple[str, RunResult]], *, variants: Sequence[str], classes: int = 10, iterations: int = 300, seed: int = 0) -> plt.Figure:
+def tsne_figure(
+    results: list[tuple[str, RunResult]],
+    *,
+    variants: Sequence[str],
+    classes: int = 10,
+    iterations: int = 300,
+    seed: int = 0,
+) -> plt.Figure:
     """t-SNE (:func:`~dmlstudy.experiments.kit.projection_figure`) of the test embeddings of the first ``classes``
     test classes, one panel per variant (its first seed on the first run's dataset)."""
     embeddings = first_seed_embeddings(results, variants=variants)
     dataset = next((result.config.dataset for variant, result in results if variant in embeddings), "")
-    return projection_figure(embeddings, kind="tsne", classes=classes, seed=seed, title=dataset, label=lambda v: VARIANT_LABELS.get(v, v),
-                             iterations=iterations)
+    return projection_figure(
+        embeddings,
+        kind="tsne",
+        classes=classes,
+        seed=seed,
+        title=dataset,
+        label=lambda v: VARIANT_LABELS.get(v, v),
+        iterations=iterations,
+    )
 
 
 def train_classes_of(protocol: ProtocolConfig, dataset: str) -> int:

@@ -12,13 +12,15 @@ The paper's numbers (supplement Tables 1 and 2, from ``papers.yaml``) are printe
 (CUB-200, Cars196, SOP), an ImageNet-pretrained ResNet-50, 7 × 7 maps and a metric convention that counts
 the query in R (our R excludes it, as pytorch-metric-learning).
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -55,10 +57,14 @@ PAPER_GRID: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = numbe
 class DIMLStudy(ProtocolConfig):
     """Parameters of the DIML notebook (defaults: CI-sized)."""
 
-    base_losses: list = field(default_factory=lambda: ["ms"])  # base losses: a plain run and a DIML-trained run each (ms, margin, proxynca)
+    base_losses: list = field(
+        default_factory=lambda: ["ms"]
+    )  # base losses: a plain run and a DIML-trained run each (ms, margin, proxynca)
     train_diml: bool = True  # also train the DIML variants (False: only re-rank the plain baselines)
     top_ks: list = field(default_factory=lambda: [0, 10, 50])  # truncation K of the re-ranking sweep (at grid_size)
-    grid_sizes: list = field(default_factory=lambda: [1, 2, 4])  # grid sizes G of the grid sweep (at top_k); > 4 upsamples the 4 × 4 map
+    grid_sizes: list = field(
+        default_factory=lambda: [1, 2, 4]
+    )  # grid sizes G of the grid sweep (at top_k); > 4 upsamples the 4 × 4 map
     grid_size: int = 4  # G for DIML training and for the K sweep
     top_k: int = 50  # K for the grid sweep (the paper: 100)
     epsilon: float = 0.05  # entropic regularisation ε of the transport (training and re-ranking)
@@ -75,7 +81,9 @@ class DIMLStudy(ProtocolConfig):
         if not self.top_ks or min(self.top_ks) < 0:
             raise ValueError(f"parameter 'top_ks' must be a non-empty list of K ≥ 0, got {self.top_ks!r}")
         if not self.grid_sizes or min(self.grid_sizes) < 1 or self.grid_size < 1:
-            raise ValueError(f"parameters 'grid_sizes'/'grid_size' must be positive, got {self.grid_sizes!r} / {self.grid_size!r}")
+            raise ValueError(
+                f"parameters 'grid_sizes'/'grid_size' must be positive, got {self.grid_sizes!r} / {self.grid_size!r}"
+            )
 
     def transport_options(self) -> TransportOptions:
         return TransportOptions(epsilon=self.epsilon, uniform_marginals=self.uniform_marginals)
@@ -135,7 +143,9 @@ def run_models(config: DIMLStudy) -> list[tuple[str, RunResult]]:
 def example_run(results: list[tuple[str, RunResult]], config: DIMLStudy) -> RunResult:
     """The model shown in the figures: DIML + MS (else the ``ms`` baseline, else the first run) on the first
     dataset and seed."""
-    first = [(v, r) for v, r in results if r.config.dataset == config.datasets[0] and r.config.seed == config.seeds[0]] or results
+    first = [
+        (v, r) for v, r in results if r.config.dataset == config.datasets[0] and r.config.seed == config.seeds[0]
+    ] or results
     by_variant = dict(first)
     return by_variant.get(diml_variant_name("ms", config)) or by_variant.get("ms") or first[0][1]
 
@@ -156,16 +166,32 @@ def _base_and_training(result: RunResult) -> tuple[str, str]:
 # re-ranking sweeps
 
 
-def _sweep(sets: Mapping[str, GridEmbeddings | None], *, grid: int, top_ks: Sequence[int], options: TransportOptions) -> dict[int, dict[str, float]]:
+def _sweep(
+    sets: Mapping[str, GridEmbeddings | None], *, grid: int, top_ks: Sequence[int], options: TransportOptions
+) -> dict[int, dict[str, float]]:
     query, gallery = sets["query"], sets["gallery"]
-    gallery_kwargs = {} if gallery is None else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
-    return reranked_retrieval_metrics(query.global_, query.local[grid], query.labels, top_ks=top_ks, options=options, **gallery_kwargs)
+    gallery_kwargs = (
+        {}
+        if gallery is None
+        else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
+    )
+    return reranked_retrieval_metrics(
+        query.global_, query.local[grid], query.labels, top_ks=top_ks, options=options, **gallery_kwargs
+    )
 
 
 def _sweep_settings(config: DIMLStudy) -> dict[str, Any]:
     options = config.transport_options()
-    return {"top_ks": sorted(config.top_ks), "grid_sizes": sorted(config.grid_sizes), "grid_size": config.grid_size, "top_k": config.top_k,
-            "epsilon": options.epsilon, "uniform": options.uniform_marginals, "tolerance": options.tolerance, "max_iterations": options.max_iterations}
+    return {
+        "top_ks": sorted(config.top_ks),
+        "grid_sizes": sorted(config.grid_sizes),
+        "grid_size": config.grid_size,
+        "top_k": config.top_k,
+        "epsilon": options.epsilon,
+        "uniform": options.uniform_marginals,
+        "tolerance": options.tolerance,
+        "max_iterations": options.max_iterations,
+    }
 
 
 def _sweep_cache(run_dir: Path, config: DIMLStudy) -> Path:
@@ -181,16 +207,31 @@ def rerank_sweeps(result: RunResult, config: DIMLStudy, *, variant: str = "") ->
         return json.loads(cache.read_text())["rows"]
     sets = evaluation_sets(result, grid_sizes=sorted(set(config.grid_sizes) | {config.grid_size}))
     base, training = _base_and_training(result)
-    common = {"dataset": result.config.dataset, "seed": result.config.seed, "base_loss": base, "training": training, "variant": variant or result.config.method}
+    common = {
+        "dataset": result.config.dataset,
+        "seed": result.config.seed,
+        "base_loss": base,
+        "training": training,
+        "variant": variant or result.config.method,
+    }
     rows = []
     started = time.perf_counter()
     by_k = _sweep(sets, grid=config.grid_size, top_ks=config.top_ks, options=options)
     seconds = time.perf_counter() - started
-    rows += [{**common, "sweep": "K", "K": k, "G": config.grid_size, **values, "seconds": seconds} for k, values in by_k.items()]
+    rows += [
+        {**common, "sweep": "K", "K": k, "G": config.grid_size, **values, "seconds": seconds}
+        for k, values in by_k.items()
+    ]
     for grid in sorted(config.grid_sizes):
         started = time.perf_counter()
-        values = by_k[config.top_k] if grid == config.grid_size and config.top_k in by_k else _sweep(sets, grid=grid, top_ks=[config.top_k], options=options)[config.top_k]
-        rows.append({**common, "sweep": "G", "K": config.top_k, "G": grid, **values, "seconds": time.perf_counter() - started})
+        values = (
+            by_k[config.top_k]
+            if grid == config.grid_size and config.top_k in by_k
+            else _sweep(sets, grid=grid, top_ks=[config.top_k], options=options)[config.top_k]
+        )
+        rows.append(
+            {**common, "sweep": "G", "K": config.top_k, "G": grid, **values, "seconds": time.perf_counter() - started}
+        )
     write_json(cache, {"settings": settings, "rows": rows})
     return rows
 
@@ -204,7 +245,11 @@ def sweep_frame(results: list[tuple[str, RunResult]], config: DIMLStudy) -> pd.D
     are computed ``workers`` at a time in separate processes first (each writes its run's cache)."""
     missing = [(variant, result) for variant, result in results if not _sweep_cache(result.run_dir, config).is_file()]
     if config.workers > 1 and len(missing) > 1:
-        call_in_processes(_rerank_sweeps_in_process, [(result.config.to_dict(), config.to_dict(), variant) for variant, result in missing], workers=config.workers)
+        call_in_processes(
+            _rerank_sweeps_in_process,
+            [(result.config.to_dict(), config.to_dict(), variant) for variant, result in missing],
+            workers=config.workers,
+        )
     return pd.DataFrame([row for variant, result in results for row in rerank_sweeps(result, config, variant=variant)])
 
 
@@ -227,7 +272,10 @@ def rerank_sweep_table(frame: pd.DataFrame, *, sweep: str, paper_dataset: str = 
     rows = frame[frame["sweep"] == sweep]
     table = summarize(rows, by=["dataset", "base_loss", "training", column], metrics=METRICS)
     paper = PAPER_TRUNCATION if sweep == "K" else PAPER_GRID
-    papers = [_paper_values(b, t, (b, int(v)), paper, paper_dataset) for b, t, v in zip(table["base_loss"], table["training"], table[column])]
+    papers = [
+        _paper_values(b, t, (b, int(v)), paper, paper_dataset)
+        for b, t, v in zip(table["base_loss"], table["training"], table[column])
+    ]
     for index, metric in enumerate(METRICS):
         table[f"paper {metric}"] = [p[index] for p in papers]
     return table
@@ -245,7 +293,9 @@ def _paper_gain(table: Mapping, base: str, low: int, high: int, dataset: str, me
     return table[(base, high)][dataset][index] - table[(base, low)][dataset][index]
 
 
-def sweep_readings(table: pd.DataFrame, *, sweep: str, low: int, high: int, paper_dataset: str = "CUB-200", metric: str = "P@1") -> list[str]:
+def sweep_readings(
+    table: pd.DataFrame, *, sweep: str, low: int, high: int, paper_dataset: str = "CUB-200", metric: str = "P@1"
+) -> list[str]:
     """One sentence per (dataset, base loss, training): the change of ``metric`` from ``low`` to ``high`` (K or
     G), the paper's change for the same base loss, and whether the direction held — computed from the numbers."""
     column = "K" if sweep == "K" else "G"
@@ -259,12 +309,16 @@ def sweep_readings(table: pd.DataFrame, *, sweep: str, low: int, high: int, pape
         gain = _paper_gain(paper, base, low, high, paper_dataset, metric) if training == "baseline" else None
         label = f"{dataset}, {BASE_LOSS_NAMES.get(base, base)} {'baseline re-ranked' if training == 'baseline' else 'DIML-trained'}"
         if gain is None:
-            sentences.append(f"{label}: {metric} {values[low]:.1f} → {values[high]:.1f} ({ours:+.1f} points) from {column} = {low} to {column} = {high}; "
-                             f"the paper has no number for this row.")
+            sentences.append(
+                f"{label}: {metric} {values[low]:.1f} → {values[high]:.1f} ({ours:+.1f} points) from {column} = {low} to {column} = {high}; "
+                f"the paper has no number for this row."
+            )
             continue
         held = "held" if np.sign(round(ours, 1)) == np.sign(gain) and round(ours, 1) != 0 else "did not hold"
-        sentences.append(f"{label}: {metric} {values[low]:.1f} → {values[high]:.1f} ({ours:+.1f} points) from {column} = {low} to {column} = {high}; "
-                         f"the paper's {paper_dataset} row changes by {gain:+.1f}: the direction {held}.")
+        sentences.append(
+            f"{label}: {metric} {values[low]:.1f} → {values[high]:.1f} ({ours:+.1f} points) from {column} = {low} to {column} = {high}; "
+            f"the paper's {paper_dataset} row changes by {gain:+.1f}: the direction {held}."
+        )
     return sentences
 
 
@@ -283,8 +337,10 @@ def training_readings(table: pd.DataFrame, *, metric: str = "P@1") -> list[str]:
             change = values["DIML"] - values["baseline"]
             verdict = "helped" if round(change, 1) > 0 else ("hurt" if round(change, 1) < 0 else "made no difference")
             ranking = "cosine ranking" if int(k) == 0 else f"re-ranked top {int(k)}"
-            sentences.append(f"{dataset}, {BASE_LOSS_NAMES.get(base, base)}, {ranking}: {metric} {values['baseline']:.1f} (baseline) → "
-                             f"{values['DIML']:.1f} (DIML training), {change:+.1f} points: DIML training {verdict} (the supplement gives no number for this comparison).")
+            sentences.append(
+                f"{dataset}, {BASE_LOSS_NAMES.get(base, base)}, {ranking}: {metric} {values['baseline']:.1f} (baseline) → "
+                f"{values['DIML']:.1f} (DIML training), {change:+.1f} points: DIML training {verdict} (the supplement gives no number for this comparison)."
+            )
     return sentences
 
 
@@ -298,16 +354,26 @@ def toy_grids(*, seed: int = 0) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     local_s = torch.nn.functional.normalize(torch.randn(9, 8, generator=generator), dim=-1)
     permutation = torch.tensor([3, 4, 5, 6, 7, 8, 0, 1, 2])  # the content moved one row down (wrapping)
-    local_t = torch.nn.functional.normalize(local_s[permutation] + 0.25 * torch.randn(9, 8, generator=generator), dim=-1)
+    local_t = torch.nn.functional.normalize(
+        local_s[permutation] + 0.25 * torch.randn(9, 8, generator=generator), dim=-1
+    )
     global_s = torch.nn.functional.normalize(local_s.mean(0), dim=0)
     global_t = torch.nn.functional.normalize(local_t.mean(0), dim=0)
-    return {"local_s": local_s, "local_t": local_t, "global_s": global_s, "global_t": global_t, "permutation": permutation}
+    return {
+        "local_s": local_s,
+        "local_t": local_t,
+        "global_s": global_s,
+        "global_t": global_t,
+        "permutation": permutation,
+    }
 
 
 WORKED_SETTINGS: tuple[tuple[float, bool], ...] = ((0.5, True), (0.05, True), (0.05, False))
 
 
-def worked_example(*, settings: Sequence[tuple[float, bool]] = WORKED_SETTINGS, seed: int = 0) -> tuple[plt.Figure, pd.DataFrame]:
+def worked_example(
+    *, settings: Sequence[tuple[float, bool]] = WORKED_SETTINGS, seed: int = 0
+) -> tuple[plt.Figure, pd.DataFrame]:
     """The toy pair (:func:`toy_grids`): cell similarities S, the cross-correlation marginals, and the transport
     plan for each ``(ε, uniform marginals)`` setting (figure); and a table of s_struct beside the cosine of the
     two global vectors, the same-position average and the true-correspondence average."""
@@ -318,22 +384,37 @@ def worked_example(*, settings: Sequence[tuple[float, bool]] = WORKED_SETTINGS, 
     truth = similarity[toy["permutation"], torch.arange(9)]  # t's cell j shows s's cell π(j)
     figure, axes = plt.subplots(1, 2 + len(settings), figsize=(2.9 * (2 + len(settings)), 3.0))
     image = axes[0].imshow(similarity.numpy(), cmap="RdBu_r", vmin=-1, vmax=1)
-    axes[0].set(title="cell similarities S", xlabel="cell j of t", ylabel="cell i of s", xticks=range(9), yticks=range(9))
+    axes[0].set(
+        title="cell similarities S", xlabel="cell j of t", ylabel="cell i of s", xticks=range(9), yticks=range(9)
+    )
     figure.colorbar(image, ax=axes[0], fraction=0.046)
     axes[1].bar(np.arange(9) - 0.2, (mu / mu.sum()).numpy(), width=0.4, label="μ_s")
     axes[1].bar(np.arange(9) + 0.2, (nu / nu.sum()).numpy(), width=0.4, label="μ_t")
     axes[1].set(title="cross-correlation marginals", xlabel="cell", xticks=range(9))
     axes[1].legend(fontsize=8)
-    rows = [{"quantity": "cos(z̄_s, z̄_t): the global embeddings", "value": float(toy["global_s"] @ toy["global_t"])},
-            {"quantity": "mean S_ii: cells at the same position", "value": float(similarity.diagonal().mean())},
-            {"quantity": "mean S_π(j),j: the true correspondence", "value": float(truth.mean())}]
+    rows = [
+        {"quantity": "cos(z̄_s, z̄_t): the global embeddings", "value": float(toy["global_s"] @ toy["global_t"])},
+        {"quantity": "mean S_ii: cells at the same position", "value": float(similarity.diagonal().mean())},
+        {"quantity": "mean S_π(j),j: the true correspondence", "value": float(truth.mean())},
+    ]
     for axis, (epsilon, uniform) in zip(axes[2:], settings):
         options = TransportOptions(epsilon=epsilon, uniform_marginals=uniform, max_iterations=2000, tolerance=1e-6)
         value, transport = structural_similarity(similarity[None], mu[None], nu[None], options=options)
         marginals = "uniform" if uniform else "cross-corr."
         axis.imshow(transport.plan[0].numpy(), cmap="viridis")
-        axis.set(title=f"T: ε = {epsilon:g}, {marginals}\ns_struct = {value.item():.3f}", xlabel="cell j of t", ylabel="cell i of s", xticks=range(9), yticks=range(9))
-        rows.append({"quantity": f"s_struct, ε = {epsilon:g}, {marginals} marginals ({transport.iterations} iterations)", "value": float(value)})
+        axis.set(
+            title=f"T: ε = {epsilon:g}, {marginals}\ns_struct = {value.item():.3f}",
+            xlabel="cell j of t",
+            ylabel="cell i of s",
+            xticks=range(9),
+            yticks=range(9),
+        )
+        rows.append(
+            {
+                "quantity": f"s_struct, ε = {epsilon:g}, {marginals} marginals ({transport.iterations} iterations)",
+                "value": float(value),
+            }
+        )
     figure.tight_layout()
     return figure, pd.DataFrame(rows)
 
@@ -342,7 +423,14 @@ def worked_example(*, settings: Sequence[tuple[float, bool]] = WORKED_SETTINGS, 
 # cost
 
 
-def rerank_cost(sets: Mapping[str, GridEmbeddings | None], *, top_ks: Sequence[int], grid_sizes: Sequence[int], queries: int = 64, options: TransportOptions | None = None) -> pd.DataFrame:
+def rerank_cost(
+    sets: Mapping[str, GridEmbeddings | None],
+    *,
+    top_ks: Sequence[int],
+    grid_sizes: Sequence[int],
+    queries: int = 64,
+    options: TransportOptions | None = None,
+) -> pd.DataFrame:
     """Measured milliseconds per query of the structural similarities of its top-K candidates (the re-ranking's
     cost beyond the cosine search), per (K, G), on the first ``queries`` queries of a trained model's test set."""
     from dmlstudy import metrics as metric_functions
@@ -351,14 +439,18 @@ def rerank_cost(sets: Mapping[str, GridEmbeddings | None], *, top_ks: Sequence[i
     n = min(queries, len(query_set.global_))
     rows = []
     for top_k in top_ks:
-        candidates, _ = metric_functions.nearest_neighbors(query_set.global_[:n], query_set.global_, k=min(top_k + 1, len(query_set.global_) - 1))
+        candidates, _ = metric_functions.nearest_neighbors(
+            query_set.global_[:n], query_set.global_, k=min(top_k + 1, len(query_set.global_) - 1)
+        )
         candidates = np.stack([row[row != q][:top_k] for q, row in enumerate(candidates)])
         for grid in grid_sizes:
             if grid not in query_set.local:
                 continue
             local = query_set.local[grid]
             started = time.perf_counter()
-            candidate_structural_similarity(query_set.global_[:n], local[:n], query_set.global_, local, candidates, options=options)
+            candidate_structural_similarity(
+                query_set.global_[:n], local[:n], query_set.global_, local, candidates, options=options
+            )
             seconds = time.perf_counter() - started
             rows.append({"K": top_k, "G": grid, "pairs": candidates.size, "ms per query": 1000 * seconds / n})
     return pd.DataFrame(rows)
@@ -385,7 +477,14 @@ def sweep_figure(frame: pd.DataFrame, *, sweep: str, metric: str = "P@1") -> plt
     for axis, dataset in zip(axes[0], datasets):
         for (base, training), group in rows[rows["dataset"] == dataset].groupby(["base_loss", "training"], sort=False):
             stats = group.groupby(column)[metric].agg(["mean", "std"]).fillna(0.0) * 100
-            axis.errorbar(stats.index, stats["mean"], yerr=stats["std"], marker="o", capsize=3, label=f"{BASE_LOSS_NAMES.get(base, base)}, {training}")
+            axis.errorbar(
+                stats.index,
+                stats["mean"],
+                yerr=stats["std"],
+                marker="o",
+                capsize=3,
+                label=f"{BASE_LOSS_NAMES.get(base, base)}, {training}",
+            )
         axis.set(xlabel=column, ylabel=f"{metric} (%)", title=dataset)
         if sweep == "K":
             axis.set_xscale("symlog", linthresh=10)
@@ -393,4 +492,3 @@ def sweep_figure(frame: pd.DataFrame, *, sweep: str, metric: str = "P@1") -> plt
         axis.legend(fontsize=7)
     figure.tight_layout()
     return figure
-

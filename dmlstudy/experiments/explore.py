@@ -20,14 +20,16 @@ run's evaluation did; datasets evaluated query → gallery (In-Shop) are not sho
 runs yet (a fresh clone), :func:`ensure_runs` trains one CI-sized run of ``fallback_method`` first, so the
 notebook always has something to show.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -89,14 +91,30 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
             continue
         config = load_yaml((run_dir / "config.yaml").read_text()) or {}
         metrics = json.loads(metrics_file.read_text())
-        rows.append({"dataset": config.get("dataset", ""), "method": config.get("method", ""), "run": run_dir.name,
-                     "seed": int(config.get("seed", 0)), "R@1": float(metrics.get("R@1", float("nan"))),
-                     "method_kwargs": json.dumps(config.get("method_kwargs") or {}, sort_keys=True), "path": str(run_dir)})
+        rows.append(
+            {
+                "dataset": config.get("dataset", ""),
+                "method": config.get("method", ""),
+                "run": run_dir.name,
+                "seed": int(config.get("seed", 0)),
+                "R@1": float(metrics.get("R@1", float("nan"))),
+                "method_kwargs": json.dumps(config.get("method_kwargs") or {}, sort_keys=True),
+                "path": str(run_dir),
+            }
+        )
     frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
-    plain = [bool(re.fullmatch(f"{re.escape(d)}-{re.escape(m)}-seed\\d+(-[0-9a-f]{{8}})?", r))  # the config hash suffix (dmlstudy.runs)
-             for d, m, r in zip(frame["dataset"], frame["method"], frame["run"])]
+    plain = [
+        bool(
+            re.fullmatch(f"{re.escape(d)}-{re.escape(m)}-seed\\d+(-[0-9a-f]{{8}})?", r)
+        )  # the config hash suffix (dmlstudy.runs)
+        for d, m, r in zip(frame["dataset"], frame["method"], frame["run"])
+    ]
     frame["_variant"] = ~np.asarray(plain, dtype=bool)  # the protocol's runs of the method with its defaults first
-    return frame.sort_values(["dataset", "method", "_variant", "seed", "run"], kind="stable").drop(columns="_variant").reset_index(drop=True)
+    return (
+        frame.sort_values(["dataset", "method", "_variant", "seed", "run"], kind="stable")
+        .drop(columns="_variant")
+        .reset_index(drop=True)
+    )
 
 
 def ensure_runs(config: ExploreConfig) -> pd.DataFrame:
@@ -105,7 +123,11 @@ def ensure_runs(config: ExploreConfig) -> pd.DataFrame:
     runs = find_runs(config.study, runs_root=config.runs_root)
     if runs.empty:
         protocol = dataclasses.replace(config, seeds=list(config.seeds[:1]))
-        run_grid(protocol.grid({config.fallback_method: {"method": config.fallback_method}}, datasets=list(config.datasets[:1])))
+        run_grid(
+            protocol.grid(
+                {config.fallback_method: {"method": config.fallback_method}}, datasets=list(config.datasets[:1])
+            )
+        )
         runs = find_runs(config.study, runs_root=config.runs_root)
     return runs
 
@@ -136,13 +158,21 @@ def load_run(run_dir: str | Path, *, data_root: str = "") -> LoadedRun:
     if missing:
         raise FileNotFoundError(f"load_run: {run_dir} is not a complete run folder; missing {missing}")
     stored = load_yaml((run_dir / "config.yaml").read_text()) or {}
-    stored.update(runs_root=str(run_dir.parent.parent), study=run_dir.parent.name, run_name=run_dir.name, resume=True, progress=False)
+    stored.update(
+        runs_root=str(run_dir.parent.parent),
+        study=run_dir.parent.name,
+        run_name=run_dir.name,
+        resume=True,
+        progress=False,
+    )
     if data_root:
         stored["data_root"] = data_root
     config = TrainConfig(**{name: stored[name] for name in TrainConfig.field_names() if name in stored})
     datasets = load_datasets(config)
     if datasets.get("gallery") is not None:
-        raise ValueError(f"load_run: {config.dataset} is evaluated query → gallery; the explorer shows all-vs-all test sets only")
+        raise ValueError(
+            f"load_run: {config.dataset} is evaluated query → gallery; the explorer shows all-vs-all test sets only"
+        )
     device = resolve_device(config.device)
     method = build_model(config, datasets["train"].num_classes).to(device)
     checkpoint = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
@@ -153,8 +183,10 @@ def load_run(run_dir: str | Path, *, data_root: str = "") -> LoadedRun:
     history = pd.read_csv(run_dir / "history.csv") if (run_dir / "history.csv").is_file() else pd.DataFrame()
     result = RunResult(config, run_dir, json.loads((run_dir / "metrics.json").read_text()), history, method, arrays)
     if len(arrays["embeddings"]) != len(datasets["query"]):
-        raise ValueError(f"load_run: {run_dir} stores {len(arrays['embeddings'])} test embeddings but its test set has {len(datasets['query'])} images "
-                         "(was the dataset regenerated?)")
+        raise ValueError(
+            f"load_run: {run_dir} stores {len(arrays['embeddings'])} test embeddings but its test set has {len(datasets['query'])} images "
+            "(was the dataset regenerated?)"
+        )
     return LoadedRun(result, datasets["query"], arrays["embeddings"], np.asarray(arrays["labels"]))
 
 
@@ -173,10 +205,15 @@ def top_k_retrievals(embeddings: np.ndarray, query: int, *, top_k: int) -> np.nd
 def retrieval_figure(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure:
     """The query and its top-``top_k`` retrievals, green = same class, red = another (plots.retrieval_grid)."""
     ranking = top_k_retrievals(loaded.embeddings, query, top_k=top_k)
-    figure = plots.retrieval_grid(loaded.dataset, loaded.embeddings, loaded.labels, queries=[query], top_k=len(ranking), ranking=ranking[None])
+    figure = plots.retrieval_grid(
+        loaded.dataset, loaded.embeddings, loaded.labels, queries=[query], top_k=len(ranking), ranking=ranking[None]
+    )
     hits = int(np.sum(loaded.labels[ranking] == loaded.labels[query]))
-    figure.suptitle(f"{loaded.result.run_dir.name}: query {query} (class {loaded.labels[query]}), {hits}/{len(ranking)} retrievals of its class",
-                    fontsize=9, y=1.0 + 0.3 / figure.get_figheight())  # above the column titles
+    figure.suptitle(
+        f"{loaded.result.run_dir.name}: query {query} (class {loaded.labels[query]}), {hits}/{len(ranking)} retrievals of its class",
+        fontsize=9,
+        y=1.0 + 0.3 / figure.get_figheight(),
+    )  # above the column titles
     return figure
 
 
@@ -185,10 +222,19 @@ def _diml_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], 
     key = ("diml_sets", str(loaded.result.run_dir))
     if key not in cache:
         cache[key] = evaluation_sets(loaded.result, grid_sizes=[method.grid_size])
-    return plots.diml_transport_figure(loaded.result, cache[key], grid=method.grid_size, queries=[query], retrievals=len(retrievals), options=method.options)
+    return plots.diml_transport_figure(
+        loaded.result,
+        cache[key],
+        grid=method.grid_size,
+        queries=[query],
+        retrievals=len(retrievals),
+        options=method.options,
+    )
 
 
-def _cross_attention_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
+def _cross_attention_explanation(
+    loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict
+) -> plt.Figure | str:
     return plots.cross_attention_explanation(loaded.result.method, loaded.dataset, query, retrievals)
 
 
@@ -197,8 +243,11 @@ def _crt_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], c
     if not method.use_crt:
         return "CRT without the transform (use_crt=False): no prototypes to show"
     figure = plots.crt_heatmap_figure(method, loaded.dataset, [query, *retrievals], prototypes=min(6, method.K1))
-    figure.suptitle(f"prototype codes on the query (top row) and its retrievals #1–#{len(retrievals)}", fontsize=8,
-                    y=1.0 + 0.25 / figure.get_figheight())
+    figure.suptitle(
+        f"prototype codes on the query (top row) and its retrievals #1–#{len(retrievals)}",
+        fontsize=8,
+        y=1.0 + 0.25 / figure.get_figheight(),
+    )
     return figure
 
 
@@ -244,7 +293,10 @@ class Explorer:
     def run_options(self, dataset: str, method: str) -> list[tuple[str, str]]:
         """``(label, path)`` of the runs of ``method`` on ``dataset``: the label gives the folder and its R@1."""
         rows = self.runs[(self.runs["dataset"] == dataset) & (self.runs["method"] == method)]
-        return [(f"{run} (R@1 {100 * recall:.1f} %)", path) for run, recall, path in zip(rows["run"], rows["R@1"], rows["path"])]
+        return [
+            (f"{run} (R@1 {100 * recall:.1f} %)", path)
+            for run, recall, path in zip(rows["run"], rows["R@1"], rows["path"])
+        ]
 
     def selection(self, config: ExploreConfig) -> dict[str, Any]:
         """The first view: the config's dataset / method / run where given (an unknown one raises, listing what
@@ -253,12 +305,16 @@ class Explorer:
         if config.run:
             chosen = runs[runs["run"] == config.run]
             if chosen.empty:
-                raise ValueError(f"parameter 'run': no complete run {config.run!r} in study {config.study!r}; found {runs['run'].tolist()}")
+                raise ValueError(
+                    f"parameter 'run': no complete run {config.run!r} in study {config.study!r}; found {runs['run'].tolist()}"
+                )
             row = chosen.iloc[0]
         else:
             datasets = self.datasets()
             if config.dataset and config.dataset not in datasets:
-                raise ValueError(f"parameter 'dataset': no runs on {config.dataset!r} in study {config.study!r}; found {datasets}")
+                raise ValueError(
+                    f"parameter 'dataset': no runs on {config.dataset!r} in study {config.study!r}; found {datasets}"
+                )
             dataset = config.dataset or next((d for d in config.datasets if d in datasets), datasets[0])
             methods = self.methods(dataset)
             if config.method and config.method not in methods:
@@ -266,17 +322,25 @@ class Explorer:
             method = config.method or ("ms" if "ms" in methods else methods[0])
             row = runs[(runs["dataset"] == dataset) & (runs["method"] == method)].iloc[0]
         loaded = self.load(row["path"])
-        return {"dataset": row["dataset"], "method": row["method"], "run_dir": row["path"],
-                "query": int(min(config.query, len(loaded.embeddings) - 1)), "top_k": config.top_k, "explain": config.explain}
+        return {
+            "dataset": row["dataset"],
+            "method": row["method"],
+            "run_dir": row["path"],
+            "query": int(min(config.query, len(loaded.embeddings) - 1)),
+            "top_k": config.top_k,
+            "explain": config.explain,
+        }
 
     def render(self, run_dir: str | Path, *, query: int, top_k: int, explain: bool = True) -> list[plt.Figure | str]:
         """What the explorer shows for one choice: a header line, the retrieval figure, and the explanation
         (a figure, or a sentence when the method has none)."""
         loaded = self.load(run_dir)
         metrics = loaded.result.metrics
-        header = (f"**{loaded.result.run_dir.name}** — method `{loaded.method_name}` on {loaded.result.config.dataset}, "
-                  f"seed {loaded.result.config.seed}: R@1 {100 * metrics.get('R@1', float('nan')):.1f} %, "
-                  f"MAP@R {100 * metrics.get('MAP@R', float('nan')):.1f} % over {len(loaded.embeddings)} test images")
+        header = (
+            f"**{loaded.result.run_dir.name}** — method `{loaded.method_name}` on {loaded.result.config.dataset}, "
+            f"seed {loaded.result.config.seed}: R@1 {100 * metrics.get('R@1', float('nan')):.1f} %, "
+            f"MAP@R {100 * metrics.get('MAP@R', float('nan')):.1f} % over {len(loaded.embeddings)} test images"
+        )
         items: list[plt.Figure | str] = [header, retrieval_figure(loaded, query, top_k=top_k)]
         if explain:
             items.append(explanation(loaded, query, top_k=top_k, cache=self.cache))
@@ -300,7 +364,10 @@ def save_items(items: Sequence[plt.Figure | str], *, study: str, prefix: str = "
     """Save the figures among ``items`` as ``<prefix>_retrievals.png`` and ``<prefix>_explanation.png`` in the
     study's figures folder."""
     figures = [item for item in items if not isinstance(item, str)]
-    return [plots.save_figure(figure, f"{prefix}_{name}", study=study) for figure, name in zip(figures, ("retrievals", "explanation"))]
+    return [
+        plots.save_figure(figure, f"{prefix}_{name}", study=study)
+        for figure, name in zip(figures, ("retrievals", "explanation"))
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,15 +386,33 @@ class ExplorerUI:
         dataset, method = selection["dataset"], selection["method"]
         style = {"description_width": "70px"}
         self.dataset = widgets.Dropdown(options=explorer.datasets(), value=dataset, description="dataset", style=style)
-        self.method = widgets.Dropdown(options=explorer.methods(dataset), value=method, description="method", style=style)
-        self.run = widgets.Dropdown(options=explorer.run_options(dataset, method), value=selection["run_dir"], description="run",
-                                    style=style, layout=widgets.Layout(width="480px"))
+        self.method = widgets.Dropdown(
+            options=explorer.methods(dataset), value=method, description="method", style=style
+        )
+        self.run = widgets.Dropdown(
+            options=explorer.run_options(dataset, method),
+            value=selection["run_dir"],
+            description="run",
+            style=style,
+            layout=widgets.Layout(width="480px"),
+        )
         size = len(explorer.load(selection["run_dir"]).embeddings)
-        self.query = widgets.IntSlider(value=selection["query"], min=0, max=size - 1, description="query", continuous_update=False, style=style)
-        self.top_k = widgets.IntSlider(value=selection["top_k"], min=1, max=16, description="top K", continuous_update=False, style=style)
+        self.query = widgets.IntSlider(
+            value=selection["query"], min=0, max=size - 1, description="query", continuous_update=False, style=style
+        )
+        self.top_k = widgets.IntSlider(
+            value=selection["top_k"], min=1, max=16, description="top K", continuous_update=False, style=style
+        )
         self.explain = widgets.Checkbox(value=selection["explain"], description="explanation")
         self.output = widgets.Output()
-        self.box = widgets.VBox([widgets.HBox([self.dataset, self.method]), self.run, widgets.HBox([self.query, self.top_k, self.explain]), self.output])
+        self.box = widgets.VBox(
+            [
+                widgets.HBox([self.dataset, self.method]),
+                self.run,
+                widgets.HBox([self.query, self.top_k, self.explain]),
+                self.output,
+            ]
+        )
         self.dataset.observe(self._on_dataset, names="value")
         self.method.observe(self._on_method, names="value")
         self.run.observe(self._on_run, names="value")
@@ -386,7 +471,9 @@ class ExplorerUI:
 
         self.output.outputs = ()
         try:
-            items = self.explorer.render(self.run.value, query=self.query.value, top_k=self.top_k.value, explain=self.explain.value)
+            items = self.explorer.render(
+                self.run.value, query=self.query.value, top_k=self.top_k.value, explain=self.explain.value
+            )
         except Exception as error:  # shown in the widget: a live session must survive one bad choice
             self.output.append_stdout(f"{type(error).__name__}: {error}\n")
             return

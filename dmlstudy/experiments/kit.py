@@ -11,13 +11,15 @@ the method registry and :mod:`dmlstudy.plots`, never a paper module.
 * the papers' numbers as table columns (:func:`paper_column`, :data:`PAPER_DATASET`);
 * the embedding geometry table, projections (t-SNE / UMAP) and the diagram boxes and arrows.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,8 +28,8 @@ import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from dmlstudy.experiments.papers import PAPER_DATASET
-from dmlstudy.methods import MethodInfo
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
+from dmlstudy.methods import MethodInfo
 from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, load_datasets, resolve_device
 
@@ -37,11 +39,18 @@ SHARED_VARIANTS: dict[str, dict] = {  # named runs one notebook trains and anoth
     "softmax": {"method": "dgcrl", "method_kwargs": {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}},
 }
 SHARED_ROWS = {  # how the comparison shows them
-    "softmax": MethodInfo("softmax", "softmax (DGCRL head, no N-S)", "paper", "DGCRL's own baseline",
-                          "DGCRL's head as a plain softmax classifier: no normalize-scale, no margin, no decorrelation (the run of notebook 40)"),
+    "softmax": MethodInfo(
+        "softmax",
+        "softmax (DGCRL head, no N-S)",
+        "paper",
+        "DGCRL's own baseline",
+        "DGCRL's head as a plain softmax classifier: no normalize-scale, no margin, no decorrelation (the run of notebook 40)",
+    ),
 }
 MAX_PROJECTION_POINTS = 4095
-TSNE_ITERATIONS = 500  # 250 early-exaggeration + 250 free steps: settled for a few thousand points, half the default cost
+TSNE_ITERATIONS = (
+    500  # 250 early-exaggeration + 250 free steps: settled for a few thousand points, half the default cost
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -49,16 +58,26 @@ TSNE_ITERATIONS = 500  # 250 early-exaggeration + 250 free steps: settled for a 
 # ----------------------------------------------------------------------------------------------
 def with_reference(values: Iterable[Any], reference: Any) -> list[Any]:
     """The swept values with the reference setting added, sorted, without duplicates (lists compare as tuples)."""
-    return sorted({*[tuple(v) if isinstance(v, list) else v for v in values], reference},
-                  key=lambda v: (v if not isinstance(v, (list, tuple)) else tuple(v)))
+    return sorted(
+        {*[tuple(v) if isinstance(v, list) else v for v in values], reference},
+        key=lambda v: v if not isinstance(v, (list, tuple)) else tuple(v),
+    )
 
 
-def variant_name(prefix: str, tags: Mapping[str, Any], *, short: Mapping[str, str] | None = None, silent: Iterable[str] = (),
-                 show: Callable[[Any], str] = str) -> str:
+def variant_name(
+    prefix: str,
+    tags: Mapping[str, Any],
+    *,
+    short: Mapping[str, str] | None = None,
+    silent: Iterable[str] = (),
+    show: Callable[[Any], str] = str,
+) -> str:
     """``prefix-key=value-…``: a run name from what differs from the defaults, keys abbreviated by ``short``,
     values written by ``show``, keys in ``silent`` left out (implied by another tag)."""
     short = short or {}
-    return "-".join([prefix, *[f"{short.get(key, key)}={show(value)}" for key, value in tags.items() if key not in silent]])
+    return "-".join(
+        [prefix, *[f"{short.get(key, key)}={show(value)}" for key, value in tags.items() if key not in silent]]
+    )
 
 
 def with_baseline(variant: Variant) -> dict[str, dict]:
@@ -71,7 +90,9 @@ def as_grid(variants: Mapping[Any, Variant]) -> dict[str, dict]:
     return dict(variants.values())
 
 
-def run_variants(protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, RunResult]]:
+def run_variants(
+    protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None
+) -> list[tuple[str, RunResult]]:
     """Train (or load) every variant × dataset × seed of ``protocol``."""
     return run_grid(protocol.grid(variants, datasets=datasets), workers=protocol.workers)
 
@@ -81,7 +102,9 @@ def find_run(results: Sequence[tuple[str, RunResult]], variant: str, *, dataset:
     for name, result in results:
         if name == variant and (dataset is None or result.config.dataset == dataset):
             return result
-    raise KeyError(f"no run of variant {variant!r}{f' on {dataset!r}' if dataset else ''} among {sorted({n for n, _ in results})}")
+    raise KeyError(
+        f"no run of variant {variant!r}{f' on {dataset!r}' if dataset else ''} among {sorted({n for n, _ in results})}"
+    )
 
 
 def kwargs_json(spec: Mapping[str, Any]) -> str:
@@ -107,9 +130,18 @@ def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str
     device = resolve_device(result.config.device)
 
     def embed(dataset):
-        return embed_grid_dataset(result.method, dataset, grid_sizes=tuple(grid_sizes), batch_size=result.config.eval_batch_size, device=device)
+        return embed_grid_dataset(
+            result.method,
+            dataset,
+            grid_sizes=tuple(grid_sizes),
+            batch_size=result.config.eval_batch_size,
+            device=device,
+        )
 
-    return {"query": embed(datasets["query"]), "gallery": embed(datasets["gallery"]) if datasets.get("gallery") is not None else None}
+    return {
+        "query": embed(datasets["query"]),
+        "gallery": embed(datasets["gallery"]) if datasets.get("gallery") is not None else None,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -136,14 +168,16 @@ def lookup(table: pd.DataFrame, dataset: str, variant: str, metric: str = "R@1")
     return float(row[f"{metric}_mean"]), float(row[f"{metric}_std"]), int(row["runs"])
 
 
-def difference(table: pd.DataFrame, dataset: str, first: str, second: str, metric: str = "R@1") -> tuple[tuple[float, float], int]:
+def difference(
+    table: pd.DataFrame, dataset: str, first: str, second: str, metric: str = "R@1"
+) -> tuple[tuple[float, float], int]:
     """(mean of ``first`` − mean of ``second``, its standard error) and the smaller seed count.
 
     The standard error treats the two variants' seeds as independent samples (``√(s₁²/n₁ + s₂²/n₂)``).
     """
     m1, s1, n1 = lookup(table, dataset, first, metric)
     m2, s2, n2 = lookup(table, dataset, second, metric)
-    return (m1 - m2, math.sqrt(s1 ** 2 / n1 + s2 ** 2 / n2)), min(n1, n2)
+    return (m1 - m2, math.sqrt(s1**2 / n1 + s2**2 / n2)), min(n1, n2)
 
 
 def without_numbers(table: pd.DataFrame) -> pd.DataFrame:
@@ -198,7 +232,9 @@ def claim_verdict(difference: float, error: float, seeds: int) -> str:
     return {1: "held", -1: "did not hold", 0: "no difference"}[verdict.direction] + suffix
 
 
-def effect_sentence(what: str, *, ours: tuple[float, float], paper: float | None, seeds: int, unit: str = "R@1 points") -> str:
+def effect_sentence(
+    what: str, *, ours: tuple[float, float], paper: float | None, seeds: int, unit: str = "R@1 points"
+) -> str:
     """One sentence comparing our difference (mean, standard error) with the paper's difference (:func:`judge`).
 
     "direction held" / "direction NOT reproduced" (the paper's sign is the expected one), flagged "within seed
@@ -213,8 +249,15 @@ def effect_sentence(what: str, *, ours: tuple[float, float], paper: float | None
     verdict = judge(change, error, seeds, expected=paper)
     if abs(paper) < NO_EFFECT:
         if verdict.one_seed:
-            return text + f"; the paper found no effect ({paper:+.2f}) → with one seed we cannot tell whether ours is noise."
-        return text + f"; the paper found no effect ({paper:+.2f}) → " + ("consistent (within seed noise)." if verdict.within_noise else "NOT consistent (|Δ| ≥ 2 s.e.).")
+            return (
+                text
+                + f"; the paper found no effect ({paper:+.2f}) → with one seed we cannot tell whether ours is noise."
+            )
+        return (
+            text
+            + f"; the paper found no effect ({paper:+.2f}) → "
+            + ("consistent (within seed noise)." if verdict.within_noise else "NOT consistent (|Δ| ≥ 2 s.e.).")
+        )
     words = "direction held" if verdict.direction == 1 else "direction NOT reproduced"
     if verdict.within_noise:
         words += " (but within seed noise, |Δ| < 2 s.e.)"
@@ -229,8 +272,13 @@ def paper_dataset(dataset: str, default: str = "") -> str:
     return PAPER_DATASET.get(dataset, default)
 
 
-def paper_column(table: pd.DataFrame, values: Mapping[str, Mapping[str, Any]], *, label: Callable[[str], str],
-                 show: Callable[[Any], Any] = lambda value: value) -> pd.DataFrame:
+def paper_column(
+    table: pd.DataFrame,
+    values: Mapping[str, Mapping[str, Any]],
+    *,
+    label: Callable[[str], str],
+    show: Callable[[Any], Any] = lambda value: value,
+) -> pd.DataFrame:
     """Per dataset of ``table``: its rows with a column ``label(paper dataset)`` holding ``show(value)`` of the
     paper's number for each variant (``values[paper dataset][variant]``), "–" where the paper has none."""
     rows = []
@@ -246,12 +294,21 @@ def paper_column(table: pd.DataFrame, values: Mapping[str, Mapping[str, Any]], *
 # ----------------------------------------------------------------------------------------------
 # Geometry: embedding-space density and spectral decay across methods
 # ----------------------------------------------------------------------------------------------
-GEOMETRY = {"ESD": "ESD = π_intra / π_inter (↑ in the CRT paper's reading)", "rho": "ρ, spectral decay, drop_first = 0 (↓)"}
+GEOMETRY = {
+    "ESD": "ESD = π_intra / π_inter (↑ in the CRT paper's reading)",
+    "rho": "ρ, spectral decay, drop_first = 0 (↓)",
+}
 WEAK_CORRELATION = 0.3  # |rank correlation| below this: no clear relation (few methods, noisy means)
 
 
-def geometry_summary(frame: pd.DataFrame, *, metric: str, paper: Mapping[str, tuple[float, float]], label: Callable[[str], str] = str,
-                   decimals: int = 3) -> pd.DataFrame:
+def geometry_summary(
+    frame: pd.DataFrame,
+    *,
+    metric: str,
+    paper: Mapping[str, tuple[float, float]],
+    label: Callable[[str], str] = str,
+    decimals: int = 3,
+) -> pd.DataFrame:
     """Rows = variants, columns = datasets: mean ± std over seeds of ``metric`` (``ESD`` or ``rho``) of the runs'
     test embeddings, with the CRT paper's MS / +CRT numbers (``paper``: paper dataset → (MS, +CRT)) beside."""
     if metric not in GEOMETRY:
@@ -264,11 +321,19 @@ def geometry_summary(frame: pd.DataFrame, *, metric: str, paper: Mapping[str, tu
         line: dict[str, Any] = {"method": label(variant), "variant": variant}
         for dataset in datasets:
             cell = stats[(stats["variant"] == variant) & (stats["dataset"] == dataset)]
-            line[dataset] = "–" if cell.empty else mean_std_text(cell["mean"].iloc[0], cell["std"].iloc[0], int(cell["count"].iloc[0]), decimals=decimals)
+            line[dataset] = (
+                "–"
+                if cell.empty
+                else mean_std_text(
+                    cell["mean"].iloc[0], cell["std"].iloc[0], int(cell["count"].iloc[0]), decimals=decimals
+                )
+            )
             line[f"{dataset}_mean"] = math.nan if cell.empty else float(cell["mean"].iloc[0])
         for dataset in datasets:
             pair = paper.get(paper_dataset(dataset))
-            line[f"paper ({paper_dataset(dataset, '–')})"] = (pair[0] if variant == "ms" else pair[1]) if pair and variant in ("ms", "crt") else "–"
+            line[f"paper ({paper_dataset(dataset, '–')})"] = (
+                (pair[0] if variant == "ms" else pair[1]) if pair and variant in ("ms", "crt") else "–"
+            )
         out.append(line)
     return pd.DataFrame(out)
 
@@ -282,7 +347,7 @@ def rank_correlation(x: pd.Series, y: pd.Series) -> float:
 
 
 def agreement(correlation: float, *, expected: int) -> str:
-    """"agrees" / "disagrees" with the expected sign, or "shows no clear relation" when |r| < :data:`WEAK_CORRELATION`."""
+    """ "agrees" / "disagrees" with the expected sign, or "shows no clear relation" when |r| < :data:`WEAK_CORRELATION`."""
     if math.isnan(correlation) or abs(correlation) < WEAK_CORRELATION:
         return "shows no clear relation"
     return "agrees" if np.sign(correlation) == expected else "disagrees"
@@ -299,20 +364,26 @@ def geometry_readings(frame: pd.DataFrame) -> list[str]:
             esd = group.loc["crt", "ESD"] - group.loc["ms", "ESD"]
             rho = group.loc["crt", "rho"] - group.loc["ms", "rho"]
             held = [name for name, ok in (("ESD up", esd > 0), ("ρ down", rho < 0)) if ok]
-            sentences.append(f"{dataset}: CRT − MS: ESD {esd:+.3f}, ρ {rho:+.3f}; the CRT paper has ESD up and ρ down on all four of its datasets → "
-                             + ("both held." if len(held) == 2 else f"only {held[0]} held." if held else "neither held."))
+            sentences.append(
+                f"{dataset}: CRT − MS: ESD {esd:+.3f}, ρ {rho:+.3f}; the CRT paper has ESD up and ρ down on all four of its datasets → "
+                + ("both held." if len(held) == 2 else f"only {held[0]} held." if held else "neither held.")
+            )
         if len(group) >= 3:
             esd_r1, rho_r1 = rank_correlation(group["ESD"], group["R@1"]), rank_correlation(group["rho"], group["R@1"])
-            sentences.append(f"{dataset}, across {len(group)} methods: rank correlation with R@1 is {esd_r1:+.2f} for ESD and {rho_r1:+.2f} for ρ "
-                             f"(generalisation by density and spectral decay predicts > 0 for ESD and < 0 for ρ → "
-                             f"ESD {agreement(esd_r1, expected=1)}, ρ {agreement(rho_r1, expected=-1)}).")
+            sentences.append(
+                f"{dataset}, across {len(group)} methods: rank correlation with R@1 is {esd_r1:+.2f} for ESD and {rho_r1:+.2f} for ρ "
+                f"(generalisation by density and spectral decay predicts > 0 for ESD and < 0 for ρ → "
+                f"ESD {agreement(esd_r1, expected=1)}, ρ {agreement(rho_r1, expected=-1)})."
+            )
     return sentences
 
 
 # ----------------------------------------------------------------------------------------------
 # Projections: t-SNE and UMAP
 # ----------------------------------------------------------------------------------------------
-def first_seed_embeddings(results: Sequence[tuple[str, RunResult]], *, dataset: str | None = None, variants: Sequence[str] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def first_seed_embeddings(
+    results: Sequence[tuple[str, RunResult]], *, dataset: str | None = None, variants: Sequence[str] | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Variant → (test embeddings, labels) of its first run (the lowest seed) on ``dataset`` (the first run's
     dataset when None), for ``variants`` only when given, in the order the variants were run."""
     chosen: dict[str, RunResult] = {}
@@ -320,12 +391,18 @@ def first_seed_embeddings(results: Sequence[tuple[str, RunResult]], *, dataset: 
         dataset = dataset or result.config.dataset
         if variants is not None and variant not in variants:
             continue
-        if result.config.dataset == dataset and (variant not in chosen or result.config.seed < chosen[variant].config.seed):
+        if result.config.dataset == dataset and (
+            variant not in chosen or result.config.seed < chosen[variant].config.seed
+        ):
             chosen[variant] = result
-    return {variant: (result.embeddings["embeddings"], result.embeddings["labels"]) for variant, result in chosen.items()}
+    return {
+        variant: (result.embeddings["embeddings"], result.embeddings["labels"]) for variant, result in chosen.items()
+    }
 
 
-def projection_subset(labels: np.ndarray, *, classes: int, max_points: int = MAX_PROJECTION_POINTS, seed: int = 0) -> np.ndarray:
+def projection_subset(
+    labels: np.ndarray, *, classes: int, max_points: int = MAX_PROJECTION_POINTS, seed: int = 0
+) -> np.ndarray:
     """Sorted indices of every image of the first ``classes`` classes (by label value), seeded-subsampled to at
     most ``max_points``: the same points in every panel."""
     labels = np.asarray(labels)
@@ -342,17 +419,33 @@ def project(embeddings: np.ndarray, *, kind: str, seed: int = 0, iterations: int
     if kind == "umap":
         import umap
 
-        return umap.UMAP(n_components=2, n_neighbors=min(15, n - 1), metric="cosine", random_state=seed, n_jobs=1).fit_transform(embeddings)
+        return umap.UMAP(
+            n_components=2, n_neighbors=min(15, n - 1), metric="cosine", random_state=seed, n_jobs=1
+        ).fit_transform(embeddings)
     if kind == "tsne":
         from sklearn.manifold import TSNE
 
-        return TSNE(n_components=2, init="pca", metric="cosine", perplexity=min(30.0, (n - 1) / 3), max_iter=iterations,
-                    random_state=seed).fit_transform(embeddings)
+        return TSNE(
+            n_components=2,
+            init="pca",
+            metric="cosine",
+            perplexity=min(30.0, (n - 1) / 3),
+            max_iter=iterations,
+            random_state=seed,
+        ).fit_transform(embeddings)
     raise ValueError(f"project: kind must be 'umap' or 'tsne', got {kind!r}")
 
 
-def projection_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, kind: str, classes: int, seed: int = 0,
-                      title: str = "", label: Callable[[str], str] = str, iterations: int = TSNE_ITERATIONS) -> plt.Figure:
+def projection_figure(
+    embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    *,
+    kind: str,
+    classes: int,
+    seed: int = 0,
+    title: str = "",
+    label: Callable[[str], str] = str,
+    iterations: int = TSNE_ITERATIONS,
+) -> plt.Figure:
     """One panel per entry (titled ``label(name)``): the 2-D ``kind`` projection of the same subset of test
     images (:func:`projection_subset`), coloured by class; ``title`` above, after the point count."""
     names = list(embeddings)
@@ -369,7 +462,10 @@ def projection_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *
         axis.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab20" if classes > 10 else "tab10", s=5, linewidths=0)
         axis.set_title(label(name), fontsize=9)
     shown = len(projection_subset(next(iter(embeddings.values()))[1], classes=classes, seed=seed)) if names else 0
-    figure.suptitle(f"{'UMAP' if kind == 'umap' else 't-SNE'}: {shown} test images of the first {classes} classes" + (f"; {title}" if title else ""))
+    figure.suptitle(
+        f"{'UMAP' if kind == 'umap' else 't-SNE'}: {shown} test images of the first {classes} classes"
+        + (f"; {title}" if title else "")
+    )
     figure.tight_layout()
     return figure
 
@@ -380,23 +476,66 @@ def projection_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *
 Box = tuple[float, float, float, float]  # centre x, centre y, width, height
 
 
-def box(axis: plt.Axes, centre: tuple[float, float], text: str, *, width: float = 1.7, height: float = 0.8, colour: str = "#deebf7") -> Box:
+def box(
+    axis: plt.Axes,
+    centre: tuple[float, float],
+    text: str,
+    *,
+    width: float = 1.7,
+    height: float = 0.8,
+    colour: str = "#deebf7",
+) -> Box:
     """A rounded box with centred text; returns its centre and size for :func:`link`."""
     x, y = centre
-    axis.add_patch(FancyBboxPatch((x - width / 2, y - height / 2), width, height, boxstyle="round,pad=0.05", facecolor=colour, edgecolor="#333333"))
+    axis.add_patch(
+        FancyBboxPatch(
+            (x - width / 2, y - height / 2),
+            width,
+            height,
+            boxstyle="round,pad=0.05",
+            facecolor=colour,
+            edgecolor="#333333",
+        )
+    )
     axis.text(x, y, text, ha="center", va="center", fontsize=8)
     return x, y, width, height
 
 
-def arrow(axis: plt.Axes, start: tuple[float, float], end: tuple[float, float], *, colour: str = "0.25", label: str = "",
-          rad: float = 0.0, **kwargs: Any) -> None:
+def arrow(
+    axis: plt.Axes,
+    start: tuple[float, float],
+    end: tuple[float, float],
+    *,
+    colour: str = "0.25",
+    label: str = "",
+    rad: float = 0.0,
+    **kwargs: Any,
+) -> None:
     """An arrow between two points (curved by ``rad``), its label boxed in white at the middle."""
     (x0, y0), (x1, y1) = start, end
-    axis.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=9, color=colour,
-                                   connectionstyle=f"arc3,rad={rad}", linewidth=1.0, **kwargs))
+    axis.add_patch(
+        FancyArrowPatch(
+            (x0, y0),
+            (x1, y1),
+            arrowstyle="-|>",
+            mutation_scale=9,
+            color=colour,
+            connectionstyle=f"arc3,rad={rad}",
+            linewidth=1.0,
+            **kwargs,
+        )
+    )
     if label:
-        axis.text((x0 + x1) / 2, (y0 + y1) / 2, label, fontsize=7, color=colour, ha="center", va="center",
-                  bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
+        axis.text(
+            (x0 + x1) / 2,
+            (y0 + y1) / 2,
+            label,
+            fontsize=7,
+            color=colour,
+            ha="center",
+            va="center",
+            bbox=dict(facecolor="white", edgecolor="none", pad=0.5),
+        )
 
 
 def link(axis: plt.Axes, start: Box, end: Box, text: str = "", *, shift: tuple[float, float] = (0.0, 0.18)) -> None:
@@ -405,4 +544,12 @@ def link(axis: plt.Axes, start: Box, end: Box, text: str = "", *, shift: tuple[f
     tail, head = (x0 + w0 / 2 + 0.08, y0), (x1 - w1 / 2 - 0.08, y1)
     axis.add_patch(FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, color="#333333"))
     if text:
-        axis.text((tail[0] + head[0]) / 2 + shift[0], (tail[1] + head[1]) / 2 + shift[1], text, ha="center", va="bottom", fontsize=7, color="#555555")
+        axis.text(
+            (tail[0] + head[0]) / 2 + shift[0],
+            (tail[1] + head[1]) / 2 + shift[1],
+            text,
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            color="#555555",
+        )

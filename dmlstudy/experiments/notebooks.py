@@ -15,6 +15,7 @@ CI-sized runs of different notebooks never share run folders.
     python -m dmlstudy.experiments.notebooks build   # parameters cells from the configs, then every .ipynb
     python -m dmlstudy.experiments.notebooks check   # exit 1 naming every source or notebook out of date
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,7 +84,9 @@ def parameters_source(stem: str) -> str:
         try:
             ast.literal_eval(repr(value))
         except ValueError:
-            raise ValueError(f"{config.__name__}.{spec.name}: a parameters cell holds literals only, got {value!r}") from None
+            raise ValueError(
+                f"{config.__name__}.{spec.name}: a parameters cell holds literals only, got {value!r}"
+            ) from None
         comment = comments.get(spec.name, "").replace("=", "＝")  # papermill cannot parse a comment holding "="
         lines.append(f"{spec.name}: {hints[spec.name].__name__} = {value!r}  # {comment}".rstrip())
     return "\n".join(lines) + "\n"
@@ -95,7 +98,7 @@ def with_parameters(source: str, stem: str) -> str:
     if len(matches) != 1:
         raise ValueError(f"notebooks/{stem}.py: expected one '# %% tags=[\"parameters\"]' cell, found {len(matches)}")
     match = matches[0]
-    return source[:match.start("body")] + parameters_source(stem) + source[match.end("body"):]
+    return source[: match.start("body")] + parameters_source(stem) + source[match.end("body") :]
 
 
 def build(source: str) -> str:
@@ -132,7 +135,9 @@ def out_of_date(folder: Path | None = None) -> list[str]:
     for stem in stems(folder):
         source = (folder / f"{stem}.py").read_text()
         if with_parameters(source, stem) != source:
-            problems.append(f"notebooks/{stem}.py: parameters cell differs from {config_class(stem).__name__} (run `make notebooks`)")
+            problems.append(
+                f"notebooks/{stem}.py: parameters cell differs from {config_class(stem).__name__} (run `make notebooks`)"
+            )
         notebook = folder / f"{stem}.ipynb"
         if not notebook.is_file() or notebook.read_text() != build(source):
             problems.append(f"notebooks/{stem}.ipynb: differs from notebooks/{stem}.py (run `make notebooks`)")
@@ -160,7 +165,9 @@ def build_all(folder: Path | None = None) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dmlstudy.experiments.notebooks", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dmlstudy.experiments.notebooks", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("command", choices=["build", "check"])
     args = parser.parse_args(argv)
     if args.command == "build":

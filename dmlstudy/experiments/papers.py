@@ -4,6 +4,7 @@ the study prints beside its own, each with the table or figure it comes from.
 ``numbers(paper, table)`` gives a table's values as the notebook modules use them: a key ``"(a, b)"`` becomes
 the tuple ``(a, b)`` (each part read as YAML: ``"(ms, 100)"`` → ``("ms", 100)``) and lists become tuples.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,7 +40,9 @@ def numbers(paper: str, table: str) -> Any:
     """The values of ``table`` of ``paper`` (``crt``, ``diml``, ``cross_attention``, ``dgcrl``)."""
     papers = load()
     if paper not in papers or "tables" not in papers[paper]:
-        raise KeyError(f"papers.yaml has no paper {paper!r}; have {sorted(k for k, v in papers.items() if 'tables' in v)}")
+        raise KeyError(
+            f"papers.yaml has no paper {paper!r}; have {sorted(k for k, v in papers.items() if 'tables' in v)}"
+        )
     tables = papers[paper]["tables"]
     if table not in tables:
         raise KeyError(f"papers.yaml: paper {paper!r} has no table {table!r}; have {sorted(tables)}")

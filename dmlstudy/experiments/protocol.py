@@ -5,11 +5,13 @@ A notebook's config dataclass subclasses :class:`ProtocolConfig`; :meth:`Protoco
 it into the :class:`~dmlstudy.train.TrainConfig` of one run, and :func:`run_grid` trains a list of them,
 reusing complete runs (``resume=True``), so re-executing a notebook costs nothing for finished runs.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -46,25 +48,46 @@ class ProtocolConfig(TypedConfig):
     def protocol_text(self) -> str:
         """One line describing the protocol, printed above every table."""
         sizes = "all" if not self.train_classes else f"first {self.train_classes}"
-        return (f"backbone {self.backbone} (random init), {self.image_size} px, d = {self.embedding_dim}, batch "
-                f"{self.classes_per_batch}×{self.samples_per_class}, {self.epochs} epochs × "
-                f"{self.steps_per_epoch or 'full'} steps, AdamW lr {self.lr:g}, {sizes} train classes, "
-                f"seeds {self.seeds}")
+        return (
+            f"backbone {self.backbone} (random init), {self.image_size} px, d = {self.embedding_dim}, batch "
+            f"{self.classes_per_batch}×{self.samples_per_class}, {self.epochs} epochs × "
+            f"{self.steps_per_epoch or 'full'} steps, AdamW lr {self.lr:g}, {sizes} train classes, "
+            f"seeds {self.seeds}"
+        )
 
-    def train_config(self, *, dataset: str, method: str, seed: int, name: str, method_kwargs: dict | None = None, **overrides) -> TrainConfig:
+    def train_config(
+        self, *, dataset: str, method: str, seed: int, name: str, method_kwargs: dict | None = None, **overrides
+    ) -> TrainConfig:
         """The :class:`TrainConfig` of one run of this protocol; ``name`` + seed make its run name."""
         values = dict(
-            study=self.study, runs_root=self.runs_root, data_root=self.data_root, dataset=dataset, method=method,
-            method_kwargs=dict(method_kwargs or {}), backbone=self.backbone, image_size=self.image_size,
-            embedding_dim=self.embedding_dim, classes_per_batch=self.classes_per_batch,
-            samples_per_class=self.samples_per_class, epochs=self.epochs, steps_per_epoch=self.steps_per_epoch,
-            train_classes=self.train_classes, test_classes=self.test_classes, lr=self.lr, eval_every=self.eval_every, seed=seed,
-            run_name=f"{dataset}-{name}-seed{seed}", resume=True, progress=self.progress,
+            study=self.study,
+            runs_root=self.runs_root,
+            data_root=self.data_root,
+            dataset=dataset,
+            method=method,
+            method_kwargs=dict(method_kwargs or {}),
+            backbone=self.backbone,
+            image_size=self.image_size,
+            embedding_dim=self.embedding_dim,
+            classes_per_batch=self.classes_per_batch,
+            samples_per_class=self.samples_per_class,
+            epochs=self.epochs,
+            steps_per_epoch=self.steps_per_epoch,
+            train_classes=self.train_classes,
+            test_classes=self.test_classes,
+            lr=self.lr,
+            eval_every=self.eval_every,
+            seed=seed,
+            run_name=f"{dataset}-{name}-seed{seed}",
+            resume=True,
+            progress=self.progress,
         )
         values.update(overrides)
         return TrainConfig(**values)
 
-    def grid(self, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None) -> list[tuple[str, TrainConfig]]:
+    def grid(
+        self, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None
+    ) -> list[tuple[str, TrainConfig]]:
         """``(variant, config)`` for every variant × dataset × seed; a variant maps to ``train_config`` kwargs
         (``method``, ``method_kwargs`` and any TrainConfig override)."""
         configs = []
@@ -75,15 +98,24 @@ class ProtocolConfig(TypedConfig):
         return configs
 
 
-def call_in_processes(function: Callable[..., Any], arguments: list[tuple], *, workers: int, what: str = "evaluations") -> None:
+def call_in_processes(
+    function: Callable[..., Any], arguments: list[tuple], *, workers: int, what: str = "evaluations"
+) -> None:
     """``function(*args)`` for every tuple of ``arguments`` as tasks of the engine (:mod:`dmlstudy.engine`):
     ``workers`` local worker processes with ``cores // workers`` threads each, or the cluster of
     ``DMLSTUDY_SCHEDULER``. For per-run evaluations that write their own cache files (DIML re-ranking runs one
     thread busy, so two processes halve its wall time on 2 cores). ``function`` must be importable by the
     workers (a module-level function). Every call runs; failures are reported together at the end."""
     client = engine.get_client(workers)
-    submissions = [(f"{getattr(function, '__name__', 'call')}{tuple(args)!r:.120}", engine.call_task, (function, *args), engine.call_key(function, tuple(args), index))
-                   for index, args in enumerate(arguments)]
+    submissions = [
+        (
+            f"{getattr(function, '__name__', 'call')}{tuple(args)!r:.120}",
+            engine.call_task,
+            (function, *args),
+            engine.call_key(function, tuple(args), index),
+        )
+        for index, args in enumerate(arguments)
+    ]
     engine.run_tasks(client, submissions, what=what)
 
 
@@ -98,7 +130,10 @@ def train_on_engine(configs: list[TrainConfig], *, workers: int, progress: bool 
         return
     for dataset in sorted({config.dataset for config in pending}):  # generate embedded data once, not per worker
         load_datasets(next(config for config in pending if config.dataset == dataset))
-    submissions = [(f"run {config.run_dir}", engine.train_task, (engine.task_values(config),), engine.run_task_key(config)) for config in pending]
+    submissions = [
+        (f"run {config.run_dir}", engine.train_task, (engine.task_values(config),), engine.run_task_key(config))
+        for config in pending
+    ]
     engine.run_tasks(engine.get_client(workers), submissions, what="runs", progress=progress)
 
 
@@ -120,17 +155,29 @@ def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
     rows = []
     for variant, result in results:
         config = result.config
-        rows.append({"variant": variant, "dataset": config.dataset, "method": config.method, "seed": config.seed,
-                     "method_kwargs": json.dumps(config.method_kwargs, sort_keys=True), **result.metrics})
+        rows.append(
+            {
+                "variant": variant,
+                "dataset": config.dataset,
+                "method": config.method,
+                "seed": config.seed,
+                "method_kwargs": json.dumps(config.method_kwargs, sort_keys=True),
+                **result.metrics,
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def mean_std_table(frame: pd.DataFrame, *, metrics: list[str], by: tuple[str, ...] = ("dataset", "variant")) -> pd.DataFrame:
+def mean_std_table(
+    frame: pd.DataFrame, *, metrics: list[str], by: tuple[str, ...] = ("dataset", "variant")
+) -> pd.DataFrame:
     """Mean ± std over seeds per (dataset, variant), in the order the variants were run."""
     return summarize(frame, by=list(by), metrics=metrics)
 
 
-def with_paper_column(table: pd.DataFrame, paper: Mapping[str, Any], *, key: str = "variant", label: str = "paper") -> pd.DataFrame:
+def with_paper_column(
+    table: pd.DataFrame, paper: Mapping[str, Any], *, key: str = "variant", label: str = "paper"
+) -> pd.DataFrame:
     """Add the paper's reported number per variant (for orientation only: other data, backbone and budget)."""
     table = table.copy()
     table[label] = [paper.get(value, "–") for value in table[key]]

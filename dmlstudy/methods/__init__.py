@@ -5,6 +5,7 @@ file with an ``@register_method(...)`` class. Methods outside the package (plugi
 the environment variable ``DMLSTUDY_METHOD_MODULES`` (comma-separated, importable): an environment variable
 rather than a call, so that the processes a parallel study grid spawns register them too.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -12,7 +13,16 @@ import os
 import pkgutil
 
 from dmlstudy.methods.base import (
-    GROUPS, METHOD_INFO, METHODS, Method, MethodInfo, build_method, global_pool, list_methods, method_info, register_method,
+    GROUPS,
+    METHOD_INFO,
+    METHODS,
+    Method,
+    MethodInfo,
+    build_method,
+    global_pool,
+    list_methods,
+    method_info,
+    register_method,
 )
 
 PLUGIN_VARIABLE = "DMLSTUDY_METHOD_MODULES"
@@ -30,5 +40,16 @@ def discover() -> list[str]:
 
 discover()
 
-__all__ = ["GROUPS", "METHODS", "METHOD_INFO", "Method", "MethodInfo", "build_method", "discover", "global_pool", "list_methods",
-           "method_info", "register_method"]
+__all__ = [
+    "GROUPS",
+    "METHODS",
+    "METHOD_INFO",
+    "Method",
+    "MethodInfo",
+    "build_method",
+    "discover",
+    "global_pool",
+    "list_methods",
+    "method_info",
+    "register_method",
+]

@@ -5,11 +5,12 @@ L2-normalised) and whose ``loss(images, labels)`` returns ``(loss, parts)``: the
 dict of named parts (floats) for the logs. Extra test-time scoring (DIML re-ranking, cross-attention sⁿ)
 lives in separately named functions of the method's own file. The training loop knows nothing else.
 """
+
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -63,7 +64,14 @@ class Method(nn.Module):
         body = [p for p in self.parameters() if p.requires_grad and id(p) not in head]
         groups = [{"params": body, "lr": lr, "weight_decay": weight_decay, "name": "model"}]
         if head:
-            groups.append({"params": [p for p in self.head_parameters() if p.requires_grad], "lr": head_lr, "weight_decay": 0.0, "name": "head"})
+            groups.append(
+                {
+                    "params": [p for p in self.head_parameters() if p.requires_grad],
+                    "lr": head_lr,
+                    "weight_decay": 0.0,
+                    "name": "head",
+                }
+            )
         return groups
 
 
@@ -90,8 +98,9 @@ class MethodInfo:
 METHOD_INFO: dict[str, MethodInfo] = {}
 
 
-def register_method(name: str, *, label: str = "", group: str = "classic", paper: str = "", summary: str = "",
-                    **preset) -> Callable[[MethodBuilder], MethodBuilder]:
+def register_method(
+    name: str, *, label: str = "", group: str = "classic", paper: str = "", summary: str = "", **preset
+) -> Callable[[MethodBuilder], MethodBuilder]:
     """Decorator registering a method class (or builder) under ``name``, with optional preset keyword arguments.
 
     ``label`` is its row in the study's tables (default: ``name``), ``group`` one of :data:`GROUPS`, ``paper`` and
@@ -105,7 +114,9 @@ def register_method(name: str, *, label: str = "", group: str = "classic", paper
             raise ValueError(f"method {name!r} registered twice")
         METHODS[name] = (lambda **kwargs: builder(**{**preset, **kwargs})) if preset else builder
         first_line = (inspect.getdoc(builder) or "").split("\n")[0]
-        METHOD_INFO[name] = MethodInfo(name=name, label=label or name, group=group, paper=paper, summary=summary or first_line)
+        METHOD_INFO[name] = MethodInfo(
+            name=name, label=label or name, group=group, paper=paper, summary=summary or first_line
+        )
         return builder
 
     return decorator

@@ -3,6 +3,7 @@
 Registered once per loss: ``ms`` (our Multi-Similarity, the baseline of CRT, DIML and cross-attention)
 and the classic losses of the papers' tables through pytorch-metric-learning (``triplet``, ``margin``, …).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,7 +27,16 @@ class Baseline(Method):
         pooling: ``avg`` (default), ``max`` or ``avgmax``.
     """
 
-    def __init__(self, backbone: Backbone, *, embedding_dim: int = 128, num_classes: int, loss: str = "ms", loss_kwargs: dict | None = None, pooling: str = "avg") -> None:
+    def __init__(
+        self,
+        backbone: Backbone,
+        *,
+        embedding_dim: int = 128,
+        num_classes: int,
+        loss: str = "ms",
+        loss_kwargs: dict | None = None,
+        pooling: str = "avg",
+    ) -> None:
         super().__init__(backbone, embedding_dim=embedding_dim)
         self.pooling = pooling
         self.loss_name = loss
@@ -47,12 +57,41 @@ class Baseline(Method):
         return list(self.criterion.parameters())
 
 
-BASELINE_LOSSES = ("ms", "contrastive", "triplet", "margin", "lifted", "npairs", "proxynca", "proxyanchor", "normsoftmax", "softtriple", "arcface", "cosface")
-BASELINE_LABELS = {"ms": "MS baseline", "lifted": "lifted structure", "npairs": "N-pairs", "proxynca": "ProxyNCA", "proxyanchor": "Proxy-Anchor",
-                   "normsoftmax": "normalized softmax", "softtriple": "SoftTriple", "arcface": "ArcFace", "cosface": "CosFace"}
+BASELINE_LOSSES = (
+    "ms",
+    "contrastive",
+    "triplet",
+    "margin",
+    "lifted",
+    "npairs",
+    "proxynca",
+    "proxyanchor",
+    "normsoftmax",
+    "softtriple",
+    "arcface",
+    "cosface",
+)
+BASELINE_LABELS = {
+    "ms": "MS baseline",
+    "lifted": "lifted structure",
+    "npairs": "N-pairs",
+    "proxynca": "ProxyNCA",
+    "proxyanchor": "Proxy-Anchor",
+    "normsoftmax": "normalized softmax",
+    "softtriple": "SoftTriple",
+    "arcface": "ArcFace",
+    "cosface": "CosFace",
+}
 for _loss in BASELINE_LOSSES:
-    register_method(_loss, label=BASELINE_LABELS.get(_loss, _loss), group="classic",
-                    paper="the baseline of CRT, DIML and cross-attention" if _loss == "ms" else "the papers' comparison tables",
-                    summary=("pooled features → linear → L2-norm, Multi-Similarity loss" if _loss == "ms"
-                             else f"the {BASELINE_LABELS.get(_loss, _loss)} loss (pytorch-metric-learning) on the baseline architecture"),
-                    loss=_loss)(Baseline)
+    register_method(
+        _loss,
+        label=BASELINE_LABELS.get(_loss, _loss),
+        group="classic",
+        paper="the baseline of CRT, DIML and cross-attention" if _loss == "ms" else "the papers' comparison tables",
+        summary=(
+            "pooled features → linear → L2-norm, Multi-Similarity loss"
+            if _loss == "ms"
+            else f"the {BASELINE_LABELS.get(_loss, _loss)} loss (pytorch-metric-learning) on the baseline architecture"
+        ),
+        loss=_loss,
+    )(Baseline)

@@ -28,10 +28,11 @@ Decisions where the paper is silent:
 * With ``num_blocks = 0`` the method is the MS baseline: the same parameters, created in the same order
   (so the same initial weights for a seed), and the same loss on s⁰.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -63,7 +64,7 @@ class AttentionMemory:
     key_bias: torch.Tensor
     values: torch.Tensor
 
-    def select(self, rows: slice) -> "AttentionMemory":
+    def select(self, rows: slice) -> AttentionMemory:
         return AttentionMemory(self.folded_keys[rows], self.key_bias[rows], self.values[rows])
 
 
@@ -78,7 +79,7 @@ class AttentionWeights(nn.Module):
 
     def __init__(self, embedding_dim: int) -> None:
         super().__init__()
-        self.scale = embedding_dim ** -0.5
+        self.scale = embedding_dim**-0.5
 
     def forward(self, conditioning: torch.Tensor, folded_keys: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
         """``conditioning`` X × Y × d (q, not normalised), ``folded_keys`` X × T × d, ``key_bias`` X × T →
@@ -116,8 +117,13 @@ class CrossAttentionBlock(nn.Module):
         return torch.einsum("xyt,xtd->xyd", weights, memory.values)
 
 
-@register_method("cross_attention", label="cross-attention", group="paper", paper="Kotovenko et al., CVPR 2023",
-                 summary="MS on the similarity of cross-image-conditioned embeddings; plain embedding at test time")
+@register_method(
+    "cross_attention",
+    label="cross-attention",
+    group="paper",
+    paper="Kotovenko et al., CVPR 2023",
+    summary="MS on the similarity of cross-image-conditioned embeddings; plain embedding at test time",
+)
 class CrossAttention(Method):
     """MS baseline plus a training-time hierarchy of cross-attention blocks (Algorithm 1 of the paper).
 
@@ -181,7 +187,9 @@ class CrossAttention(Method):
     def _memory(self, memories: list[AttentionMemory], level: int) -> AttentionMemory:
         return memories[0 if self.shared_blocks else level - 1]
 
-    def _next_level(self, level: int, conditioning: torch.Tensor, memory: AttentionMemory, previous: torch.Tensor) -> torch.Tensor:
+    def _next_level(
+        self, level: int, conditioning: torch.Tensor, memory: AttentionMemory, previous: torch.Tensor
+    ) -> torch.Tensor:
         """φⁿ of the images of ``memory`` given their conditioning vectors φⁿ⁻¹(j|i) (Eq. 4)."""
         attended = self.block(level)(conditioning, memory)
         return previous + attended if self.residual else attended
@@ -189,7 +197,9 @@ class CrossAttention(Method):
     def _check_levels(self, num_levels: int | None) -> int:
         num_levels = self.num_blocks if num_levels is None else num_levels
         if not 0 <= num_levels <= self.num_blocks:
-            raise ValueError(f"cross_attention: levels must be in 0..{self.num_blocks} (the trained N), got {num_levels}")
+            raise ValueError(
+                f"cross_attention: levels must be in 0..{self.num_blocks} (the trained N), got {num_levels}"
+            )
         return num_levels
 
     def conditional_embeddings(self, feature_map: torch.Tensor, *, num_levels: int | None = None) -> list[torch.Tensor]:
@@ -229,7 +239,11 @@ def pair_similarity(level: torch.Tensor) -> torch.Tensor:
 
 
 def cross_conditional_embeddings(
-    method: CrossAttention, query_maps: torch.Tensor, candidate_maps: torch.Tensor, *, num_levels: int | None = None,
+    method: CrossAttention,
+    query_maps: torch.Tensor,
+    candidate_maps: torch.Tensor,
+    *,
+    num_levels: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The hierarchy between two sets of images: per level ``(own, other)`` with ``own[q, g] = φⁿ(q|g)``
     (``Q × G × d``) and ``other[g, q] = φⁿ(g|q)`` (``G × Q × d``). Level 0 first.
@@ -245,7 +259,9 @@ def _side(method: CrossAttention, feature_map: torch.Tensor, count: int) -> tupl
     return method.unconditional(feature_map), (method.memories(feature_map) if count else [])
 
 
-def _cross_levels(method: CrossAttention, queries: tuple, candidates: tuple, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _cross_levels(
+    method: CrossAttention, queries: tuple, candidates: tuple, count: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     (query_phi, query_memories), (candidate_phi, candidate_memories) = queries, candidates
     own = query_phi[:, None, :].expand(-1, len(candidate_phi), -1)  # Q × G × d
     other = candidate_phi[:, None, :].expand(-1, len(query_phi), -1)  # G × Q × d
@@ -289,7 +305,7 @@ def conditional_similarities(
     candidates = _side(method, candidate_maps, count)
     chunks: dict[int, list[torch.Tensor]] = {n: [] for n in levels}
     for start in range(0, len(query_maps), chunk_size):
-        queries = _side(method, query_maps[start:start + chunk_size], count)
+        queries = _side(method, query_maps[start : start + chunk_size], count)
         computed = _cross_levels(method, queries, candidates, count)
         for n in levels:
             chunks[n].append(cross_similarity(*computed[n]))
@@ -356,9 +372,11 @@ class AttentionRecorder:
     def _hook(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         self.maps.append(output.detach().cpu())
 
-    def __enter__(self) -> "AttentionRecorder":
+    def __enter__(self) -> AttentionRecorder:
         self.maps = []
-        self._handles = [m.register_forward_hook(self._hook) for m in self.method.modules() if isinstance(m, AttentionWeights)]
+        self._handles = [
+            m.register_forward_hook(self._hook) for m in self.method.modules() if isinstance(m, AttentionWeights)
+        ]
         return self
 
     def __exit__(self, *exc_info) -> None:

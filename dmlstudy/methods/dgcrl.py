@@ -49,6 +49,7 @@ Pipeline (project notes §4):
 * **Softmax without N-S** (``normalize_scale=False``): logits ``W x`` on the unnormalised projected
   feature; with ``margin=0, decorrelation="none"`` this is the plain softmax-classifier baseline.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,11 +85,15 @@ def normalize_scale(features: torch.Tensor, *, alpha: float = 128.0) -> torch.Te
 def margin_logits(logits: torch.Tensor, labels: torch.Tensor, *, margin: float = 4.0) -> torch.Tensor:
     """``logits`` (B × C) with ``margin`` subtracted from each row's target entry ``labels[i]``."""
     if logits.ndim != 2 or labels.shape != (logits.shape[0],):
-        raise ValueError(f"margin_logits expects B × C logits and B labels, got {tuple(logits.shape)} and {tuple(labels.shape)}")
+        raise ValueError(
+            f"margin_logits expects B × C logits and B labels, got {tuple(logits.shape)} and {tuple(labels.shape)}"
+        )
     return logits - margin * F.one_hot(labels, logits.shape[1]).to(logits.dtype)
 
 
-def centre_softmax_loss(scaled: torch.Tensor, centres: torch.Tensor, labels: torch.Tensor, *, margin: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
+def centre_softmax_loss(
+    scaled: torch.Tensor, centres: torch.Tensor, labels: torch.Tensor, *, margin: float = 4.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of the margin logits ``x̂ Wᵀ − m·onehot`` (Eq. 5 and 10 with GCRL's margin m).
 
     Returns ``(loss, logits)``; the logits are without the margin (for accuracy).
@@ -103,7 +108,9 @@ def centre_distances(scaled: torch.Tensor, centres: torch.Tensor, *, eps: float 
     return squared.clamp_min(eps).sqrt()
 
 
-def centralized_ranking_loss(scaled: torch.Tensor, centres: torch.Tensor, labels: torch.Tensor, *, margin: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
+def centralized_ranking_loss(
+    scaled: torch.Tensor, centres: torch.Tensor, labels: torch.Tensor, *, margin: float = 4.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GCRL, the distance form (Eq. 2): mean over i of ``max(0, m + d_{i,y_i} − mean_{j≠y_i} d_ij)``.
 
     Returns ``(loss, −distances)``; the negated distances act as logits (nearest centre = predicted class).
@@ -123,7 +130,9 @@ def gram_schmidt_gradient(gradient: torch.Tensor, centres: torch.Tensor, *, weig
     ``g_i ← g_i − (⟨g_i, w_i⟩ / ‖w_i‖²) w_i + (λ / (C(C−1))) Σ_{j≠i} ⟨w_i, ŵ_j⟩ ŵ_j`` with λ = ``weight``.
     """
     if gradient.shape != centres.shape or centres.ndim != 2:
-        raise ValueError(f"gram_schmidt_gradient expects matching C × D gradient and centres, got {tuple(gradient.shape)} and {tuple(centres.shape)}")
+        raise ValueError(
+            f"gram_schmidt_gradient expects matching C × D gradient and centres, got {tuple(gradient.shape)} and {tuple(centres.shape)}"
+        )
     classes = centres.shape[0]
     squared_norms = centres.pow(2).sum(1, keepdim=True).clamp_min(1e-12)
     projected = gradient - (gradient * centres).sum(1, keepdim=True) / squared_norms * centres
@@ -150,8 +159,13 @@ def mean_abs_cosine(centres: torch.Tensor) -> torch.Tensor:
     return (cosines.sum() - cosines.diagonal().sum()) / (classes * (classes - 1))
 
 
-@register_method("dgcrl", label="DGCRL", group="paper", paper="Zheng et al., AAAI 2019",
-                 summary="normalize-scale layer, centre softmax with margin, decorrelated centres")
+@register_method(
+    "dgcrl",
+    label="DGCRL",
+    group="paper",
+    paper="Zheng et al., AAAI 2019",
+    summary="normalize-scale layer, centre softmax with margin, decorrelated centres",
+)
 class DGCRL(Method):
     """Normalize-Scale layer + centre softmax with margin + decorrelation (see the module docstring).
 
@@ -196,7 +210,11 @@ class DGCRL(Method):
         feature_dim = 2 * backbone.num_features
         super().__init__(backbone, embedding_dim=embedding_dim if projection else feature_dim)
         self.alpha, self.margin = float(alpha), float(margin)
-        self.decorrelation, self.decorrelation_weight, self.code_weight = decorrelation, float(decorrelation_weight), float(code_weight)
+        self.decorrelation, self.decorrelation_weight, self.code_weight = (
+            decorrelation,
+            float(decorrelation_weight),
+            float(code_weight),
+        )
         self.loss_name, self.normalize_scale = loss, normalize_scale
         self.projection = nn.Linear(feature_dim, embedding_dim) if projection else nn.Identity()
         self.criterion: nn.Module | None = None
@@ -205,7 +223,9 @@ class DGCRL(Method):
             bound = 1.0 / math.sqrt(self.embedding_dim)
             self.centres = nn.Parameter(torch.empty(num_classes, self.embedding_dim).uniform_(-bound, bound))
         else:
-            self.criterion = build_loss(loss, num_classes=num_classes, embedding_dim=self.embedding_dim, **(loss_kwargs or {}))
+            self.criterion = build_loss(
+                loss, num_classes=num_classes, embedding_dim=self.embedding_dim, **(loss_kwargs or {})
+            )
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """The projected pooled feature ``x`` (B × D), before normalisation."""
@@ -267,8 +287,15 @@ class DGCRL(Method):
         return list(self.criterion.parameters())
 
 
-register_method("gcrl", label="GCRL (distance form)", group="paper", paper="Zheng et al., AAAI 2019 (its CRL ablation)",
-                summary="DGCRL with the distance form of the centre loss and no decorrelation", loss="distance", decorrelation="none")(DGCRL)
+register_method(
+    "gcrl",
+    label="GCRL (distance form)",
+    group="paper",
+    paper="Zheng et al., AAAI 2019 (its CRL ablation)",
+    summary="DGCRL with the distance form of the centre loss and no decorrelation",
+    loss="distance",
+    decorrelation="none",
+)(DGCRL)
 
 
 @torch.no_grad()
@@ -282,7 +309,9 @@ def class_logits(method: DGCRL, images: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def centre_accuracy(method: DGCRL, dataset, *, batch_size: int = 256, device: torch.device | str | None = None, num_workers: int = 0) -> float:
+def centre_accuracy(
+    method: DGCRL, dataset, *, batch_size: int = 256, device: torch.device | str | None = None, num_workers: int = 0
+) -> float:
     """Share of ``dataset`` items (training classes, labels 0..C−1) whose highest :func:`class_logits` is their class.
 
     The paper's Fig. 3 (right) reports this on the training set.

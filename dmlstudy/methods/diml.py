@@ -50,11 +50,13 @@ Decisions where the paper and the study notes leave room (all stated again where
 * ``structural_weight`` w generalises the paper's average: ``s = (1 − w) cos + w s_struct`` (w = ½ is
   the paper; w = 0 is exactly the base loss).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,7 +72,9 @@ DEFAULT_GRID_SIZE = 4
 DEFAULT_EPSILON = 0.05
 DEFAULT_TOP_K = 100
 LOG_DOMAIN_RANGE = 50.0  # auto log domain when max(C)/ε exceeds this: K would span more than e^50
-SINKHORN_BLOCK_ELEMENTS = 2**19  # pairs per Sinkhorn batch: P × N × M ≤ this (2 MB kernels; 2**18 and 2**20 were no faster)
+SINKHORN_BLOCK_ELEMENTS = (
+    2**19
+)  # pairs per Sinkhorn batch: P × N × M ≤ this (2 MB kernels; 2**18 and 2**20 were no faster)
 MIN_MARGINAL_MASS = 1e-12  # weight sums at or below this fall back to uniform marginals
 _TINY = torch.finfo(torch.float32).tiny
 _DISTANCE_FLOOR = 1e-8  # sqrt(max(·, floor)): finite gradients for identical vectors
@@ -149,6 +153,7 @@ def _scaling_steps(log_domain: bool):
     products with ``bmm`` are 2–6× slower still on CPU).
     """
     if not log_domain:
+
         def row(kernel, b):
             return (kernel * b.unsqueeze(-3)).sum(dim=-2)  # (K b)_i = Σ_j K_ij b_j
 
@@ -170,7 +175,9 @@ def _scaling_steps(log_domain: bool):
         return torch.where(source > 0, source.clamp_min(_TINY).log() - log_kernel_b, -math.inf)
 
     def log_update_b(target, log_kernel, f):
-        return torch.where(target > 0, target.clamp_min(_TINY).log() - torch.logsumexp(log_kernel + f.unsqueeze(-2), dim=-3), -math.inf)
+        return torch.where(
+            target > 0, target.clamp_min(_TINY).log() - torch.logsumexp(log_kernel + f.unsqueeze(-2), dim=-3), -math.inf
+        )
 
     def log_row_residuals(f, log_kernel_b, source):
         return torch.exp(f + log_kernel_b) - source
@@ -178,7 +185,15 @@ def _scaling_steps(log_domain: bool):
     return log_row, log_update_a, log_update_b, log_row_residuals
 
 
-def _sinkhorn_scalings(kernel: torch.Tensor, source: torch.Tensor, target: torch.Tensor, *, log_domain: bool, max_iterations: int, tolerance: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sinkhorn_scalings(
+    kernel: torch.Tensor,
+    source: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    log_domain: bool,
+    max_iterations: int,
+    tolerance: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Scalings ``a`` (``N × P``) and ``b`` (``M × P``), or potentials, of ``P`` problems stored pairs last
     (kernel ``N × M × P``, source ``N × P``, target ``M × P``) and the iterations each one ran (``P``).
 
@@ -215,8 +230,14 @@ def _sinkhorn_scalings(kernel: torch.Tensor, source: torch.Tensor, target: torch
                     a_out[:, ids[done]], b_out[:, ids[done]] = a[:, done], b[:, done]
                     keep = active.nonzero().squeeze(1)
                     n, m, width = work_kernel.shape
-                    work_kernel = work_kernel.reshape(n * m, width).index_select(1, keep).view(n, m, -1)  # 2-D: ≈ 2× faster than on 3-D
-                    ids, work_source, work_target = ids[keep], work_source.index_select(-1, keep), work_target.index_select(-1, keep)
+                    work_kernel = (
+                        work_kernel.reshape(n * m, width).index_select(1, keep).view(n, m, -1)
+                    )  # 2-D: ≈ 2× faster than on 3-D
+                    ids, work_source, work_target = (
+                        ids[keep],
+                        work_source.index_select(-1, keep),
+                        work_target.index_select(-1, keep),
+                    )
                     a, b, kernel_b = a.index_select(-1, keep), b.index_select(-1, keep), kernel_b.index_select(-1, keep)
                     active, stopped = active[keep], 0
         new_a = update_a(work_source, kernel_b)
@@ -244,7 +265,9 @@ def _needs_log_domain(cost: torch.Tensor, options: TransportOptions) -> bool:
     return bool(cost.numel()) and float(cost.abs().max()) / options.epsilon > LOG_DOMAIN_RANGE
 
 
-def _transport(cost: torch.Tensor, source: torch.Tensor, target: torch.Tensor, *, log_domain: bool, options: TransportOptions) -> tuple[torch.Tensor, torch.Tensor]:
+def _transport(
+    cost: torch.Tensor, source: torch.Tensor, target: torch.Tensor, *, log_domain: bool, options: TransportOptions
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Plans and iterations of problems stored pairs last: cost ``N × M × *``, source ``N × *``, target
     ``M × *`` → plan ``N × M × *`` (float32) and iterations ``*``.
 
@@ -261,11 +284,21 @@ def _transport(cost: torch.Tensor, source: torch.Tensor, target: torch.Tensor, *
     block = max(1, SINKHORN_BLOCK_ELEMENTS // max(1, n * m))
     for start in range(0, pairs, block):
         piece = slice(start, start + block)
-        kernel = torch.div(cost[..., piece].float(), -options.epsilon, out=torch.empty(n, m, min(block, pairs - start), device=cost.device))  # log K
+        kernel = torch.div(
+            cost[..., piece].float(),
+            -options.epsilon,
+            out=torch.empty(n, m, min(block, pairs - start), device=cost.device),
+        )  # log K
         if not log_domain:
             kernel.exp_()  # K = exp(−C/ε)
-        a, b, iterations[piece] = _sinkhorn_scalings(kernel, source[:, piece].contiguous(), target[:, piece].contiguous(), log_domain=log_domain,
-                                                     max_iterations=options.max_iterations, tolerance=options.tolerance)
+        a, b, iterations[piece] = _sinkhorn_scalings(
+            kernel,
+            source[:, piece].contiguous(),
+            target[:, piece].contiguous(),
+            log_domain=log_domain,
+            max_iterations=options.max_iterations,
+            tolerance=options.tolerance,
+        )
         plan[..., piece] = _plan(a, kernel, b, log_domain=log_domain)
     return plan.reshape(n, m, *batch_shape), iterations.reshape(batch_shape)
 
@@ -276,7 +309,13 @@ def _marginal_error(plan: torch.Tensor, source: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def sinkhorn(cost: torch.Tensor, source_marginal: torch.Tensor, target_marginal: torch.Tensor, *, options: TransportOptions | None = None) -> TransportPlan:
+def sinkhorn(
+    cost: torch.Tensor,
+    source_marginal: torch.Tensor,
+    target_marginal: torch.Tensor,
+    *,
+    options: TransportOptions | None = None,
+) -> TransportPlan:
     """Entropic optimal transport plans for a batch of problems (supplement Eq. A.1–A.3), in float32.
 
     Solves ``min_T ⟨C, T⟩ + ε Σ T (log T − 1)`` s.t. ``T 1 = μ``, ``Tᵀ 1 = ν`` for every leading index at once
@@ -291,9 +330,15 @@ def sinkhorn(cost: torch.Tensor, source_marginal: torch.Tensor, target_marginal:
         options: ε, iterations, tolerance, log domain (see :class:`TransportOptions`).
     """
     options = options or TransportOptions()
-    if cost.ndim < 2 or source_marginal.shape != cost.shape[:-1] or target_marginal.shape != cost.shape[:-2] + cost.shape[-1:]:
-        raise ValueError(f"sinkhorn: expected cost (*, N, M) with marginals (*, N) and (*, M), got {tuple(cost.shape)}, "
-                         f"{tuple(source_marginal.shape)} and {tuple(target_marginal.shape)}")
+    if (
+        cost.ndim < 2
+        or source_marginal.shape != cost.shape[:-1]
+        or target_marginal.shape != cost.shape[:-2] + cost.shape[-1:]
+    ):
+        raise ValueError(
+            f"sinkhorn: expected cost (*, N, M) with marginals (*, N) and (*, M), got {tuple(cost.shape)}, "
+            f"{tuple(source_marginal.shape)} and {tuple(target_marginal.shape)}"
+        )
     log_domain = _needs_log_domain(cost, options)
     cost, source = cost.movedim((-2, -1), (0, 1)), source_marginal.movedim(-1, 0)  # pairs last
     plan, iterations = _transport(cost, source, target_marginal.movedim(-1, 0), log_domain=log_domain, options=options)
@@ -309,7 +354,14 @@ def normalize_marginal(weights: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
     return torch.where(total > MIN_MARGINAL_MASS, weights / total.clamp_min(MIN_MARGINAL_MASS), uniform)
 
 
-def _structural_pairs_last(cell_similarity: torch.Tensor, source_weights: torch.Tensor, target_weights: torch.Tensor, *, options: TransportOptions, log_domain: bool | None = None) -> tuple[torch.Tensor, TransportPlan]:
+def _structural_pairs_last(
+    cell_similarity: torch.Tensor,
+    source_weights: torch.Tensor,
+    target_weights: torch.Tensor,
+    *,
+    options: TransportOptions,
+    log_domain: bool | None = None,
+) -> tuple[torch.Tensor, TransportPlan]:
     """:func:`structural_similarity` on pairs-last tensors: S ``N × M × *``, weights ``N × *`` and ``M × *``;
     the returned plan is pairs last too. ``log_domain`` None: decided from this batch's costs."""
     if options.uniform_marginals:
@@ -318,12 +370,20 @@ def _structural_pairs_last(cell_similarity: torch.Tensor, source_weights: torch.
     cost = torch.rsub(cell_similarity.detach().float(), 1.0)
     if log_domain is None:
         log_domain = _needs_log_domain(cost, options)
-    plan, iterations = _transport(cost, source, normalize_marginal(target_weights.detach(), dim=0), log_domain=log_domain, options=options)
+    plan, iterations = _transport(
+        cost, source, normalize_marginal(target_weights.detach(), dim=0), log_domain=log_domain, options=options
+    )
     similarity = (plan * cell_similarity.float()).sum(dim=(0, 1))
     return similarity, TransportPlan(plan, iterations, _marginal_error(plan, source), log_domain)
 
 
-def structural_similarity(cell_similarity: torch.Tensor, source_weights: torch.Tensor, target_weights: torch.Tensor, *, options: TransportOptions | None = None) -> tuple[torch.Tensor, TransportPlan]:
+def structural_similarity(
+    cell_similarity: torch.Tensor,
+    source_weights: torch.Tensor,
+    target_weights: torch.Tensor,
+    *,
+    options: TransportOptions | None = None,
+) -> tuple[torch.Tensor, TransportPlan]:
     """``s_struct = Σ_ij T_ij S_ij`` for a batch of pairs (Eq. 6); gradients flow through S only.
 
     Args:
@@ -331,8 +391,12 @@ def structural_similarity(cell_similarity: torch.Tensor, source_weights: torch.T
         source_weights, target_weights: ``(*, N)`` / ``(*, M)`` non-negative marginal weights (normalised here).
         options: see :class:`TransportOptions`; ``uniform_marginals`` replaces the weights by ``1/N``, ``1/M``.
     """
-    similarity, transport = _structural_pairs_last(cell_similarity.movedim((-2, -1), (0, 1)), source_weights.movedim(-1, 0), target_weights.movedim(-1, 0),
-                                                   options=options or TransportOptions())
+    similarity, transport = _structural_pairs_last(
+        cell_similarity.movedim((-2, -1), (0, 1)),
+        source_weights.movedim(-1, 0),
+        target_weights.movedim(-1, 0),
+        options=options or TransportOptions(),
+    )
     transport.plan = transport.plan.movedim((0, 1), (-2, -1))
     return similarity, transport
 
@@ -359,12 +423,16 @@ def grid_pool(feature_map: torch.Tensor, grid_size: int) -> torch.Tensor:
 def _embedding_layer(method: nn.Module) -> tuple[nn.Module, nn.Linear, str]:
     backbone, embedding = getattr(method, "backbone", None), getattr(method, "embedding", None)
     if backbone is None or not isinstance(embedding, nn.Linear):
-        raise TypeError(f"DIML grid embeddings need a method with a `backbone` and a linear `embedding` layer "
-                        f"(the baseline and DIML have them); got {type(method).__name__}")
+        raise TypeError(
+            f"DIML grid embeddings need a method with a `backbone` and a linear `embedding` layer "
+            f"(the baseline and DIML have them); got {type(method).__name__}"
+        )
     return backbone, embedding, getattr(method, "pooling", "avg")
 
 
-def embed_feature_map(method: nn.Module, feature_map: torch.Tensor, *, grid_sizes: Sequence[int] = (DEFAULT_GRID_SIZE,)) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def embed_feature_map(
+    method: nn.Module, feature_map: torch.Tensor, *, grid_sizes: Sequence[int] = (DEFAULT_GRID_SIZE,)
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Global embedding ``B × d`` (the model's own: its pooling then its embedding layer) and, per G, the
     local embeddings ``B × G² × d`` (the same embedding layer on each grid cell), all L2-normalised.
 
@@ -379,7 +447,9 @@ def embed_feature_map(method: nn.Module, feature_map: torch.Tensor, *, grid_size
     return global_, local
 
 
-def grid_embeddings(method: nn.Module, images: torch.Tensor, *, grid_size: int = DEFAULT_GRID_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+def grid_embeddings(
+    method: nn.Module, images: torch.Tensor, *, grid_size: int = DEFAULT_GRID_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(global B × d, local B × G² × d)`` of a batch of images, both L2-normalised (see :func:`embed_feature_map`)."""
     backbone, _, _ = _embedding_layer(method)
     global_, local = embed_feature_map(method, backbone(images), grid_sizes=(grid_size,))
@@ -396,7 +466,14 @@ class GridEmbeddings:
 
 
 @torch.no_grad()
-def embed_grid_dataset(method: nn.Module, dataset, *, grid_sizes: Sequence[int] = (DEFAULT_GRID_SIZE,), batch_size: int = 256, device: torch.device | str = "cpu") -> GridEmbeddings:
+def embed_grid_dataset(
+    method: nn.Module,
+    dataset,
+    *,
+    grid_sizes: Sequence[int] = (DEFAULT_GRID_SIZE,),
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> GridEmbeddings:
     """Global and local embeddings of every image of ``dataset`` (in order), one backbone pass per batch."""
     from torch.utils.data import DataLoader
 
@@ -410,14 +487,23 @@ def embed_grid_dataset(method: nn.Module, dataset, *, grid_sizes: Sequence[int] 
         for g in grid_sizes:
             locals_[g].append(local[g].float().cpu())
     method.train(was_training)
-    return GridEmbeddings(torch.cat(globals_).numpy(), {g: torch.cat(v).numpy() for g, v in locals_.items()}, np.asarray(dataset.labels))
+    return GridEmbeddings(
+        torch.cat(globals_).numpy(), {g: torch.cat(v).numpy() for g, v in locals_.items()}, np.asarray(dataset.labels)
+    )
 
 
 # --------------------------------------------------------------------------------------------------
 # structural similarity of all pairs of a batch (training) and of query-candidate pairs (test)
 
 
-def pairwise_structural_similarity(local_a: torch.Tensor, global_a: torch.Tensor, local_b: torch.Tensor | None = None, global_b: torch.Tensor | None = None, *, options: TransportOptions | None = None) -> tuple[torch.Tensor, torch.Tensor, TransportPlan]:
+def pairwise_structural_similarity(
+    local_a: torch.Tensor,
+    global_a: torch.Tensor,
+    local_b: torch.Tensor | None = None,
+    global_b: torch.Tensor | None = None,
+    *,
+    options: TransportOptions | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, TransportPlan]:
     """Structural similarity of every pair (a, b): ``A × B`` (``b`` defaults to ``a``: all pairs of a batch).
 
     Args:
@@ -429,14 +515,23 @@ def pairwise_structural_similarity(local_a: torch.Tensor, global_a: torch.Tensor
     """
     local_b = local_a if local_b is None else local_b
     global_b = global_a if global_b is None else global_b
-    if local_a.ndim != 3 or local_b.ndim != 3 or global_a.shape != (local_a.shape[0], local_a.shape[2]) or global_b.shape != (local_b.shape[0], local_b.shape[2]):
-        raise ValueError(f"pairwise_structural_similarity: expected local A × N × d with global A × d (and B × M × d with B × d), "
-                         f"got {tuple(local_a.shape)}, {tuple(global_a.shape)}, {tuple(local_b.shape)}, {tuple(global_b.shape)}")
+    if (
+        local_a.ndim != 3
+        or local_b.ndim != 3
+        or global_a.shape != (local_a.shape[0], local_a.shape[2])
+        or global_b.shape != (local_b.shape[0], local_b.shape[2])
+    ):
+        raise ValueError(
+            f"pairwise_structural_similarity: expected local A × N × d with global A × d (and B × M × d with B × d), "
+            f"got {tuple(local_a.shape)}, {tuple(global_a.shape)}, {tuple(local_b.shape)}, {tuple(global_b.shape)}"
+        )
     local_a, local_b = local_a.float(), local_b.float()
     cell_similarity = torch.einsum("aid,bjd->ijab", local_a, local_b).contiguous()  # N × M × A × B: pairs last
     source_weights = F.relu(torch.einsum("aid,bd->iab", local_a, global_b.float()))  # ⟨ẑ_a,i, z̄_b⟩
     target_weights = F.relu(torch.einsum("bjd,ad->jab", local_b, global_a.float()))  # ⟨ẑ_b,j, z̄_a⟩
-    similarity, transport = _structural_pairs_last(cell_similarity, source_weights, target_weights, options=options or TransportOptions())
+    similarity, transport = _structural_pairs_last(
+        cell_similarity, source_weights, target_weights, options=options or TransportOptions()
+    )
     transport.plan = transport.plan.permute(2, 3, 0, 1)
     cell_similarity = cell_similarity.permute(2, 3, 0, 1)
     return similarity, cell_similarity, transport
@@ -450,7 +545,17 @@ def _as_tensor(x: Any, *, name: str, ndim: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def candidate_structural_similarity(global_queries: Any, local_queries: Any, global_gallery: Any, local_gallery: Any, candidates: Any, *, options: TransportOptions | None = None, query_chunk: int | None = None, device: torch.device | str | None = None) -> np.ndarray:
+def candidate_structural_similarity(
+    global_queries: Any,
+    local_queries: Any,
+    global_gallery: Any,
+    local_gallery: Any,
+    candidates: Any,
+    *,
+    options: TransportOptions | None = None,
+    query_chunk: int | None = None,
+    device: torch.device | str | None = None,
+) -> np.ndarray:
     """``s_struct`` of every (query, candidate) pair: ``Q × K`` float32, one Sinkhorn batch per chunk of
     queries × all their K candidates (the loop is over query chunks, never over pairs).
 
@@ -481,10 +586,14 @@ def candidate_structural_similarity(global_queries: Any, local_queries: Any, glo
     lg = _as_tensor(local_gallery, name="local_gallery", ndim=3)
     index = torch.as_tensor(np.asarray(candidates), dtype=torch.long)
     if index.ndim != 2 or len(index) != len(gq) or len(lq) != len(gq) or len(lg) != len(gg):
-        raise ValueError(f"candidate_structural_similarity: expected candidates Q × K with Q = {len(gq)} queries "
-                         f"(local {len(lq)}) and a gallery of {len(gg)} (local {len(lg)}), got candidates {tuple(index.shape)}")
+        raise ValueError(
+            f"candidate_structural_similarity: expected candidates Q × K with Q = {len(gq)} queries "
+            f"(local {len(lq)}) and a gallery of {len(gg)} (local {len(lg)}), got candidates {tuple(index.shape)}"
+        )
     if index.numel() and (index.min() < 0 or index.max() >= len(gg)):
-        raise ValueError(f"candidates: expected gallery indices in [0, {len(gg)}), got [{int(index.min())}, {int(index.max())}]")
+        raise ValueError(
+            f"candidates: expected gallery indices in [0, {len(gg)}), got [{int(index.min())}, {int(index.max())}]"
+        )
     gq, lq, gg, lg, index = gq.to(device), lq.to(device), gg.to(device), lg.to(device), index.to(device)
     out = torch.empty(index.shape, dtype=torch.float32)
     if not index.numel():
@@ -508,12 +617,18 @@ def candidate_structural_similarity(global_queries: Any, local_queries: Any, glo
         for slot, query in enumerate(range(start, stop)):
             local_c = torch.index_select(flat_local, 0, index[query], out=gathered).view(top * m_cells, dim)
             torch.mm(query_rows[query], local_c.T, out=products[slot])  # (N+1) × (K·M)
-        by_cell = products[:stop - start].view(stop - start, n_cells + 1, top, m_cells).permute(1, 3, 0, 2)  # (N+1) × M × q × K
+        by_cell = (
+            products[: stop - start].view(stop - start, n_cells + 1, top, m_cells).permute(1, 3, 0, 2)
+        )  # (N+1) × M × q × K
         cells = by_cell[:n_cells].reshape(n_cells, m_cells, pairs)  # pairs last: pair (q, k) at q·K + k
         target_weights = by_cell[n_cells].reshape(m_cells, pairs)  # ⟨ẑ_c,j, z̄_q⟩
         global_c = gg.index_select(0, index[start:stop].reshape(-1)).view(stop - start, top, dim)
-        source_weights = torch.bmm(lq[start:stop], global_c.transpose(1, 2)).transpose(0, 1).reshape(n_cells, pairs)  # ⟨ẑ_q,i, z̄_c⟩
-        similarity, _ = _structural_pairs_last(cells, source_weights, target_weights, options=options, log_domain=bool(log_domain))
+        source_weights = (
+            torch.bmm(lq[start:stop], global_c.transpose(1, 2)).transpose(0, 1).reshape(n_cells, pairs)
+        )  # ⟨ẑ_q,i, z̄_c⟩
+        similarity, _ = _structural_pairs_last(
+            cells, source_weights, target_weights, options=options, log_domain=bool(log_domain)
+        )
         out[start:stop] = similarity.view(stop - start, top).cpu()
     return out.numpy()
 
@@ -535,9 +650,17 @@ def rerank_top_k(indices: np.ndarray, cosine: np.ndarray, structural: np.ndarray
     """
     indices, cosine, structural = np.asarray(indices), np.asarray(cosine), np.asarray(structural)
     if indices.shape != cosine.shape or indices.ndim != 2:
-        raise ValueError(f"rerank_top_k: expected indices and cosine of one shape Q × n, got {indices.shape} and {cosine.shape}")
-    if top_k < 0 or top_k > indices.shape[1] or (top_k and (structural.ndim != 2 or structural.shape[0] != len(indices) or structural.shape[1] < top_k)):
-        raise ValueError(f"rerank_top_k: top_k={top_k} needs 0 ≤ top_k ≤ n = {indices.shape[1]} and structural Q × ≥ top_k, got {structural.shape}")
+        raise ValueError(
+            f"rerank_top_k: expected indices and cosine of one shape Q × n, got {indices.shape} and {cosine.shape}"
+        )
+    if (
+        top_k < 0
+        or top_k > indices.shape[1]
+        or (top_k and (structural.ndim != 2 or structural.shape[0] != len(indices) or structural.shape[1] < top_k))
+    ):
+        raise ValueError(
+            f"rerank_top_k: top_k={top_k} needs 0 ≤ top_k ≤ n = {indices.shape[1]} and structural Q × ≥ top_k, got {structural.shape}"
+        )
     reranked = indices.copy()
     if top_k == 0:
         return reranked
@@ -559,23 +682,56 @@ class Reranking:
     top_k: int
 
 
-def diml_rerank(global_queries: Any, local_queries: Any, global_gallery: Any | None = None, local_gallery: Any | None = None, *, top_k: int = DEFAULT_TOP_K, num_neighbors: int | None = None, options: TransportOptions | None = None, query_chunk: int | None = None, device: torch.device | str | None = None) -> Reranking:
+def diml_rerank(
+    global_queries: Any,
+    local_queries: Any,
+    global_gallery: Any | None = None,
+    local_gallery: Any | None = None,
+    *,
+    top_k: int = DEFAULT_TOP_K,
+    num_neighbors: int | None = None,
+    options: TransportOptions | None = None,
+    query_chunk: int | None = None,
+    device: torch.device | str | None = None,
+) -> Reranking:
     """Cosine top-``num_neighbors`` lists (faiss, :func:`dmlstudy.metrics.nearest_neighbors`) whose first
     ``top_k`` positions are re-ranked by ``cos + s_struct``. Gallery None = all vs all (query excluded)."""
     all_vs_all = global_gallery is None
     if all_vs_all != (local_gallery is None):
-        raise ValueError("diml_rerank: give both global_gallery and local_gallery (query → gallery) or neither (all vs all)")
+        raise ValueError(
+            "diml_rerank: give both global_gallery and local_gallery (query → gallery) or neither (all vs all)"
+        )
     n = max(num_neighbors or top_k, top_k, 1)
     indices, cosine = metric_functions.nearest_neighbors(global_queries, global_gallery, k=n)
     structural = np.zeros((len(indices), top_k), dtype=np.float32)
     if top_k:
         structural = candidate_structural_similarity(
-            global_queries, local_queries, global_queries if all_vs_all else global_gallery, local_queries if all_vs_all else local_gallery,
-            indices[:, :top_k], options=options, query_chunk=query_chunk, device=device)
+            global_queries,
+            local_queries,
+            global_queries if all_vs_all else global_gallery,
+            local_queries if all_vs_all else local_gallery,
+            indices[:, :top_k],
+            options=options,
+            query_chunk=query_chunk,
+            device=device,
+        )
     return Reranking(rerank_top_k(indices, cosine, structural, top_k=top_k), indices, cosine, structural, top_k)
 
 
-def reranked_retrieval_metrics(global_queries: Any, local_queries: Any, labels: Any, *, top_ks: Sequence[int] = (0, DEFAULT_TOP_K), global_gallery: Any | None = None, local_gallery: Any | None = None, gallery_labels: Any | None = None, ks: Sequence[int] = (1,), options: TransportOptions | None = None, query_chunk: int | None = None, device: torch.device | str | None = None) -> dict[int, dict[str, float]]:
+def reranked_retrieval_metrics(
+    global_queries: Any,
+    local_queries: Any,
+    labels: Any,
+    *,
+    top_ks: Sequence[int] = (0, DEFAULT_TOP_K),
+    global_gallery: Any | None = None,
+    local_gallery: Any | None = None,
+    gallery_labels: Any | None = None,
+    ks: Sequence[int] = (1,),
+    options: TransportOptions | None = None,
+    query_chunk: int | None = None,
+    device: torch.device | str | None = None,
+) -> dict[int, dict[str, float]]:
     """P@1, RP, MAP@R (and R@K for ``ks``) after re-ranking the top K, for every K of ``top_ks``.
 
     The structural similarities are computed once for the largest K and reused for the smaller ones (the
@@ -586,13 +742,27 @@ def reranked_retrieval_metrics(global_queries: Any, local_queries: Any, labels: 
     top_ks = sorted({int(k) for k in top_ks})
     if not top_ks or top_ks[0] < 0:
         raise ValueError(f"top_ks: expected non-negative integers, got {top_ks}")
-    relevant = metric_functions.relevant_counts(_numpy(labels), None if gallery_labels is None else _numpy(gallery_labels))
+    relevant = metric_functions.relevant_counts(
+        _numpy(labels), None if gallery_labels is None else _numpy(gallery_labels)
+    )
     n = max(int(relevant.max()), top_ks[-1], max(ks), 1)
-    reranking = diml_rerank(global_queries, local_queries, global_gallery, local_gallery, top_k=top_ks[-1], num_neighbors=n, options=options, query_chunk=query_chunk, device=device)
+    reranking = diml_rerank(
+        global_queries,
+        local_queries,
+        global_gallery,
+        local_gallery,
+        top_k=top_ks[-1],
+        num_neighbors=n,
+        options=options,
+        query_chunk=query_chunk,
+        device=device,
+    )
     results = {}
     for top_k in top_ks:
         ranked = rerank_top_k(reranking.cosine_indices, reranking.cosine, reranking.structural, top_k=top_k)
-        results[top_k] = metric_functions.retrieval_metrics_from_neighbors(ranked, _numpy(labels), gallery_labels=None if gallery_labels is None else _numpy(gallery_labels), ks=ks)
+        results[top_k] = metric_functions.retrieval_metrics_from_neighbors(
+            ranked, _numpy(labels), gallery_labels=None if gallery_labels is None else _numpy(gallery_labels), ks=ks
+        )
     return results
 
 
@@ -604,7 +774,9 @@ def _numpy(x: Any) -> np.ndarray:
 # base losses on similarity / distance matrices
 
 
-def margin_loss_from_distances(distances: torch.Tensor, labels: torch.Tensor, *, margin: float = 0.2, beta: float = 1.2) -> torch.Tensor:
+def margin_loss_from_distances(
+    distances: torch.Tensor, labels: torch.Tensor, *, margin: float = 0.2, beta: float = 1.2
+) -> torch.Tensor:
     """Margin loss (Wu et al., ICCV 2017; supplement Eq. A.4) on a ``B × B`` distance matrix, over all triplets.
 
     Equals pytorch-metric-learning's ``MarginLoss`` (fixed β, ``triplets_per_anchor="all"``): every triplet
@@ -613,7 +785,9 @@ def margin_loss_from_distances(distances: torch.Tensor, labels: torch.Tensor, *,
     a negative pair in |P_a|, so no triplet list is built.
     """
     if distances.ndim != 2 or distances.shape[0] != distances.shape[1] or distances.shape[0] != labels.shape[0]:
-        raise ValueError(f"margin_loss_from_distances: expected a B × B distance matrix and B labels, got {tuple(distances.shape)} and {tuple(labels.shape)}")
+        raise ValueError(
+            f"margin_loss_from_distances: expected a B × B distance matrix and B labels, got {tuple(distances.shape)} and {tuple(labels.shape)}"
+        )
     same = labels[:, None] == labels[None, :]
     positive = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
     negative = ~same
@@ -627,12 +801,16 @@ def margin_loss_from_distances(distances: torch.Tensor, labels: torch.Tensor, *,
     return total / active if active > 0 else total * 0.0
 
 
-def proxy_nca_loss_from_distances(distances: torch.Tensor, labels: torch.Tensor, *, softmax_scale: float = 1.0) -> torch.Tensor:
+def proxy_nca_loss_from_distances(
+    distances: torch.Tensor, labels: torch.Tensor, *, softmax_scale: float = 1.0
+) -> torch.Tensor:
     """ProxyNCA (Movshovitz-Attias et al.; supplement Eq. A.9) on ``B × C`` image–proxy distances:
     ``−log softmax(−scale · d)_y`` averaged over the batch. The positive proxy stays in the denominator, as in
     pytorch-metric-learning's ``ProxyNCALoss`` (the original paper excludes it)."""
     if distances.ndim != 2 or distances.shape[0] != labels.shape[0]:
-        raise ValueError(f"proxy_nca_loss_from_distances: expected B × C distances and B labels, got {tuple(distances.shape)} and {tuple(labels.shape)}")
+        raise ValueError(
+            f"proxy_nca_loss_from_distances: expected B × C distances and B labels, got {tuple(distances.shape)} and {tuple(labels.shape)}"
+        )
     return F.cross_entropy(-softmax_scale * distances, labels)
 
 
@@ -645,8 +823,13 @@ def _euclidean_from_cosine(similarity: torch.Tensor) -> torch.Tensor:
 # the method
 
 
-@register_method("diml", label="DIML-trained MS", group="paper", paper="Zhao et al., ICCV 2021 (training use)",
-                 summary="MS on ½(cos + s_struct) during training, cosine at test time")
+@register_method(
+    "diml",
+    label="DIML-trained MS",
+    group="paper",
+    paper="Zhao et al., ICCV 2021 (training use)",
+    summary="MS on ½(cos + s_struct) during training, cosine at test time",
+)
 class DIML(Method):
     """Baseline architecture (``normalize(W · pool(E(x)))``) trained with DIML's structural similarity.
 
@@ -666,7 +849,23 @@ class DIML(Method):
         pooling: global pooling of the map (``avg``, as the grid cells).
     """
 
-    def __init__(self, backbone: Backbone, *, embedding_dim: int = 128, num_classes: int, base_loss: str = "ms", loss_kwargs: dict | None = None, grid_size: int = DEFAULT_GRID_SIZE, structural_weight: float = 0.5, epsilon: float = DEFAULT_EPSILON, uniform_marginals: bool = False, max_iterations: int = 100, tolerance: float = 1e-3, log_domain: bool | None = None, pooling: str = "avg") -> None:
+    def __init__(
+        self,
+        backbone: Backbone,
+        *,
+        embedding_dim: int = 128,
+        num_classes: int,
+        base_loss: str = "ms",
+        loss_kwargs: dict | None = None,
+        grid_size: int = DEFAULT_GRID_SIZE,
+        structural_weight: float = 0.5,
+        epsilon: float = DEFAULT_EPSILON,
+        uniform_marginals: bool = False,
+        max_iterations: int = 100,
+        tolerance: float = 1e-3,
+        log_domain: bool | None = None,
+        pooling: str = "avg",
+    ) -> None:
         super().__init__(backbone, embedding_dim=embedding_dim)
         if base_loss not in BASE_LOSSES:
             raise ValueError(f"DIML: unknown base_loss {base_loss!r}; valid: {', '.join(BASE_LOSSES)}")
@@ -674,16 +873,35 @@ class DIML(Method):
             raise ValueError(f"DIML: structural_weight must lie in [0, 1], got {structural_weight!r}")
         if not isinstance(grid_size, int) or grid_size < 1:
             raise ValueError(f"DIML: grid_size must be a positive integer, got {grid_size!r}")
-        self.base_loss, self.grid_size, self.structural_weight, self.pooling = base_loss, grid_size, float(structural_weight), pooling
+        self.base_loss, self.grid_size, self.structural_weight, self.pooling = (
+            base_loss,
+            grid_size,
+            float(structural_weight),
+            pooling,
+        )
         self.loss_kwargs = dict(loss_kwargs or {})
-        allowed = {"ms": {"alpha", "beta", "base", "margin", "mining"}, "margin": {"margin", "beta"}, "proxynca": {"softmax_scale"}}[base_loss]
+        allowed = {
+            "ms": {"alpha", "beta", "base", "margin", "mining"},
+            "margin": {"margin", "beta"},
+            "proxynca": {"softmax_scale"},
+        }[base_loss]
         if set(self.loss_kwargs) - allowed:
-            raise ValueError(f"DIML: loss_kwargs {sorted(set(self.loss_kwargs) - allowed)} not accepted by base_loss {base_loss!r}; allowed: {sorted(allowed)}")
-        self.options = TransportOptions(epsilon=epsilon, uniform_marginals=uniform_marginals, max_iterations=max_iterations, tolerance=tolerance, log_domain=log_domain)
+            raise ValueError(
+                f"DIML: loss_kwargs {sorted(set(self.loss_kwargs) - allowed)} not accepted by base_loss {base_loss!r}; allowed: {sorted(allowed)}"
+            )
+        self.options = TransportOptions(
+            epsilon=epsilon,
+            uniform_marginals=uniform_marginals,
+            max_iterations=max_iterations,
+            tolerance=tolerance,
+            log_domain=log_domain,
+        )
         self.embedding = nn.Linear(backbone.num_features, embedding_dim)
         self.proxies: nn.Parameter | None = None
         if base_loss == "proxynca":
-            self.proxies = nn.Parameter(torch.randn(num_classes, grid_size * grid_size, embedding_dim))  # C × G² × d (pml's normal init)
+            self.proxies = nn.Parameter(
+                torch.randn(num_classes, grid_size * grid_size, embedding_dim)
+            )  # C × G² × d (pml's normal init)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.embedding(global_pool(self.backbone(images), self.pooling)), dim=1)
@@ -704,20 +922,33 @@ class DIML(Method):
             value = multi_similarity_loss((1 - w) * cosine + w * structural, labels, **self.loss_kwargs)
         else:  # margin: D = ½(‖z̄_s − z̄_t‖ + Σ T_ij ‖ẑ_s,i − ẑ_t,j‖)
             structural_distance = (transport.plan * _euclidean_from_cosine(cells)).sum(dim=(-2, -1))
-            value = margin_loss_from_distances((1 - w) * _euclidean_from_cosine(cosine) + w * structural_distance, labels, **self.loss_kwargs)
+            value = margin_loss_from_distances(
+                (1 - w) * _euclidean_from_cosine(cosine) + w * structural_distance, labels, **self.loss_kwargs
+            )
         off_diagonal = ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
-        return value, {self.base_loss: float(value.detach()), "s_struct": float(structural.detach()[off_diagonal].mean()) if off_diagonal.any() else 0.0,
-                       "sinkhorn_iterations": float(transport.pair_iterations.float().mean())}
+        return value, {
+            self.base_loss: float(value.detach()),
+            "s_struct": float(structural.detach()[off_diagonal].mean()) if off_diagonal.any() else 0.0,
+            "sinkhorn_iterations": float(transport.pair_iterations.float().mean()),
+        }
 
-    def _proxy_nca(self, global_: torch.Tensor, local: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def _proxy_nca(
+        self, global_: torch.Tensor, local: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """ProxyNCA with grid proxies: d ← (1 − w) d(ψ, η_c) + w d_struct(z, ρ_c), squared Euclidean on unit vectors."""
         cells = F.normalize(self.proxies, dim=-1)  # C × G² × d
         global_proxies = F.normalize(self.proxies.mean(dim=1), dim=-1)  # η_c = GAP(ρ_c)
         global_distance = 2.0 - 2.0 * global_ @ global_proxies.T  # B × C
-        structural, _, transport = pairwise_structural_similarity(local, global_, cells, global_proxies, options=self.options)
+        structural, _, transport = pairwise_structural_similarity(
+            local, global_, cells, global_proxies, options=self.options
+        )
         distance = (1 - self.structural_weight) * global_distance + self.structural_weight * (2.0 - 2.0 * structural)
         value = proxy_nca_loss_from_distances(distance, labels, **self.loss_kwargs)
-        return value, {"proxynca": float(value.detach()), "s_struct": float(structural.detach().mean()), "sinkhorn_iterations": float(transport.pair_iterations.float().mean())}
+        return value, {
+            "proxynca": float(value.detach()),
+            "s_struct": float(structural.detach().mean()),
+            "sinkhorn_iterations": float(transport.pair_iterations.float().mean()),
+        }
 
     def head_parameters(self) -> list[nn.Parameter]:
         return [self.proxies] if self.proxies is not None else []

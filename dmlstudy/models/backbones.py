@@ -3,6 +3,7 @@
 CNNs give the map directly; ViT-like models give tokens, which are reshaped to their patch grid after the
 class/distillation (prefix) tokens are dropped; NHWC models (Swin, …) are permuted to NCHW.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,14 +45,18 @@ class Backbone(nn.Module):
         super().__init__()
         if not timm.is_model(name):
             close = difflib.get_close_matches(name, timm.list_models(), n=8)
-            raise KeyError(f"unknown backbone {name!r}: not a timm model name. Close matches: {close or 'none'}; "
-                           "the full list is timm.list_models(); the study's default is 'dml_convnet'.")
+            raise KeyError(
+                f"unknown backbone {name!r}: not a timm model name. Close matches: {close or 'none'}; "
+                "the full list is timm.list_models(); the study's default is 'dml_convnet'."
+            )
         options: dict[str, object] = {"num_classes": 0, "global_pool": ""}
         if output_stride is not None:
             options["output_stride"] = output_stride
         self.name = name
         try:  # ViTs need img_size to fit their patch grid; CNNs do not take it
-            self.model = timm.create_model(name, pretrained=pretrained, img_size=image_size, **options) if image_size else None
+            self.model = (
+                timm.create_model(name, pretrained=pretrained, img_size=image_size, **options) if image_size else None
+            )
         except TypeError:
             self.model = None
         if self.model is None:
@@ -68,7 +73,7 @@ class Backbone(nn.Module):
                     for parameter in module.parameters():
                         parameter.requires_grad_(False)
 
-    def train(self, mode: bool = True) -> "Backbone":
+    def train(self, mode: bool = True) -> Backbone:
         super().train(mode)
         if self.freeze_bn:
             for module in self.model.modules():
@@ -80,7 +85,7 @@ class Backbone(nn.Module):
         """Feature map ``B × C × H × W`` of ``images`` (``B × 3 × S × S``)."""
         features = self.model.forward_features(images)
         if features.ndim == 3:  # B × N × C tokens
-            tokens = features[:, self.num_prefix_tokens:]
+            tokens = features[:, self.num_prefix_tokens :]
             side = int(round(tokens.shape[1] ** 0.5))
             if side * side != tokens.shape[1]:
                 raise ValueError(f"backbone {self.name}: {tokens.shape[1]} patch tokens do not form a square grid")
@@ -119,28 +124,41 @@ def load_backbone_checkpoint(model: nn.Module, path: str | Path, *, name: str | 
         actual = sha256_file(path)
         if actual != str(fields["sha256"]):
             rebuild = f"; rebuild it with `{fields['command']}`" if fields.get("command") else ""
-            raise CheckpointError(f"checkpoint {path}: SHA-256 {actual} does not match {fields['sha256']} recorded in its model card "
-                                  f"{card} (the file is damaged or was replaced){rebuild}")
+            raise CheckpointError(
+                f"checkpoint {path}: SHA-256 {actual} does not match {fields['sha256']} recorded in its model card "
+                f"{card} (the file is damaged or was replaced){rebuild}"
+            )
         if name and fields.get("backbone") and fields["backbone"] != name:
-            raise CheckpointError(f"checkpoint {path} holds backbone {fields['backbone']!r} (its model card {card}), expected {name!r}")
+            raise CheckpointError(
+                f"checkpoint {path} holds backbone {fields['backbone']!r} (its model card {card}), expected {name!r}"
+            )
     try:
         state = timm.models.load_state_dict(str(path))
     except Exception as error:  # safetensors, pickle and zip readers each raise their own types on a damaged file
         expected = name or type(model).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be read as a state dict ({type(error).__name__}: {error}); "
-                              f"expected a complete weights file for {expected} (.safetensors or torch.save)") from error
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read as a state dict ({type(error).__name__}: {error}); "
+            f"expected a complete weights file for {expected} (.safetensors or torch.save)"
+        ) from error
     if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
         raise CheckpointError(f"checkpoint {path}: expected a state dict of tensors for {name or type(model).__name__}")
     own = model.state_dict()
     unexpected = [key for key in state if key not in own]
-    head_like = [key for key in unexpected if key.split(".")[0] in {"fc", "head", "classifier", "last_linear", "head_dist"}]
+    head_like = [
+        key for key in unexpected if key.split(".")[0] in {"fc", "head", "classifier", "last_linear", "head_dist"}
+    ]
     unexpected = [key for key in unexpected if key not in head_like]
     missing = [key for key in own if key not in state]
-    reshaped = [f"{key} {tuple(state[key].shape)} vs {tuple(value.shape)}"
-                for key, value in own.items() if key in state and state[key].shape != value.shape]
+    reshaped = [
+        f"{key} {tuple(state[key].shape)} vs {tuple(value.shape)}"
+        for key, value in own.items()
+        if key in state and state[key].shape != value.shape
+    ]
     if missing or unexpected or reshaped:
-        raise CheckpointError(f"checkpoint {path} does not match backbone {name or type(model).__name__}: missing {missing[:8]}, "
-                              f"unexpected {unexpected[:8]}, shape (file vs model) {reshaped[:8]}")
+        raise CheckpointError(
+            f"checkpoint {path} does not match backbone {name or type(model).__name__}: missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}, shape (file vs model) {reshaped[:8]}"
+        )
     candidate = copy.deepcopy(model)
     candidate.load_state_dict({key: value for key, value in state.items() if key in own}, strict=True)
     model.load_state_dict(candidate.state_dict())

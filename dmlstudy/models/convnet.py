@@ -5,22 +5,35 @@ at 64 px it yields a 4 × 4 × 128 feature map (the spatial methods need a grid)
 ≈ 800 images/s on 2 CPU cores, against ≈ 460 for timm's ``test_resnet`` at output stride 16 and ≈ 90 for
 ``resnet10t``. Four 3 × 3 conv-BN-ReLU stages, each halving the resolution (total stride 16).
 """
+
 from __future__ import annotations
 
 import torch
-from torch import nn
 from timm.models import register_model
+from torch import nn
 
 
 class DMLConvNet(nn.Module):
     """Four conv-BN-ReLU stages of stride 2; timm's interface (``forward_features``, ``num_features``)."""
 
-    def __init__(self, *, widths: tuple[int, ...] = (32, 64, 128, 128), in_chans: int = 3, num_classes: int = 0, global_pool: str = "avg", **_: object) -> None:
+    def __init__(
+        self,
+        *,
+        widths: tuple[int, ...] = (32, 64, 128, 128),
+        in_chans: int = 3,
+        num_classes: int = 0,
+        global_pool: str = "avg",
+        **_: object,
+    ) -> None:
         super().__init__()
         stages: list[nn.Module] = []
         channels = in_chans
         for width in widths:
-            stages += [nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            stages += [
+                nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+            ]
             channels = width
         self.features = nn.Sequential(*stages)
         self.num_features = channels
