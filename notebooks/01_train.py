@@ -62,9 +62,9 @@ sync_bn: bool = False  # SyncBatchNorm across ranks under torchrun (GPU); or use
 resume: bool = False  # continue an interrupted run from its last epoch checkpoint
 overwrite: bool = False  # replace the run folder's records (a finished run is otherwise loaded, not retrained)
 progress: bool = False  # tqdm progress bars
-input_pipeline: str = 'auto'  #
+input_pipeline: str = 'auto'  # auto (tensor when it fits), tensor (cached uint8 tensor, batched augmentation) or files (per-item PIL)
 tensor_budget_gib: float = 2.0  # auto: the tensor pipeline only when all splits of the run fit in this many GiB
-channels_last: bool = True  # channels_last memory format for the model and its inputs
+channels_last: bool = False  # channels_last memory format (faster on CPU, but not bit-identical across resume and ranks)
 autocast: str = 'auto'  # auto (bfloat16 on CUDA, off on CPU), bf16 or off
 compile: bool = False  # torch.compile the training step (see benchmarks/README.md for when it pays)
 

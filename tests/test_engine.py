@@ -17,7 +17,7 @@ from dmlstudy import engine
 from dmlstudy.experiments.protocol import run_grid
 from dmlstudy.train import resolve_device
 
-TIMING = ("train_seconds", "seconds_per_epoch", "eval_seconds")
+TIMING = ("train_seconds", "seconds_per_epoch", "eval_seconds", "train_cpu_seconds", "eval_cpu_seconds")
 
 
 @pytest.fixture

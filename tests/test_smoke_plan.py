@@ -2,6 +2,7 @@
 and leave run records whose values are checked; every plan file is well-formed and names real parameters."""
 
 import json
+import re
 from pathlib import Path
 
 import papermill
@@ -28,8 +29,10 @@ def test_smoke_training_entries_leave_checked_records(tmp_path):
     outcomes = run_plan(ROOT / "plans" / "smoke.yaml", root=tmp_path, only="^train-")
     assert [o.status for o in outcomes] == ["complete", "complete"], [o.error for o in outcomes]
     for dataset in ("synbirds", "glyphs"):
-        run_dir = tmp_path / "smoke" / f"train-dataset={dataset}"
+        entry_dir = tmp_path / "smoke" / f"train-dataset={dataset}"  # the executed notebook and the entry record
+        (run_dir,) = (tmp_path / "smoke").glob(f"train-dataset={dataset}-*")  # the run: the entry name + config hash
+        assert re.fullmatch(rf"train-dataset={dataset}-[0-9a-f]{{8}}", run_dir.name)
         metrics = json.loads((run_dir / "metrics.json").read_text())
         assert 0.0 < metrics["R@1"] <= 1.0 and metrics["R@1"] <= metrics["R@8"]
-        assert (run_dir / "01_train.ipynb").is_file() and (run_dir / "checkpoint.pt").is_file()
-        assert json.loads((run_dir / "study_entry.json").read_text())["status"] == "complete"
+        assert (entry_dir / "01_train.ipynb").is_file() and (run_dir / "checkpoint.pt").is_file()
+        assert json.loads((entry_dir / "study_entry.json").read_text())["status"] == "complete"

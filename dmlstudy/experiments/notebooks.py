@@ -22,7 +22,6 @@ import argparse
 import ast
 import dataclasses
 import importlib
-import inspect
 import re
 import sys
 import typing
@@ -54,24 +53,11 @@ def config_class(stem: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def field_comments(config: type) -> dict[str, str]:
-    """The trailing ``# comment`` of every field line in the source of ``config`` and its dataclass bases."""
-    comments: dict[str, str] = {}
-    for klass in reversed(config.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        for line in inspect.getsource(klass).splitlines():
-            stripped = line.strip()
-            if ":" in stripped and "#" in stripped and not stripped.startswith(("#", '"')):
-                comments[stripped.split(":")[0].strip()] = stripped.split("#", 1)[1].strip()
-    return comments
-
-
 def parameters_source(stem: str) -> str:
     """The ``parameters`` cell of notebook ``stem``: ``name: type = literal  # comment`` per config field."""
     config = config_class(stem)
     values = {**CI_SIZED.get(stem, {}), "study": f"notebook-{stem}"}
-    comments = field_comments(config)
+    comments = config.field_help()  # the one reader of field comments (dmlstudy.config.TypedConfig)
     hints = typing.get_type_hints(config)
     lines = []
     for spec in dataclasses.fields(config):
