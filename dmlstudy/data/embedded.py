@@ -26,6 +26,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -69,6 +70,32 @@ class DatasetGenerator(Protocol):
 # ----------------------------------------------------------------------------------------------
 # Determinism helpers
 # ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SquareImagesGenerator:
+    """The fields and checks that SynBirds and the fractals source set share: ``num_classes`` classes of
+    ``images_per_class`` square images of ``image_size`` pixels; ``workers`` only changes the speed, never the
+    output (per-image random streams). A subclass sets ``name``, ``version``, its defaults and ``generate``."""
+
+    num_classes: int = 200
+    images_per_class: int = 40
+    image_size: int = 64
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.num_classes < 2 or self.images_per_class < 1 or self.image_size < 8:
+            raise ValueError(
+                f"{type(self).__name__}: need num_classes >= 2, images_per_class >= 1, image_size >= 8; "
+                f"got {self.config()}"
+            )
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "num_classes": self.num_classes,
+            "images_per_class": self.images_per_class,
+            "image_size": self.image_size,
+        }
+
+
 def image_rng(seed: int, class_index: int, image_index: int, *, stream: int = 0) -> np.random.Generator:
     """Independent random stream of one image: ``PCG64(SeedSequence([seed, class, index, stream]))``.
 

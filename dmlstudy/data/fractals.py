@@ -38,13 +38,20 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from dmlstudy.data.base import ImageListDataset, register_dataset
 from dmlstudy.data.cub import read_cub
-from dmlstudy.data.embedded import encode_png, ensure_generated, image_rng, parallel_map, write_cub_layout
+from dmlstudy.data.embedded import (
+    SquareImagesGenerator,
+    encode_png,
+    ensure_generated,
+    image_rng,
+    parallel_map,
+    write_cub_layout,
+)
 
 PARAMETERS_FILE = "ifs_parameters.json"
 DEFAULT_CLASSES = 400
@@ -182,28 +189,13 @@ def render_job(job: tuple[list[list[float]], int, int, int, int]) -> bytes:
 
 
 @dataclass(frozen=True)
-class FractalsGenerator:
+class FractalsGenerator(SquareImagesGenerator):
     """Fractals generator for :func:`dmlstudy.data.embedded.ensure_generated`; ``workers`` only changes the speed."""
 
     num_classes: int = DEFAULT_CLASSES
     images_per_class: int = DEFAULT_IMAGES_PER_CLASS
-    image_size: int = 64
-    workers: int = 2
     name: ClassVar[str] = "fractals"
     version: ClassVar[str] = "1"
-
-    def __post_init__(self) -> None:
-        if self.num_classes < 2 or self.images_per_class < 1 or self.image_size < 8:
-            raise ValueError(
-                f"FractalsGenerator: need num_classes >= 2, images_per_class >= 1, image_size >= 8; got {self.config()}"
-            )
-
-    def config(self) -> dict[str, Any]:
-        return {
-            "num_classes": self.num_classes,
-            "images_per_class": self.images_per_class,
-            "image_size": self.image_size,
-        }
 
     def generate(self, folder: Path, *, seed: int) -> dict[str, int]:
         """Draw the classes, render every image (class-major order), write the CUB layout and ``ifs_parameters.json``."""

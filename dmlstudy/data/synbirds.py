@@ -33,7 +33,14 @@ from PIL import Image, ImageChops, ImageDraw
 
 from dmlstudy.data.base import ImageListDataset, register_dataset
 from dmlstudy.data.cub import read_cub
-from dmlstudy.data.embedded import encode_png, ensure_generated, image_rng, parallel_map, write_cub_layout
+from dmlstudy.data.embedded import (
+    SquareImagesGenerator,
+    encode_png,
+    ensure_generated,
+    image_rng,
+    parallel_map,
+    write_cub_layout,
+)
 
 ATTRIBUTES_FILE = "class_attributes.json"
 SPECIES_PER_GENUS = 5
@@ -547,31 +554,14 @@ def render_job(job: tuple[dict[str, str], int, int, int, int]) -> bytes:
 # Generator and registered builder
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class SynBirdsGenerator:
+class SynBirdsGenerator(SquareImagesGenerator):
     """SynBirds generator for :func:`dmlstudy.data.embedded.ensure_generated`.
 
     ``workers`` only changes the speed, never the output (per-image random streams).
     """
 
-    num_classes: int = 200
-    images_per_class: int = 40
-    image_size: int = 64
-    workers: int = 2
     name: ClassVar[str] = "synbirds"
     version: ClassVar[str] = "1"
-
-    def __post_init__(self) -> None:
-        if self.num_classes < 2 or self.images_per_class < 1 or self.image_size < 8:
-            raise ValueError(
-                f"SynBirdsGenerator: need num_classes >= 2, images_per_class >= 1, image_size >= 8; got {self.config()}"
-            )
-
-    def config(self) -> dict[str, Any]:
-        return {
-            "num_classes": self.num_classes,
-            "images_per_class": self.images_per_class,
-            "image_size": self.image_size,
-        }
 
     def generate(self, folder: Path, *, seed: int) -> dict[str, int]:
         """Render all images (class-major order) and write the CUB layout and ``class_attributes.json``."""
