@@ -34,7 +34,7 @@ import dmlstudy  # noqa: E402  (the code under test: its project holds the plan 
 PROJECT = Path(dmlstudy.__file__).resolve().parent.parent
 WORK = Path(tempfile.mkdtemp(prefix="fault-battery-"))
 DATA = WORK / "data"
-TINY = {"dataset": "cub200", "image_size": 32, "classes_per_batch": 4, "samples_per_class": 3, "epochs": 2,
+TINY = {"dataset": "cub200", "image_size": 32, "classes_per_batch": 4, "samples_per_class": 3, "epochs": 1,
         "steps_per_epoch": 2, "eval_batch_size": 64, "device": "cpu", "progress": False}
 ENV = {**os.environ, "KMP_DUPLICATE_LIB_OK": "TRUE"}
 CASES: list[tuple[str, str, callable]] = []
@@ -174,7 +174,9 @@ def finished_runs(runs: Path) -> list[Path]:
 
 
 def any_checkpoint(runs: Path) -> bool:
-    return bool(list(runs.glob("b/*/checkpoint.pt")))
+    """Whether training had started: ``environment.json`` is written when a run starts training (before and
+    after issue 16), a checkpoint only after the first epoch's evaluation."""
+    return bool(list(runs.glob("b/*/checkpoint.pt")) or list(runs.glob("b/*/environment.json")))
 
 
 def judge_error(outcome: Outcome, *keywords: str, runs: Path | None = None) -> tuple[str, str]:
@@ -227,7 +229,9 @@ def rerun_finished(interface, runs):
 
 @case("same --run-name, another lr, no --resume", "cli")
 def same_name_other_config(interface, runs):
-    train(interface, runs, run_name="mine", lr=0.001)
+    first = train(interface, runs, run_name="mine", lr=0.001)
+    if first.rc:
+        return "battery error", f"the first run failed: {first.message}"
     second = train(interface, runs, run_name="mine", lr=0.004)
     folders = finished_runs(runs)
     if second.rc:
@@ -237,7 +241,7 @@ def same_name_other_config(interface, runs):
     return "DATA LOST", "the lr=0.001 run was overwritten by the lr=0.004 run"
 
 
-@case("two writers of the same run at once", "cli", "api")
+@case("two writers of the same run at once", "cli")
 def concurrent_same(interface, runs):
     first = start(command(interface, runs, epochs=60, steps_per_epoch=1, eval_every=60))
     if not wait_for("b/*/checkpoint.pt", runs, first):
@@ -271,8 +275,8 @@ def concurrent_different(interface, runs):
     return "works", f"{len(folders)} consistent folders"
 
 
-def tmpfs(size: str) -> Path | None:
-    mount = WORK / f"tmpfs-{size}"
+def tmpfs(size: str, name: str) -> Path | None:
+    mount = WORK / f"tmpfs-{size}-{name}"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
     return mount if done.returncode == 0 else None
@@ -280,7 +284,7 @@ def tmpfs(size: str) -> Path | None:
 
 @case("full disk (runs root on a 1 MiB tmpfs)", "cli", "api")
 def full_disk(interface, runs):
-    mount = tmpfs("1m")
+    mount = tmpfs("1m", runs.name)
     if mount is None:
         return "skipped", "cannot mount a tmpfs here (not root)"
     try:
@@ -313,7 +317,7 @@ def interrupt(interface, runs, number):
     return process, finish(process)
 
 
-@case("SIGTERM during training, then --resume", "cli", "api")
+@case("SIGTERM during training, then --resume", "cli")
 def sigterm(interface, runs):
     process, outcome = interrupt(interface, runs, signal.SIGTERM)
     if process is None:
@@ -567,7 +571,7 @@ def kwargs_float(interface, runs):
     return judge_error(outcome, "margin")
 
 
-@case("--resume with another config under the same --run-name", "cli", "api")
+@case("--resume with another config under the same --run-name", "cli")
 def resume_other(interface, runs):
     train(interface, runs, run_name="r", epochs=1)
     outcome = train(interface, runs, run_name="r", epochs=2, resume=True)
@@ -684,11 +688,14 @@ def main() -> int:
     parser.add_argument("--only", default="", help="regular expression over case names")
     parser.add_argument("--interface", default="", choices=["", "cli", "api"])
     parser.add_argument("--json", default="", help="also write the rows as JSON here")
+    parser.add_argument("--cases", default="", help="a range of case numbers, e.g. 30-60 (to split the battery over processes)")
     args = parser.parse_args()
     make_data()
     rows = []
     for number, (name, interface, function) in enumerate(CASES, start=1):
         if (args.only and not re.search(args.only, name)) or (args.interface and interface != args.interface):
+            continue
+        if args.cases and not int(args.cases.split("-")[0]) <= number <= int(args.cases.split("-")[1]):
             continue
         runs = WORK / f"runs-{number}-{interface}"
         started = time.perf_counter()
@@ -699,6 +706,8 @@ def main() -> int:
         rows.append({"case": name, "interface": interface, "verdict": verdict, "evidence": evidence.replace("|", "/").replace("\n", " "),
                      "seconds": round(time.perf_counter() - started, 1)})
         print(f"[{len(rows)}] {name} ({interface}): {verdict} — {evidence[:160]}", file=sys.stderr, flush=True)
+        if args.json:  # after every case, so a battery cut short still leaves its rows
+            Path(args.json).write_text(json.dumps(rows, indent=1))
     print("| # | case | interface | verdict | evidence |\n|---|---|---|---|---|")
     for number, row in enumerate(rows, start=1):
         print(f"| {number} | {row['case']} | {row['interface']} | {row['verdict']} | {row['evidence'][:200]} |")
