@@ -533,7 +533,9 @@ def wrong_type_option(interface, runs):
 def config_wrong_type(interface, runs):
     config = WORK / "string-epochs.yaml"
     config.write_text("epochs: '3'\n")
-    return judge_error(execute(command(interface, runs, extra_cli=["--config", str(config)])), "epochs")
+    values = {key: value for key, value in TINY.items() if key != "epochs"}  # no --epochs option to override the file
+    return judge_error(execute([sys.executable, "-m", "dmlstudy", "train", "--config", str(config),
+                                *options({**values, "study": "b", "runs_root": str(runs), "data_root": str(DATA)})]), "epochs")
 
 
 @case("--config file: unknown field", "cli")
@@ -561,7 +563,7 @@ def config_float(interface, runs):
 
 @case("--method-kwargs with 2e-1 (ms loss margin)", "cli")
 def kwargs_float(interface, runs):
-    outcome = train(interface, runs, method_kwargs={"loss_kwargs": {"margin": "2e-1"}})
+    outcome = execute(command(interface, runs, extra_cli=["--method-kwargs", "{loss_kwargs: {margin: 2e-1}}"]))
     folders = finished_runs(runs)
     stored = (folders[0] / "config.yaml").read_text() if folders else ""
     if outcome.rc == 0 and "margin: 0.2" in stored:
@@ -659,7 +661,7 @@ def nan_images(interface, runs):
         run(TrainConfig(**{values!r}))
     """)
     outcome = finish(start([sys.executable, "-c", API_PRELUDE.format(body=textwrap.indent(body, "    "))]))  # patches a class: own process
-    if outcome.rc and ".png" in outcome.message and "epoch 1, step 1" in outcome.message:
+    if outcome.rc and ".png" in outcome.err and "epoch 1, step 1" in outcome.err:
         return "clear error", outcome.message
     if outcome.rc:
         return "late error" if any_checkpoint(runs) else "wrong blame", outcome.message
