@@ -40,7 +40,7 @@ TINY = {
     "image_size": 32,
     "classes_per_batch": 4,
     "samples_per_class": 3,
-    "epochs": 2,
+    "epochs": 1,
     "steps_per_epoch": 2,
     "eval_batch_size": 64,
     "device": "cpu",
@@ -191,7 +191,9 @@ def finished_runs(runs: Path) -> list[Path]:
 
 
 def any_checkpoint(runs: Path) -> bool:
-    return bool(list(runs.glob("b/*/checkpoint.pt")))
+    """Whether training had started: ``environment.json`` is written when a run starts training (before and
+    after issue 16), a checkpoint only after the first epoch's evaluation."""
+    return bool(list(runs.glob("b/*/checkpoint.pt")) or list(runs.glob("b/*/environment.json")))
 
 
 def judge_error(outcome: Outcome, *keywords: str, runs: Path | None = None) -> tuple[str, str]:
@@ -254,7 +256,9 @@ def rerun_finished(interface, runs):
 
 @case("same --run-name, another lr, no --resume", "cli")
 def same_name_other_config(interface, runs):
-    train(interface, runs, run_name="mine", lr=0.001)
+    first = train(interface, runs, run_name="mine", lr=0.001)
+    if first.rc:
+        return "battery error", f"the first run failed: {first.message}"
     second = train(interface, runs, run_name="mine", lr=0.004)
     folders = finished_runs(runs)
     if second.rc:
@@ -264,7 +268,7 @@ def same_name_other_config(interface, runs):
     return "DATA LOST", "the lr=0.001 run was overwritten by the lr=0.004 run"
 
 
-@case("two writers of the same run at once", "cli", "api")
+@case("two writers of the same run at once", "cli")
 def concurrent_same(interface, runs):
     first = start(command(interface, runs, epochs=60, steps_per_epoch=1, eval_every=60))
     if not wait_for("b/*/checkpoint.pt", runs, first):
@@ -298,8 +302,8 @@ def concurrent_different(interface, runs):
     return "works", f"{len(folders)} consistent folders"
 
 
-def tmpfs(size: str) -> Path | None:
-    mount = WORK / f"tmpfs-{size}"
+def tmpfs(size: str, name: str) -> Path | None:
+    mount = WORK / f"tmpfs-{size}-{name}"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
     return mount if done.returncode == 0 else None
@@ -307,7 +311,7 @@ def tmpfs(size: str) -> Path | None:
 
 @case("full disk (runs root on a 1 MiB tmpfs)", "cli", "api")
 def full_disk(interface, runs):
-    mount = tmpfs("1m")
+    mount = tmpfs("1m", runs.name)
     if mount is None:
         return "skipped", "cannot mount a tmpfs here (not root)"
     try:
@@ -340,7 +344,7 @@ def interrupt(interface, runs, number):
     return process, finish(process)
 
 
-@case("SIGTERM during training, then --resume", "cli", "api")
+@case("SIGTERM during training, then --resume", "cli")
 def sigterm(interface, runs):
     process, outcome = interrupt(interface, runs, signal.SIGTERM)
     if process is None:
@@ -588,7 +592,21 @@ def wrong_type_option(interface, runs):
 def config_wrong_type(interface, runs):
     config = WORK / "string-epochs.yaml"
     config.write_text("epochs: '3'\n")
-    return judge_error(execute(command(interface, runs, extra_cli=["--config", str(config)])), "epochs")
+    values = {key: value for key, value in TINY.items() if key != "epochs"}  # no --epochs option to override the file
+    return judge_error(
+        execute(
+            [
+                sys.executable,
+                "-m",
+                "dmlstudy",
+                "train",
+                "--config",
+                str(config),
+                *options({**values, "study": "b", "runs_root": str(runs), "data_root": str(DATA)}),
+            ]
+        ),
+        "epochs",
+    )
 
 
 @case("--config file: unknown field", "cli")
@@ -626,7 +644,7 @@ def config_float(interface, runs):
 
 @case("--method-kwargs with 2e-1 (ms loss margin)", "cli")
 def kwargs_float(interface, runs):
-    outcome = train(interface, runs, method_kwargs={"loss_kwargs": {"margin": "2e-1"}})
+    outcome = execute(command(interface, runs, extra_cli=["--method-kwargs", "{loss_kwargs: {margin: 2e-1}}"]))
     folders = finished_runs(runs)
     stored = (folders[0] / "config.yaml").read_text() if folders else ""
     if outcome.rc == 0 and "margin: 0.2" in stored:
@@ -636,7 +654,7 @@ def kwargs_float(interface, runs):
     return judge_error(outcome, "margin")
 
 
-@case("--resume with another config under the same --run-name", "cli", "api")
+@case("--resume with another config under the same --run-name", "cli")
 def resume_other(interface, runs):
     train(interface, runs, run_name="r", epochs=1)
     outcome = train(interface, runs, run_name="r", epochs=2, resume=True)
@@ -728,7 +746,7 @@ def nan_images(interface, runs):
     outcome = finish(
         start([sys.executable, "-c", API_PRELUDE.format(body=textwrap.indent(body, "    "))])
     )  # patches a class: own process
-    if outcome.rc and ".png" in outcome.message and "epoch 1, step 1" in outcome.message:
+    if outcome.rc and ".png" in outcome.err and "epoch 1, step 1" in outcome.err:
         return "clear error", outcome.message
     if outcome.rc:
         return "late error" if any_checkpoint(runs) else "wrong blame", outcome.message
@@ -765,11 +783,16 @@ def main() -> int:
     parser.add_argument("--only", default="", help="regular expression over case names")
     parser.add_argument("--interface", default="", choices=["", "cli", "api"])
     parser.add_argument("--json", default="", help="also write the rows as JSON here")
+    parser.add_argument(
+        "--cases", default="", help="a range of case numbers, e.g. 30-60 (to split the battery over processes)"
+    )
     args = parser.parse_args()
     make_data()
     rows = []
     for number, (name, interface, function) in enumerate(CASES, start=1):
         if (args.only and not re.search(args.only, name)) or (args.interface and interface != args.interface):
+            continue
+        if args.cases and not int(args.cases.split("-")[0]) <= number <= int(args.cases.split("-")[1]):
             continue
         runs = WORK / f"runs-{number}-{interface}"
         started = time.perf_counter()
@@ -787,6 +810,8 @@ def main() -> int:
             }
         )
         print(f"[{len(rows)}] {name} ({interface}): {verdict} — {evidence[:160]}", file=sys.stderr, flush=True)
+        if args.json:  # after every case, so a battery cut short still leaves its rows
+            Path(args.json).write_text(json.dumps(rows, indent=1))
     print("| # | case | interface | verdict | evidence |\n|---|---|---|---|---|")
     for number, row in enumerate(rows, start=1):
         print(f"| {number} | {row['case']} | {row['interface']} | {row['verdict']} | {row['evidence'][:200]} |")

@@ -7,6 +7,7 @@ rename) so a killed run never leaves a half-written record.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -16,7 +17,7 @@ import random
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,20 @@ class _WriteGuard:
     pending: Callable[[], None] | None = None
 
 
+@contextlib.contextmanager
+def uninterruptible() -> Iterator[None]:
+    """Signals handled with :func:`defer_while_writing` wait until the block ends (nesting allowed): for
+    records that belong together, such as an epoch's ``history.csv`` and its checkpoint."""
+    _WriteGuard.depth += 1
+    try:
+        yield
+    finally:
+        _WriteGuard.depth -= 1
+        if _WriteGuard.depth == 0 and _WriteGuard.pending is not None:
+            action, _WriteGuard.pending = _WriteGuard.pending, None
+            action()
+
+
 def defer_while_writing(action: Callable[[], None]) -> bool:
     """Postpone ``action`` (a signal handler's work) until the atomic write in progress ends; returns
     False (and does nothing) when no write is in progress, so the caller acts at once."""
@@ -150,29 +165,25 @@ def write_bytes_atomically(path: Path, data: bytes) -> None:
     ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``). Signals wait for the rename.
     """
     path = Path(path)
-    _WriteGuard.depth += 1
     temporary = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with uninterruptible():
         try:
-            _write_all(handle, data)
-            os.fsync(handle)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                _write_all(handle, data)
+                os.fsync(handle)
+            finally:
+                os.close(handle)
+            os.replace(temporary, path)
+        except OSError as error:
+            explained = _explained(error, path, len(data))
+            if explained is error:  # "raise error from error" makes a cause cycle that tracebacks never finish
+                raise
+            raise explained from error
         finally:
-            os.close(handle)
-        os.replace(temporary, path)
-    except OSError as error:
-        explained = _explained(error, path, len(data))
-        if explained is error:  # "raise error from error" makes a cause cycle that tracebacks never finish
-            raise
-        raise explained from error
-    finally:
-        if temporary is not None and os.path.exists(temporary):
-            os.unlink(temporary)
-        _WriteGuard.depth -= 1
-        if _WriteGuard.depth == 0 and _WriteGuard.pending is not None:
-            action, _WriteGuard.pending = _WriteGuard.pending, None
-            action()
+            if temporary is not None and os.path.exists(temporary):
+                os.unlink(temporary)
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

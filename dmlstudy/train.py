@@ -51,7 +51,15 @@ from dmlstudy.data.tensor_cache import (
 from dmlstudy.methods import Method, build_method
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root, runs_root
-from dmlstudy.records import environment_info, save_torch, seed_everything, write_csv, write_json, write_npz
+from dmlstudy.records import (
+    environment_info,
+    save_torch,
+    seed_everything,
+    uninterruptible,
+    write_csv,
+    write_json,
+    write_npz,
+)
 
 
 @dataclass
@@ -770,17 +778,18 @@ def _train_and_evaluate(
         history.append(row)
         watch.end_epoch(epoch)
         if main_process:
-            write_csv(run_dir / "history.csv", pd.DataFrame(history))
-            save_torch(
-                checkpoint_path,
-                {
-                    "epoch": epoch,
-                    "method": method.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "history": history,
-                    "config": config.to_dict(),
-                },
-            )
+            with uninterruptible():  # an epoch's history and checkpoint: both or neither
+                write_csv(run_dir / "history.csv", pd.DataFrame(history))
+                save_torch(
+                    checkpoint_path,
+                    {
+                        "epoch": epoch,
+                        "method": method.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "history": history,
+                        "config": config.to_dict(),
+                    },
+                )
         epochs.set_postfix(loss=f"{row['loss']:.4f}", R1=f"{latest.get('R@1', float('nan')):.3f}")
 
     if not arrays:  # resumed after the last epoch's checkpoint but before the records were written
