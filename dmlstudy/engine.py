@@ -38,6 +38,9 @@ SCHEDULER_VARIABLE = "DMLSTUDY_SCHEDULER"  # address of an existing scheduler: a
 DEVICE_VARIABLE = "DMLSTUDY_DEVICE"  # the device resolve_device("auto") picks on a worker
 THREADS_VARIABLE = "DMLSTUDY_TASK_THREADS"  # torch/faiss threads of each task on a worker
 CONNECT_SECONDS = 5  # how long to try an address before reporting it unreachable
+# Dask's statistical profiler samples every running task's stack every 10 ms: CPU taken from the training
+# (benchmarks/README.md, "Execution engine"); the dashboard's profile tab stays empty without it.
+QUIET_WORKER = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
 
 
 class EngineError(RuntimeError):
@@ -130,11 +133,8 @@ def start_local_cluster(
     )  # runs hold no Dask data: no memory-based pausing; the OS decides
     template = cluster.new_spec
     for plan in plans:  # one spec per worker: the template with this worker's environment
-        options = {
-            **template["options"],
-            "env": {DEVICE_VARIABLE: plan.device, THREADS_VARIABLE: str(plan.threads)},
-            "name": plan.name,
-        }
+        environment = {DEVICE_VARIABLE: plan.device, THREADS_VARIABLE: str(plan.threads), **QUIET_WORKER}
+        options = {**template["options"], "env": environment, "name": plan.name}
         cluster.worker_spec[plan.name] = {"cls": template["cls"], "options": options}
     cluster.scale(len(plans))
     client = Client(cluster, set_as_default=False)
