@@ -133,19 +133,15 @@ def _first_line(text: str | None) -> str:
 
 
 def _method_description(name: str) -> str:
-    """One line about a registered method: its class docstring's first line and any preset arguments.
+    """One line about a registered method, from the registry: its label, group and paper or summary."""
+    from dmlstudy.methods import method_info
 
-    Interim accessor until the method registry carries a label and group; then this returns those.
-    """
-    from dmlstudy.methods import METHODS
-
-    builder = METHODS[name]
-    preset: dict = {}
-    if not inspect.isclass(builder):  # registered with preset keyword arguments: a closure over the class
-        closure = inspect.getclosurevars(builder).nonlocals
-        builder, preset = closure.get("builder", builder), closure.get("preset", {})
-    line = f"{builder.__name__}: {_first_line(builder.__doc__).rstrip('.')}"
-    return f"{line}; {', '.join(f'{k}={v}' for k, v in preset.items())}" if preset else line
+    info = method_info(name)
+    return (
+        f"{info.label} [{info.group}]"
+        + (f" — {info.paper}" if info.paper else "")
+        + (f": {info.summary}" if info.summary else "")
+    )
 
 
 def _plan_description(path: Path, *, width: int = 110) -> str:

@@ -95,7 +95,12 @@ def test_list_methods_lists_every_registered_method_with_a_description(capsys):
     rows = listed(capsys, "methods")
     assert sorted(rows) == list_methods()
     assert all(rows.values())
-    assert "loss=triplet" in rows["triplet"] and rows["crt"].startswith("CRT: Coded residual transform")
+    from dmlstudy.methods import method_info
+
+    for name, row in rows.items():  # the registry's label and group lead every line
+        info = method_info(name)
+        assert row.startswith(f"{info.label} [{info.group}]"), row
+    assert rows["crt"].startswith("CRT [paper] — Kan et al., NeurIPS 2022") and "[classic]" in rows["triplet"]
 
 
 def test_list_datasets_backbones_and_plans(capsys):
