@@ -25,10 +25,9 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
-import os
-import uuid
 import warnings
 import zlib
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from dmlstudy.data.batch_transforms import (
     evaluation_crop,
     normalize_batch,
 )
+from dmlstudy.records import write_bytes_atomically
 
 CACHE_FORMAT = 1
 CACHE_FOLDER = ".tensor-cache"
@@ -142,16 +142,6 @@ def _read_cache(array_file: Path, meta_file: Path, key: str) -> np.ndarray | Non
         return None
 
 
-def _write_atomically(path: Path, write) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(temporary, "wb") as handle:
-            write(handle)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def cached_images(dataset: ImageListDataset, root: str | Path) -> np.ndarray:
     """``uint8`` N × 3 × H × W of ``dataset``, from ``root/.tensor-cache`` or decoded (and cached) now.
 
@@ -187,8 +177,10 @@ def _read_or_build(dataset: ImageListDataset, root: Path, key: str, array_file: 
         "name": dataset.name,
     }
     try:
-        _write_atomically(array_file, lambda handle: np.save(handle, array))
-        _write_atomically(meta_file, lambda handle: handle.write(json.dumps(meta, indent=1).encode()))
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        write_bytes_atomically(array_file, buffer.getvalue())
+        write_bytes_atomically(meta_file, json.dumps(meta, indent=1).encode())
     except OSError as error:
         warnings.warn(
             f"cannot write the tensor cache {array_file} ({error}); using the decoded images from memory", stacklevel=2
