@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from dmlstudy.data import build_dataset
+from dmlstudy.data.tensor_cache import cached_images
 from dmlstudy.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from dmlstudy.models.backbones import build_backbone
 from dmlstudy.models.cards import read_card, sha256_file, write_card
@@ -130,10 +131,10 @@ def load_source(config: PretrainConfig) -> tuple[torch.Tensor, torch.Tensor, int
     splits = [build_dataset(config.dataset, root, split, **options) for split in ("train", "test")]
     images, labels, offset = [], [], 0
     for split in splits:
-        images += [np.asarray(split.load_image(i), dtype=np.uint8) for i in range(len(split))]
+        images.append(cached_images(split, root))  # decoded once, kept in <root>/.tensor-cache like the study's sets
         labels.append(split.labels + offset)
         offset += split.num_classes
-    pixels = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
+    pixels = torch.from_numpy(np.concatenate(images))
     marker = json.loads((root / "GENERATED.json").read_text(encoding="utf-8"))
     return pixels, torch.from_numpy(np.concatenate(labels)), offset, marker
 
