@@ -549,7 +549,9 @@ class TrainingWatch:
     """Numbers that cannot be right, caught where they appear (issue 16).
 
     * A non-finite loss or input batch stops the run at the batch that produced it; the message names the
-      non-finite images (training-set index and file), or the whole batch when every image is finite.
+      non-finite images (training-set index and file), or the whole batch when every image is finite. The
+      inputs are checked on the file pipeline only: the tensor pipeline augments cached ``uint8`` pixels,
+      which cannot be non-finite.
     * A first epoch whose loss has not moved warns: the mean of its last quarter of steps within
       ``FLAT_TOLERANCE`` (relative) of its first quarter, when there are at least 4 steps. An absurd learning
       rate (``lr=1000``) is also flagged before training by :func:`dmlstudy.runs.check_before_loading`.
@@ -559,8 +561,9 @@ class TrainingWatch:
 
     def __init__(self, config: TrainConfig, train, sampler) -> None:
         self.config, self.train, self.sampler = config, train, sampler
-        self.first_epoch_losses: list[float] = []
+        self.first_epoch_losses: list[torch.Tensor] = []  # detached: no device sync per step
         self.first_epoch: int | None = None
+        self.check_inputs = not isinstance(train, BatchAugmentedTrain)
 
     def _batch_indices(self, step: int) -> list[int]:
         for number, batch in enumerate(self.sampler):  # the sampler is a pure function of (seed, epoch)
@@ -570,7 +573,10 @@ class TrainingWatch:
 
     def observe(self, loss: torch.Tensor, images: torch.Tensor, *, epoch: int, step: int) -> None:
         # the inputs are checked too: a loss with mining can stay finite on NaN images while its gradient is not
-        if not bool(torch.isfinite(loss) & torch.isfinite(images).all()):
+        finite = torch.isfinite(loss)
+        if self.check_inputs:
+            finite = finite & torch.isfinite(images).all()
+        if not bool(finite):
             indices = self._batch_indices(step)
             bad_rows = (~torch.isfinite(images.reshape(len(images), -1)).all(dim=1)).nonzero().flatten().tolist()
             if bad_rows and indices:
@@ -588,12 +594,12 @@ class TrainingWatch:
         if self.first_epoch is None:
             self.first_epoch = epoch  # the first epoch this process trains (a resumed run: the one it resumes at)
         if epoch == self.first_epoch:
-            self.first_epoch_losses.append(float(loss.detach()))
+            self.first_epoch_losses.append(loss.detach())
 
     def end_epoch(self, epoch: int) -> None:
-        losses = self.first_epoch_losses
-        if epoch != self.first_epoch or len(losses) < 4:
+        if epoch != self.first_epoch or len(self.first_epoch_losses) < 4:
             return
+        losses = torch.stack(self.first_epoch_losses).float().cpu().tolist()
         quarter = len(losses) // 4
         first, last = float(np.mean(losses[:quarter])), float(np.mean(losses[-quarter:]))
         if abs(last - first) <= self.FLAT_TOLERANCE * max(abs(first), 1e-12):
