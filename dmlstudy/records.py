@@ -186,14 +186,6 @@ def write_bytes_atomically(path: Path, data: bytes) -> None:
                 os.unlink(temporary)
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary path, then write its bytes to ``path`` with :func:`write_bytes_atomically`."""
-    with tempfile.TemporaryDirectory() as folder:
-        temporary = Path(folder) / Path(path).name
-        write(temporary)
-        write_bytes_atomically(path, temporary.read_bytes())
-
-
 def write_json(path: Path, payload: Any) -> None:
     write_bytes_atomically(path, (json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n").encode())
 
