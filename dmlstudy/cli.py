@@ -265,7 +265,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     if args.verify:
         return 0 if verify(args.verify) else 1
-    pretrain(PretrainConfig(**{k: v for k, v in vars(args).items() if k in PretrainConfig.field_types()}))
+    pretrain(PretrainConfig(**{k: v for k, v in vars(args).items() if k in PretrainConfig.field_names()}))
     return 0
 
 
@@ -275,8 +275,12 @@ def _add_pretrain_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "pretrain", help="pretrain a backbone on the fractals source set; writes weights/ + a model card"
     )
-    for name, kind in PretrainConfig.field_types().items():
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=argparse.SUPPRESS)
+    hints, comments, defaults = typing.get_type_hints(PretrainConfig), PretrainConfig.field_help(), PretrainConfig()
+    for name in PretrainConfig.field_names():
+        text = _option_help(comments[name], getattr(defaults, name), None)
+        parser.add_argument(
+            "--" + name.replace("_", "-"), dest=name, type=hints[name], default=argparse.SUPPRESS, help=text
+        )
     parser.add_argument(
         "--verify", default="", metavar="CARD", help="rebuild what a model card describes; compare hash (or accuracy)"
     )

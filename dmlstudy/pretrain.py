@@ -34,7 +34,6 @@ import math
 import platform
 import tempfile
 import time
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
+from dmlstudy.config import TypedConfig
 from dmlstudy.data import build_dataset
 from dmlstudy.data.tensor_cache import cached_images
 from dmlstudy.data.transforms import IMAGENET_MEAN, IMAGENET_STD
@@ -60,27 +60,28 @@ DEFAULT_WEIGHTS = "weights/dml_convnet_fractals.safetensors"
 
 
 @dataclass
-class PretrainConfig:
+class PretrainConfig(TypedConfig):
     """Every setting of a pretraining run; the card stores it and :func:`verify` rebuilds from it."""
 
-    backbone: str = "dml_convnet"
+    backbone: str = "dml_convnet"  # the backbone to pretrain (a timm model name)
     dataset: str = "fractals"  # a registered generated dataset taking num_classes / images_per_class / image_size
-    dataset_seed: int = 0
-    num_classes: int = 400
-    images_per_class: int = 30
+    dataset_seed: int = 0  # seed of the generated source set
+    num_classes: int = 400  # classes the source set is generated with
+    images_per_class: int = 30  # images per source class
     source_classes: int = 200  # train on the first n classes of the set (0: all), to fit the time budget
-    holdout_per_class: int = 5
-    image_size: int = 64
-    epochs: int = 4
-    batch_size: int = 128
-    lr: float = 3e-3
-    weight_decay: float = 1e-4
-    seed: int = 0
-    threads: int = 1
+    holdout_per_class: int = 5  # the last n images of each class measure the source accuracy on the card
+    image_size: int = 64  # pixels
+    epochs: int = 4  # passes over the training images
+    batch_size: int = 128  # images per step
+    lr: float = 3e-3  # AdamW learning rate (warm-up, then cosine)
+    weight_decay: float = 1e-4  # AdamW weight decay of weights (not of biases and norms)
+    seed: int = 0  # seeds initialisation, batches and augmentation
+    threads: int = 1  # torch threads (1: bit-identical rebuilds)
     out: str = DEFAULT_WEIGHTS  # relative paths are taken from the project root
     data_root: str = ""  # default <project>/data/<dataset>; a non-default source set needs its own folder
 
     def __post_init__(self) -> None:
+        self.check_types()
         positive = ("num_classes", "images_per_class", "image_size", "epochs", "batch_size", "threads")
         bad = [f"{key}={getattr(self, key)!r}" for key in positive if getattr(self, key) < 1]
         if not 0 <= self.source_classes <= self.num_classes:
@@ -103,10 +104,6 @@ class PretrainConfig:
             if getattr(self, f.name) != getattr(default, f.name)
         ]
         return " ".join(["dmlstudy pretrain", *options])
-
-    @classmethod
-    def field_types(cls) -> dict[str, type]:
-        return typing.get_type_hints(cls)
 
 
 @dataclass
