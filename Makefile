@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLAN ?= plans/default.yaml
 
-.PHONY: study test lint install lab data smoke full clean-runs notebooks
+.PHONY: study test lint install lab data smoke full clean-runs notebooks tune
 
 $(STAMP): pyproject.toml requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ study: $(STAMP)
 	$(BIN)/dmlstudy study table $$(basename $(PLAN) .yaml) --by dataset method || status=1; \
 	echo "study finished in $$(( $$(date +%s) - start )) s (status $$status)"; \
 	echo "runs and executed notebooks: runs/   tables: results/   figures: figures/"; \
+	exit $$status
+
+## per-method Optuna tuning on validation classes (make tune PLAN=plans/tune_smoke.yaml for the CI-sized one): plans/tuned/<dataset>.yaml and figures/tuning_best_so_far.png
+tune: PLAN = plans/tune.yaml
+tune: $(STAMP)
+	@start=$$(date +%s); \
+	$(BIN)/dmlstudy data generate && \
+	$(BIN)/dmlstudy tune $(PLAN); status=$$?; \
+	echo "tune finished in $$(( $$(date +%s) - start )) s (status $$status)"; \
 	exit $$status
 
 ## ruff lint rules and formatting, as configured in pyproject.toml (`ruff format` + `ruff check --fix` repair most)

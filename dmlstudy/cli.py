@@ -1,4 +1,4 @@
-"""The ``dmlstudy`` command: ``train``, ``list``, ``data generate``, ``study run`` and ``study table``.
+"""The ``dmlstudy`` command: ``train``, ``list``, ``data generate``, ``study run``, ``study table`` and ``tune``.
 
 ``dmlstudy train --method ms --epochs 8 --steps-per-epoch 0 --train-classes 0 --test-classes 0`` runs
 :func:`dmlstudy.train.run` (with no options: the CI-sized run of TrainConfig's defaults); every field of
@@ -242,6 +242,35 @@ def _study_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from dmlstudy.tuning import run_tune_plan
+
+    _use_scheduler(args.scheduler)
+    command = (
+        " ".join(["dmlstudy", "tune", *sys.argv[2:]]) if sys.argv[1:2] == ["tune"] else f"dmlstudy tune {args.plan}"
+    )
+    written = run_tune_plan(
+        args.plan, command=command, runs_root=args.runs_root, out_dir=args.out_dir, figure=args.figure
+    )
+    print("written: " + ", ".join(map(str, written)))
+    return 0
+
+
+def _add_tune_parser(commands: argparse._SubParsersAction) -> None:
+    tune = commands.add_parser(
+        "tune",
+        help="tune every row of a tuning plan with Optuna on validation classes; writes plans/tuned/<dataset>.yaml",
+        description="Per-row Optuna search (TPE, paper defaults first, median pruning) on validation classes; resumes "
+        "from its journal files. The plan is a mapping of TuneConfig fields (see dmlstudy/tuning.py).",
+    )
+    tune.add_argument("plan", nargs="?", default="plans/tune.yaml", help="a tuning plan [default: plans/tune.yaml]")
+    tune.add_argument("--runs-root", default=None, help="where trial runs and journals go [default: the plan's]")
+    tune.add_argument("--out-dir", default=None, help="folder of the tuned-values files [default: the plan's]")
+    tune.add_argument("--figure", default=None, help="best-so-far figure path, '' for none [default: the plan's]")
+    tune.add_argument("--scheduler", default="", metavar="ADDRESS", help="Dask scheduler to train trials on")
+    tune.set_defaults(handler=_tune)
+
+
 def _train_description() -> str:
     from dmlstudy.train import TrainConfig
 
@@ -371,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     table.set_defaults(handler=_study_table)
     _add_pretrain_parser(commands)
+    _add_tune_parser(commands)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""Hyperparameter search with Optuna on the Dask engine.
+"""Per-row hyperparameter tuning with Optuna on validation classes, on the Dask engine (issue 21).
 
 One driver (this process) asks Optuna for trials (``study.ask()``), submits each trial's run as an engine task
 (:func:`dmlstudy.engine.train_task`), reports every evaluated epoch to the pruner as the run writes it, and
@@ -6,12 +6,26 @@ tells the result when the task ends (``study.tell()``). Only the driver touches 
 journal file (the default, ``<runs_root>/<study>/tuning/<name>.journal``) is safe on one machine and on a
 cluster's shared filesystem; an RDB URL (``storage="postgresql://…"``) is the alternative.
 
+``dmlstudy tune plans/tune.yaml`` (:func:`run_tune_plan`, configured by :class:`TuneConfig`) tunes every
+*row* of the study — a registered method or a shared variant (``softmax``: DGCRL with parts switched off) —
+on every dataset, and writes the chosen values to ``plans/tuned/<dataset>.yaml``, which the study reads
+through :func:`tuned_overrides`.
+
 Decisions:
 
-* **Search space**: a function ``(trial) -> dict of TrainConfig overrides``; per-method spaces are a later issue.
-* **Objective**: the run's final ``objective`` metric (default R@1), which today is measured on the *test*
-  classes: a search on it selects hyperparameters on the test set. Validation-class splits are a later issue;
-  until then report tuned numbers as such.
+* **Search spaces** are data declared next to each method's code (:mod:`dmlstudy.search_space`,
+  :func:`dmlstudy.methods.search_space`); :func:`suggest` turns one into Optuna suggestions. Every row gets the
+  same sampler (TPE, seeded with ``sampler_seed``, ``startup_trials`` random trials first) and the same number
+  of trials; trial 0 is the row's paper defaults (enqueued when the study is created).
+* **Objective**: the trial run's best validation R@1 (``val_R@1`` of ``metrics.json``): the training classes
+  are split into class-disjoint folds, one is held out as validation classes, and the trial never loads the
+  test split (``final_test=False``). Each trial trains until validation R@1 has not improved for ``patience``
+  evaluations, up to ``epochs``.
+* **Pruning**: the median rule by default (:data:`PRUNERS`): a trial whose validation R@1 at an evaluated epoch
+  is below the median of earlier trials at that epoch stops. Chosen over successive halving because the budget
+  is ~10 trials per row: halving needs several trials per rung before it promotes anyone, and with early
+  stopping the trials have no common length to halve; the median rule needs only ``startup`` finished trials
+  and compares at equal epochs. ``halving`` (Optuna's SuccessiveHalvingPruner) and ``none`` are available.
 * **Trials are runs**: a trial's run folder is named by a digest of its overrides (``<name>-<digest>``), so a
   trial with the same parameters reuses (resumes, or just loads) the same run.
 * **Intermediate values** reach the driver through the run's ``history.csv`` (written after every epoch on the
@@ -31,16 +45,22 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
+import yaml
 
 from dmlstudy import engine
+from dmlstudy import search_space as search
+from dmlstudy.config import TypedConfig, load_yaml
+from dmlstudy.methods import VARIANT_SEARCH_SPACES, list_methods, method_info, search_space
 from dmlstudy.train import TrainConfig, load_datasets
 
 SearchSpace = Callable[[optuna.trial.BaseTrial], dict[str, Any]]
+OBJECTIVE = "val_R@1"  # best validation R@1 of a run (metrics.json) and its per-epoch column (history.csv)
 INTERRUPTED = "interrupted_trials"  # study user attribute: numbers of trials failed because the driver stopped
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
@@ -99,6 +119,7 @@ def _epoch_values(run_dir: Path, objective: str) -> list[tuple[int, float]]:
         history = pd.read_csv(run_dir / "history.csv")
     except (FileNotFoundError, pd.errors.EmptyDataError, pd.errors.ParserError):
         return []
+    objective = _available(objective, history.columns)
     if objective not in history:
         return []
     return [
@@ -106,6 +127,19 @@ def _epoch_values(run_dir: Path, objective: str) -> list[tuple[int, float]]:
         for epoch, value in zip(history["epoch"], history[objective])
         if not math.isnan(value)
     ]
+
+
+def _available(objective: str, keys) -> str:
+    """TRANSITIONAL (until the validation-fold engine of issue 21 lands): runs without validation classes have
+    no ``val_R@1``; fall back to their ``R@1`` (test classes) only then."""
+    return "R@1" if objective == OBJECTIVE and objective not in keys and "R@1" in keys else objective
+
+
+def _objective_value(metrics: dict[str, float], objective: str) -> float:
+    key = _available(objective, metrics)
+    if key not in metrics:
+        raise KeyError(f"the trial's metrics.json has no {objective!r}; keys: {sorted(metrics)}")
+    return float(metrics[key])
 
 
 def tune(
@@ -116,15 +150,17 @@ def tune(
     n_trials: int,
     workers: int = 1,
     storage: str = "",
-    objective: str = "R@1",
+    objective: str = OBJECTIVE,
     direction: str = "maximize",
     sampler: optuna.samplers.BaseSampler | None = None,
     pruner: optuna.pruners.BasePruner | None = None,
     poll_seconds: float = 1.0,
     on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+    enqueue: list[dict[str, Any]] | None = None,
 ) -> optuna.Study:
     """Run (or continue) the Optuna study ``name`` until ``n_trials`` trials have finished, ``workers`` trials
-    at a time on the engine (see the module docstring). ``on_trial(study, trial)`` is called after each tell."""
+    at a time on the engine (see the module docstring). ``on_trial(study, trial)`` is called after each tell;
+    ``enqueue`` lists parameter sets tried first when the study is new (the paper defaults)."""
     if n_trials < 1 or workers < 1:
         raise ValueError(f"tune: n_trials and workers must be ≥ 1, got {n_trials} and {workers}")
     study = optuna.create_study(
@@ -136,6 +172,9 @@ def tune(
         load_if_exists=True,
     )
     _recover_interrupted(study)
+    if not study.trials:
+        for params in enqueue or []:
+            study.enqueue_trial(params)
     load_datasets(base)  # generate an embedded dataset here once, not in every worker at the same time
     client = engine.get_client(workers)
     slots = max(1, sum(info.get("nthreads", 1) for info in client.scheduler_info()["workers"].values()))
@@ -171,7 +210,7 @@ def tune(
                 if future in done:
                     del in_flight[future]
                     if future.status == "finished":
-                        tell(trial, optuna.trial.TrialState.COMPLETE, future.result()[objective])
+                        tell(trial, optuna.trial.TrialState.COMPLETE, _objective_value(future.result(), objective))
                     else:
                         trial.set_user_attr("error", engine.failure_line(future))
                         tell(trial, optuna.trial.TrialState.FAIL)
@@ -197,3 +236,337 @@ def _stop(client, future) -> None:
     future.cancel()
     if addresses:  # the nanny starts a fresh worker; do not fail the search if that is slow
         client.restart_workers(addresses, raise_for_error=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows and their declared search spaces
+# ----------------------------------------------------------------------------------------------
+def row_spec(row: str) -> dict[str, Any]:
+    """The TrainConfig overrides that make ``row``: ``{"method": row}`` for a registered method, or a shared
+    variant's spec (:data:`dmlstudy.experiments.kit.SHARED_VARIANTS`, e.g. ``softmax``)."""
+    from dmlstudy.experiments.kit import SHARED_VARIANTS  # kit imports the protocol, which reads tuned values
+
+    if row in SHARED_VARIANTS:
+        return dict(SHARED_VARIANTS[row])
+    method_info(row)  # unknown names list the valid ones
+    return {"method": row}
+
+
+def list_rows() -> list[str]:
+    """Every tunable row: the registered methods and the variants with a declared search space."""
+    return [*list_methods(), *sorted(VARIANT_SEARCH_SPACES)]
+
+
+def suggest(trial: optuna.trial.BaseTrial, space: search.SearchSpace) -> dict[str, Any]:
+    """One value per key of a declared space, drawn by ``trial`` (the Optuna parameter name is the key)."""
+    values: dict[str, Any] = {}
+    for key, parameter in space.items():
+        if isinstance(parameter, search.LogFloat):
+            values[key] = trial.suggest_float(key, parameter.low, parameter.high, log=True)
+        elif isinstance(parameter, search.Float):
+            values[key] = trial.suggest_float(key, parameter.low, parameter.high)
+        elif isinstance(parameter, search.Int):
+            values[key] = trial.suggest_int(key, parameter.low, parameter.high)
+        elif isinstance(parameter, search.Choice):
+            values[key] = trial.suggest_categorical(key, list(parameter.choices))
+        else:
+            raise TypeError(f"search space key {key!r}: unknown primitive {parameter!r}")
+    return values
+
+
+def row_sampler(row: str) -> SearchSpace:
+    """``row``'s declared space as a function ``trial -> TrainConfig overrides`` (the row's spec included)."""
+    space, spec = search_space(row), row_spec(row)
+    return lambda trial: search.merged(spec, search.nested(suggest(trial, space)))
+
+
+# ----------------------------------------------------------------------------------------------
+# dmlstudy tune PLAN
+# ----------------------------------------------------------------------------------------------
+PRUNERS: dict[str, Callable[[TuneConfig], optuna.pruners.BasePruner]] = {
+    "median": lambda config: optuna.pruners.MedianPruner(
+        n_startup_trials=config.startup_trials, n_warmup_steps=config.prune_after
+    ),
+    "halving": lambda config: optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, config.prune_after)),
+    "none": lambda config: optuna.pruners.NopPruner(),
+}
+
+
+@dataclass
+class TuneConfig(TypedConfig):
+    """A tuning plan (``plans/tune.yaml``): which rows, on which datasets, how many trials, and the trial runs'
+    protocol (the study's sizes; validation classes only)."""
+
+    name: str = "tune"  # runs go to <runs_root>/<name>/, journals to <runs_root>/<name>/tuning/
+    datasets: list = field(default_factory=lambda: ["synbirds"])  # registered dataset names
+    rows: list = field(default_factory=lambda: ["ms"])  # registered methods or shared variants (dmlstudy list methods)
+    trials: int = 10  # trials per (dataset, row), the paper defaults first; the same for every row
+    startup_trials: int = 3  # random trials before TPE models the results (and before the median pruner acts)
+    sampler_seed: int = 0  # seed of the TPE sampler (the same for every row)
+    pruner: str = "median"  # median, halving or none
+    prune_after: int = 2  # no pruning before this epoch has been evaluated
+    workers: int = 2  # trials trained side by side on the engine
+    out_dir: str = "plans/tuned"  # <out_dir>/<dataset>.yaml: the chosen values (rows tuned here replaced)
+    figure: str = "figures/tuning_best_so_far.png"  # best-so-far validation R@1 per trial; empty: none
+    runs_root: str = ""  # default: <project>/runs
+    data_root: str = ""  # default: <project>/data
+    storage: str = ""  # empty: Optuna journal files under <runs_root>/<name>/tuning/; or an RDB URL
+    validation_folds: int = 4  # class-disjoint folds of the training classes
+    validation_fold: int = 0  # the fold held out as validation classes
+    patience: int = 2  # stop a trial when validation R@1 has not improved for this many evaluations
+    epochs: int = 12  # the cap of a trial's epochs
+    eval_every: int = 1  # evaluate the validation classes every n epochs
+    seed: int = 0  # the trial runs' seed (model init, batches)
+    backbone: str = "dml_convnet"  # trial protocol as in plans/default.yaml
+    image_size: int = 64
+    embedding_dim: int = 128
+    classes_per_batch: int = 16
+    samples_per_class: int = 4
+    steps_per_epoch: int = 0  # 0: full passes over the training classes
+    train_classes: int = 0  # 0: all training classes
+    test_classes: int = 0  # unused by trials (the test split is never loaded); kept for the run identity
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pruner not in PRUNERS:
+            raise ValueError(f"parameter 'pruner' must be one of {sorted(PRUNERS)}, got {self.pruner!r}")
+        if min(self.trials, self.workers) < 1 or self.startup_trials < 0 or self.prune_after < 0:
+            raise ValueError("parameters 'trials' and 'workers' must be ≥ 1, 'startup_trials' and 'prune_after' ≥ 0")
+        unknown = sorted(set(self.rows) - set(list_rows()))
+        if unknown:
+            raise ValueError(f"parameter 'rows': unknown rows {unknown}; valid: {list_rows()}")
+
+    def base_config(self, dataset: str) -> TrainConfig:
+        """The TrainConfig of a trial on ``dataset`` before the row's overrides."""
+        values = {name: getattr(self, name) for name in TRIAL_FIELDS}
+        values |= {"study": self.name, "dataset": dataset, "final_test": False, "resume": True, "progress": False}
+        return TrainConfig(**_engine_fields(values))
+
+
+TRIAL_FIELDS = (
+    "runs_root", "data_root", "validation_folds", "validation_fold", "patience", "epochs", "eval_every", "seed",
+    "backbone", "image_size", "embedding_dim", "classes_per_batch", "samples_per_class", "steps_per_epoch",
+    "train_classes", "test_classes",
+)  # fmt: skip
+VALIDATION_FIELDS = ("validation_folds", "validation_fold", "patience", "final_test")
+
+
+def _engine_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """TRANSITIONAL (until the validation-fold engine of issue 21 lands): drop its fields when TrainConfig lacks
+    them, so trials then run on the test classes (and :func:`_available` falls back to ``R@1``)."""
+    known = set(TrainConfig.field_names())
+    return {key: value for key, value in values.items() if key in known or key not in VALIDATION_FIELDS}
+
+
+def load_tune_config(path: str | Path, **overrides: Any) -> TuneConfig:
+    """Read a tuning plan (a mapping of :class:`TuneConfig` fields); unknown keys name the file."""
+    path = Path(path)
+    values = load_yaml(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of TuneConfig fields, got {type(values).__name__}")
+    unknown = sorted(set(values) - set(TuneConfig.field_names()))
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}; valid: {TuneConfig.field_names()}")
+    try:
+        return TuneConfig(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
+@dataclass
+class RowResult:
+    """The outcome of one (dataset, row) study: its best trial's overrides and value, and every trial's value."""
+
+    dataset: str
+    row: str
+    overrides: dict[str, Any]
+    value: float
+    trials: int
+    values: list[float | None]  # per trial number: the objective of a complete trial, None otherwise
+    seconds: float
+
+
+def tune_row(config: TuneConfig, dataset: str, row: str, *, poll_seconds: float = 1.0) -> RowResult:
+    """Tune ``row`` on ``dataset`` (resuming its journal), trial 0 at the paper defaults."""
+    started = time.perf_counter()
+    space = search_space(row)
+    study = tune(
+        config.base_config(dataset),
+        row_sampler(row),
+        name=f"{dataset}-{row}",
+        n_trials=config.trials,
+        workers=config.workers,
+        storage=config.storage,
+        sampler=optuna.samplers.TPESampler(seed=config.sampler_seed, n_startup_trials=config.startup_trials),
+        pruner=PRUNERS[config.pruner](config),
+        poll_seconds=poll_seconds,
+        enqueue=[search.paper_values(space)],
+    )
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not complete:
+        errors = {t.user_attrs.get("error", "") for t in study.trials} - {""}
+        raise RuntimeError(f"tuning {row} on {dataset}: no trial completed; errors: {sorted(errors) or 'none'}")
+    best = max(complete, key=lambda t: t.value)
+    values = [t.value if t.state == optuna.trial.TrialState.COMPLETE else None for t in study.trials]
+    return RowResult(
+        dataset=dataset,
+        row=row,
+        overrides=search.nested(best.params),
+        value=float(best.value),
+        trials=finished_trials(study),
+        values=values,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def run_tune_plan(path: str | Path, *, command: str = "", poll_seconds: float = 1.0, **overrides: Any) -> list[Path]:
+    """``dmlstudy tune PLAN``: tune every row on every dataset, write ``<out_dir>/<dataset>.yaml`` and the
+    best-so-far figure; returns the files written."""
+    config = load_tune_config(path, **overrides)
+    started = time.perf_counter()
+    results = [
+        tune_row(config, dataset, row, poll_seconds=poll_seconds) for dataset in config.datasets for row in config.rows
+    ]
+    header = {
+        "command": command or f"dmlstudy tune {path}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine_description(config.workers),
+        "duration": f"{time.perf_counter() - started:.0f} s (this invocation; resumed trials are not retrained)",
+    }
+    written = [
+        write_tuned(
+            Path(config.out_dir) / f"{dataset}.yaml", dataset, [r for r in results if r.dataset == dataset], header
+        )
+        for dataset in config.datasets
+    ]
+    if config.figure:
+        figure = plot_best_so_far({(r.dataset, r.row): r.values for r in results})
+        Path(config.figure).parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(config.figure, dpi=120, bbox_inches="tight")
+        written.append(Path(config.figure))
+    return written
+
+
+def machine_description(workers: int) -> str:
+    import platform
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{platform.machine()}, {engine.available_cores()} cores, {gpu}, {workers} workers"
+
+
+# ----------------------------------------------------------------------------------------------
+# plans/tuned/<dataset>.yaml
+# ----------------------------------------------------------------------------------------------
+class TunedValuesError(ValueError):
+    """A tuned-values file that does not match the declared search spaces (names the file, key and type)."""
+
+
+def write_tuned(path: Path, dataset: str, results: list[RowResult], header: dict[str, str]) -> Path:
+    """Write (or update: rows tuned now replace theirs, others are kept) the tuned values of ``dataset``."""
+    rows = _read_tuned(path)["rows"] if path.is_file() else {}
+    for result in results:
+        rows[result.row] = {"overrides": result.overrides, OBJECTIVE: round(result.value, 6), "trials": result.trials}
+    comment = "".join(f"# {key}: {value}\n" for key, value in header.items())
+    text = (
+        f"# Tuned hyperparameters on {dataset}'s validation classes (best validation R@1 of each row's Optuna study).\n"
+        f"# Regenerate with `make tune`; the study reads them through dmlstudy.tuning.tuned_overrides.\n{comment}"
+        + yaml.safe_dump({"dataset": dataset, "rows": dict(sorted(rows.items()))}, sort_keys=False)
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {
+            k: v for key, item in value.items() for k, v in _flat(f"{prefix}.{key}" if prefix else key, item).items()
+        }
+    return {prefix: value}
+
+
+def _expected(parameter: search.Parameter) -> tuple[str, Callable[[Any], bool]]:
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    if isinstance(parameter, (search.LogFloat, search.Float)):
+        return "float", number
+    if isinstance(parameter, search.Int):
+        return "int", lambda v: isinstance(v, int) and not isinstance(v, bool)
+    return f"one of {list(parameter.choices)}", lambda v: v in parameter.choices
+
+
+def _read_tuned(path: Path) -> dict[str, Any]:
+    """Parse and validate a tuned-values file against the declared spaces."""
+    try:
+        content = load_yaml(path.read_text())
+    except yaml.YAMLError as error:
+        raise TunedValuesError(f"{path}: not valid YAML ({error})") from None
+    if not isinstance(content, dict) or not isinstance(content.get("rows"), dict):
+        raise TunedValuesError(f"{path}: key 'rows' must be a mapping of row name to tuned values")
+    for row, entry in content["rows"].items():
+        if row not in list_rows():
+            raise TunedValuesError(f"{path}: key 'rows.{row}': unknown row (expected one of {list_rows()})")
+        if not isinstance(entry, dict) or not isinstance(entry.get("overrides"), dict):
+            raise TunedValuesError(f"{path}: key 'rows.{row}.overrides' must be a mapping")
+        space = search_space(row)
+        for key, value in _flat("", entry["overrides"]).items():
+            if key not in space:
+                raise TunedValuesError(
+                    f"{path}: key 'rows.{row}.overrides.{key}' is not in {row}'s search space {sorted(space)}"
+                )
+            expected, valid = _expected(space[key])
+            if not valid(value):
+                raise TunedValuesError(
+                    f"{path}: key 'rows.{row}.overrides.{key}' must be {expected}, got {type(value).__name__} {value!r}"
+                )
+    return content
+
+
+def tuned_overrides(path: str | Path, dataset: str, row: str) -> dict[str, Any]:
+    """The tuned TrainConfig overrides of ``row`` on ``dataset`` (nested: ``{"lr": …, "method_kwargs": {…}}``;
+    merge into the row's spec with :func:`dmlstudy.search_space.merged`).
+
+    ``path`` is a tuned-values file or the folder of ``<dataset>.yaml`` files. A missing file or a row absent
+    from it gives ``{}`` (the paper defaults); an unknown row or a value of the wrong type raises
+    :class:`TunedValuesError` naming the file, the key and the expected type.
+    """
+    path = Path(path)
+    file = path / f"{dataset}.yaml" if path.is_dir() or not path.suffix else path
+    if not file.is_file():
+        return {}
+    content = _read_tuned(file)
+    if content.get("dataset", dataset) != dataset:
+        raise TunedValuesError(f"{file}: key 'dataset' must be {dataset!r}, got {content['dataset']!r}")
+    entry = content["rows"].get(row)
+    return {} if entry is None else search.nested(_flat("", entry["overrides"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Best so far
+# ----------------------------------------------------------------------------------------------
+def best_so_far(values: list[float | None]) -> list[float]:
+    """Running maximum of the complete trials' values (NaN until the first complete trial)."""
+    best, curve = -math.inf, []
+    for value in values:
+        best = max(best, value) if value is not None else best
+        curve.append(best if best > -math.inf else math.nan)
+    return curve
+
+
+def plot_best_so_far(values: dict[tuple[str, str], list[float | None]]):
+    """Best-so-far validation R@1 against trial number, one line per row, one panel per dataset: a flat end says
+    the row's search has plateaued."""
+    import matplotlib.pyplot as plt
+
+    datasets = list(dict.fromkeys(dataset for dataset, _ in values))
+    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False, sharey=True)
+    for axis, dataset in zip(axes[0], datasets):
+        for (name, row), row_values in values.items():
+            if name == dataset:
+                axis.plot(range(len(row_values)), best_so_far(row_values), marker="o", markersize=3, label=row)
+        axis.set(title=dataset, xlabel="trial (0: paper defaults)", ylabel="best validation R@1 so far")
+        axis.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    return figure

@@ -2,13 +2,37 @@
 resumes after an interruption without repeating finished trials."""
 
 import json
+import math
+import textwrap
+from pathlib import Path
 
 import optuna
 import pandas as pd
 import pytest
+import torch
 
-from dmlstudy import engine
-from dmlstudy.tuning import finished_trials, journal_path, trial_config, tune
+from dmlstudy import engine, tuning
+from dmlstudy import search_space as search
+from dmlstudy.cli import main
+from dmlstudy.config import load_yaml
+from dmlstudy.methods import search_space
+from dmlstudy.train import TrainConfig, build_model
+from dmlstudy.tuning import (
+    TunedValuesError,
+    best_so_far,
+    finished_trials,
+    journal_path,
+    list_rows,
+    load_tune_config,
+    row_sampler,
+    row_spec,
+    trial_config,
+    tune,
+    tune_row,
+    tuned_overrides,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def learning_rates(trial):
@@ -114,3 +138,230 @@ def test_a_pruned_trial_is_stopped_after_its_first_evaluated_epoch(tiny_config):
     for epoch, value in trial.intermediate_values.items():
         assert value == history.loc[history["epoch"] == epoch, "R@1"].item()
     assert not (run_dir / "metrics.json").is_file()  # stopped, not trained to the end
+
+
+# ----------------------------------------------------------------------------------------------
+# Declared search spaces, rows, tuned-values files, dmlstudy tune (issue 21)
+# ----------------------------------------------------------------------------------------------
+ROWS = list_rows()
+
+
+def test_every_registered_method_and_the_softmax_variant_is_a_row_with_a_learning_rate():
+    assert {"ms", "crt", "diml", "cross_attention", "dgcrl", "softmax", "triplet", "proxyanchor"} <= set(ROWS)
+    for row in ROWS:
+        space = search_space(row)
+        assert space["lr"] == search.LR
+        assert all(key in TrainConfig.field_names() or key.startswith("method_kwargs.") for key in space)
+    assert "head_lr" in search_space("proxyanchor") and "head_lr" not in search_space("triplet")
+    # softmax is DGCRL without the switched-off parts: no N-S scale, no margin, no decorrelation
+    assert set(search_space("softmax")) == set(search_space("dgcrl")) - {
+        "method_kwargs.alpha",
+        "method_kwargs.margin",
+        "method_kwargs.decorrelation_weight",
+    }
+
+
+def _tiny_forward_and_loss(config: TrainConfig) -> None:
+    method = build_model(config, num_classes=6)
+    images, labels = torch.randn(12, 3, 32, 32), torch.arange(6).repeat_interleave(2)
+    assert method(images).shape == (12, config.embedding_dim)
+    loss, _ = method.loss(images, labels)
+    assert torch.isfinite(loss)
+    loss.backward()
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_a_rows_space_builds_a_config_and_a_model_at_its_paper_values_and_at_a_sampled_trial(row):
+    space = search_space(row)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3), direction="maximize")
+    study.enqueue_trial(search.paper_values(space))
+    sample = row_sampler(row)
+    paper, drawn = sample(study.ask()), sample(study.ask())
+    for overrides in (paper, drawn):
+        config = TrainConfig(**search.merged({"image_size": 32, "embedding_dim": 16}, overrides))
+        _tiny_forward_and_loss(config)
+    expected = search.merged(row_spec(row), search.nested(search.paper_values(space)))
+    assert paper == expected
+    if space:  # a drawn trial differs from the paper values and stays inside the declared ranges
+        flat = {key: value for key, value in search.paper_values(space).items()}
+        assert any(drawn_value != flat[key] for key, drawn_value in _leaves(drawn, space).items())
+        for key, value in _leaves(drawn, space).items():
+            parameter = space[key]
+            assert parameter.low <= value <= parameter.high if hasattr(parameter, "low") else value in parameter.choices
+
+
+def _leaves(overrides: dict, space) -> dict:
+    values = {}
+    for key in space:
+        node = overrides
+        for part in key.split("."):
+            node = node[part]
+        values[key] = node
+    return values
+
+
+def test_the_softmax_row_keeps_its_variants_switched_off_parts():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    overrides = row_sampler("softmax")(study.ask())
+    assert overrides["method"] == "dgcrl"
+    assert overrides["method_kwargs"] == {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}
+    assert set(overrides) == {"method", "method_kwargs", "lr", "head_lr"}
+
+
+def test_search_space_primitives_reject_paper_values_outside_their_range():
+    with pytest.raises(ValueError, match="outside"):
+        search.LogFloat(1e-4, 1e-2, paper=0.1)
+    with pytest.raises(ValueError, match="low must be > 0"):
+        search.LogFloat(0.0, 1.0, paper=0.5)
+    with pytest.raises(TypeError, match="integers"):
+        search.Int(1, 6, paper=2.5)
+
+
+def _write(path, text: str):
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_tuned_values_are_read_nested_and_an_absent_row_or_file_gives_the_paper_defaults(tmp_path):
+    path = _write(
+        tmp_path / "synbirds.yaml",
+        """
+        dataset: synbirds
+        rows:
+          ms: {overrides: {lr: 1.0e-3, method_kwargs: {loss_kwargs: {alpha: 3}}}, val_R@1: 0.5, trials: 4}
+          cross_attention: {overrides: {method_kwargs: {num_blocks: 2}}, val_R@1: 0.4, trials: 4}
+        """,
+    )
+    assert tuned_overrides(path, "synbirds", "ms") == {"lr": 1e-3, "method_kwargs": {"loss_kwargs": {"alpha": 3}}}
+    assert tuned_overrides(tmp_path, "synbirds", "cross_attention") == {"method_kwargs": {"num_blocks": 2}}
+    assert tuned_overrides(tmp_path, "synbirds", "dgcrl") == {}
+    assert tuned_overrides(tmp_path, "glyphs", "ms") == {}
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ("nosuchmethod: {overrides: {lr: 0.001}}", "key 'rows.nosuchmethod': unknown row"),
+        ("ms: {overrides: {lr: fast}}", "key 'rows.ms.overrides.lr' must be float, got str 'fast'"),
+        (
+            "cross_attention: {overrides: {method_kwargs: {num_blocks: 2.5}}}",
+            "key 'rows.cross_attention.overrides.method_kwargs.num_blocks' must be int, got float 2.5",
+        ),
+        ("triplet: {overrides: {head_lr: 0.01}}", "key 'rows.triplet.overrides.head_lr' is not in triplet's search"),
+    ],
+)
+def test_a_tuned_file_with_an_unknown_row_or_a_wrong_type_names_the_file_the_key_and_the_type(tmp_path, rows, message):
+    path = _write(tmp_path / "glyphs.yaml", f"dataset: glyphs\nrows:\n  {rows}\n")
+    with pytest.raises(TunedValuesError) as error:
+        tuned_overrides(path, "glyphs", "ms")
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+
+
+def test_best_so_far_is_the_running_maximum_of_complete_trials():
+    curve = best_so_far([None, 0.2, None, 0.1, 0.4])
+    assert math.isnan(curve[0]) and curve[1:] == [0.2, 0.2, 0.2, 0.4]
+
+
+def test_a_row_study_killed_after_k_trials_resumes_at_trial_k_plus_one(tmp_path, monkeypatch):
+    """Trial 0 is the paper defaults; after an interruption at k = 2 finished trials the next run of the same
+    plan asks trial 2 first and keeps trials 0 and 1 as they were."""
+    plan = _write(tmp_path / "plan.yaml", SMOKE_OVERRIDES.format(root=tmp_path, trials=4, rows="[triplet]"))
+    config = load_tune_config(plan)
+    calls = []
+    original = tuning.tune
+
+    def interrupted(*args, **kwargs):
+        def stop_after_two(study, trial):
+            calls.append(trial.number)
+            if finished_trials(study) == 2:
+                raise Interrupt
+
+        return original(*args, **kwargs, on_trial=stop_after_two)
+
+    monkeypatch.setattr(tuning, "tune", interrupted)
+    with pytest.raises(Interrupt):
+        tune_row(config, "synbirds", "triplet", poll_seconds=0.1)
+    monkeypatch.setattr(tuning, "tune", original)
+    assert calls == [0, 1]
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(
+            str(journal_path(config.base_config("synbirds"), "synbirds-triplet"))
+        )
+    )
+    first = optuna.load_study(study_name="synbirds-triplet", storage=storage).trials
+    assert first[0].params == search.paper_values(search_space("triplet"))
+    result = tune_row(config, "synbirds", "triplet", poll_seconds=0.1)
+    study = optuna.load_study(study_name="synbirds-triplet", storage=storage)
+    assert result.trials == finished_trials(study) == 4
+    assert [t.number for t in study.trials] == [0, 1, 2, 3]  # resumed at trial 2 = k + 1 in 1-based counting
+    for before, after in zip(first[:2], study.trials[:2]):
+        assert (before.params, before.value, before.state) == (after.params, after.value, after.state)
+
+
+SMOKE_OVERRIDES = """
+name: tune_test
+datasets: [synbirds]
+rows: {rows}
+trials: {trials}
+startup_trials: 1
+workers: 1
+pruner: none
+out_dir: {root}/tuned
+figure: {root}/best.png
+runs_root: {root}/runs
+epochs: 2
+eval_every: 1
+image_size: 32
+embedding_dim: 16
+classes_per_batch: 4
+samples_per_class: 3
+steps_per_epoch: 2
+train_classes: 12
+test_classes: 8
+"""
+
+
+def test_dmlstudy_tune_on_the_smoke_plan_writes_checked_tuned_values_and_the_figure(tmp_path):
+    smoke = load_tune_config(ROOT / "plans" / "tune_smoke.yaml")
+    assert len(smoke.rows) == 2 and smoke.trials <= 3
+    status = main(
+        [
+            "tune",
+            str(ROOT / "plans" / "tune_smoke.yaml"),
+            "--runs-root",
+            str(tmp_path / "runs"),
+            "--out-dir",
+            str(tmp_path / "tuned"),
+            "--figure",
+            str(tmp_path / "best.png"),
+        ]
+    )
+    assert status == 0
+    assert (tmp_path / "best.png").stat().st_size > 0
+    for dataset in smoke.datasets:
+        path = tmp_path / "tuned" / f"{dataset}.yaml"
+        text = path.read_text()
+        assert text.startswith("# Tuned hyperparameters") and "# command: dmlstudy tune" in text
+        content = load_yaml(text)
+        assert sorted(content["rows"]) == sorted(smoke.rows)
+        for row in smoke.rows:
+            entry = content["rows"][row]
+            assert entry["trials"] == smoke.trials
+            overrides = tuned_overrides(path, dataset, row)
+            assert set(search.paper_values(search_space(row))) == set(_leaves(overrides, search_space(row)))
+            storage = optuna.storages.JournalStorage(
+                optuna.storages.journal.JournalFileBackend(
+                    str(tmp_path / "runs" / smoke.name / "tuning" / f"{dataset}-{row}.journal")
+                )
+            )
+            study = optuna.load_study(study_name=f"{dataset}-{row}", storage=storage)
+            assert entry["val_R@1"] == pytest.approx(study.best_value)  # the best trial's objective
+            best_run = trial_config(
+                load_tune_config(ROOT / "plans" / "tune_smoke.yaml", runs_root=str(tmp_path / "runs")).base_config(
+                    dataset
+                ),
+                search.merged(row_spec(row), overrides),
+                f"{dataset}-{row}",
+            ).run_dir
+            metrics = json.loads((best_run / "metrics.json").read_text())
+            assert entry["val_R@1"] == pytest.approx(metrics.get("val_R@1", metrics.get("R@1")), abs=1e-6)

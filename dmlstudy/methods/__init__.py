@@ -16,6 +16,7 @@ from dmlstudy.methods.base import (
     GROUPS,
     METHOD_INFO,
     METHODS,
+    VARIANT_SEARCH_SPACES,
     Method,
     MethodInfo,
     build_method,
@@ -23,6 +24,8 @@ from dmlstudy.methods.base import (
     list_methods,
     method_info,
     register_method,
+    register_variant_search_space,
+    search_space,
 )
 
 PLUGIN_VARIABLE = "DMLSTUDY_METHOD_MODULES"
@@ -44,6 +47,7 @@ __all__ = [
     "GROUPS",
     "METHODS",
     "METHOD_INFO",
+    "VARIANT_SEARCH_SPACES",
     "Method",
     "MethodInfo",
     "build_method",
@@ -52,4 +56,6 @@ __all__ = [
     "list_methods",
     "method_info",
     "register_method",
+    "register_variant_search_space",
+    "search_space",
 ]

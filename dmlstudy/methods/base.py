@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from dmlstudy.distributed import gather_with_grad, gather_without_grad
 from dmlstudy.models import Backbone
+from dmlstudy.search_space import SearchSpace
 
 POOLINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "avg": lambda feature_map: feature_map.mean(dim=(2, 3)),
@@ -86,25 +87,36 @@ GROUPS = {  # what a method is in the study's tables
 @dataclass(frozen=True)
 class MethodInfo:
     """What the study shows about a registered method: the comparison row's label, its group (:data:`GROUPS`),
-    the paper it comes from and a one-line description (the notebooks' row table and the CLI's help)."""
+    the paper it comes from, a one-line description (the notebooks' row table and the CLI's help) and its search
+    space (:mod:`dmlstudy.search_space`, declared in the method's file; read by :mod:`dmlstudy.tuning`)."""
 
     name: str
     label: str
     group: str
     paper: str = ""
     summary: str = ""
+    search_space: SearchSpace = field(default_factory=dict, compare=False)
 
 
 METHOD_INFO: dict[str, MethodInfo] = {}
 
 
 def register_method(
-    name: str, *, label: str = "", group: str = "classic", paper: str = "", summary: str = "", **preset
+    name: str,
+    *,
+    label: str = "",
+    group: str = "classic",
+    paper: str = "",
+    summary: str = "",
+    search_space: SearchSpace | None = None,
+    **preset,
 ) -> Callable[[MethodBuilder], MethodBuilder]:
     """Decorator registering a method class (or builder) under ``name``, with optional preset keyword arguments.
 
     ``label`` is its row in the study's tables (default: ``name``), ``group`` one of :data:`GROUPS`, ``paper`` and
-    ``summary`` (default: the first line of the builder's docstring) describe it in the notebooks and the CLI.
+    ``summary`` (default: the first line of the builder's docstring) describe it in the notebooks and the CLI;
+    ``search_space`` is what :mod:`dmlstudy.tuning` may change (keys: TrainConfig fields or
+    ``method_kwargs.<name>``), each with its paper default.
     """
     if group not in GROUPS:
         raise ValueError(f"register_method({name!r}): group must be one of {sorted(GROUPS)}, got {group!r}")
@@ -115,7 +127,12 @@ def register_method(
         METHODS[name] = (lambda **kwargs: builder(**{**preset, **kwargs})) if preset else builder
         first_line = (inspect.getdoc(builder) or "").split("\n")[0]
         METHOD_INFO[name] = MethodInfo(
-            name=name, label=label or name, group=group, paper=paper, summary=summary or first_line
+            name=name,
+            label=label or name,
+            group=group,
+            paper=paper,
+            summary=summary or first_line,
+            search_space=dict(search_space or {}),
         )
         return builder
 
@@ -134,6 +151,27 @@ def method_info(name: str) -> MethodInfo:
     if name not in METHOD_INFO:
         raise KeyError(f"unknown method {name!r}; valid names: {', '.join(list_methods())}")
     return METHOD_INFO[name]
+
+
+VARIANT_SEARCH_SPACES: dict[str, SearchSpace] = {}  # shared variants of a method (kit.SHARED_VARIANTS) by row name
+
+
+def register_variant_search_space(row: str, space: SearchSpace) -> None:
+    """Declare the search space of a named variant of a registered method (a study row such as ``softmax``, DGCRL
+    with parts switched off), next to that method's code."""
+    if row in VARIANT_SEARCH_SPACES or row in METHODS:
+        raise ValueError(f"search space of {row!r} declared twice (or {row!r} is a registered method)")
+    VARIANT_SEARCH_SPACES[row] = dict(space)
+
+
+def search_space(row: str) -> SearchSpace:
+    """The search space of a registered method or of a declared variant row; unknown names list the valid ones."""
+    if row in VARIANT_SEARCH_SPACES:
+        return VARIANT_SEARCH_SPACES[row]
+    if row not in METHOD_INFO:
+        valid = ", ".join([*list_methods(), *sorted(VARIANT_SEARCH_SPACES)])
+        raise KeyError(f"unknown method or row {row!r}; valid names: {valid}")
+    return METHOD_INFO[row].search_space
 
 
 def build_method(name: str, *, backbone: Backbone, embedding_dim: int = 128, num_classes: int, **kwargs) -> Method:

@@ -43,6 +43,7 @@ from dmlstudy import metrics as metric_functions
 from dmlstudy.losses import multi_similarity_loss
 from dmlstudy.methods.base import Method, global_pool, register_method
 from dmlstudy.models import Backbone
+from dmlstudy.search_space import LR, Int
 
 
 def feature_tokens(feature_map: torch.Tensor) -> torch.Tensor:
@@ -123,6 +124,10 @@ class CrossAttentionBlock(nn.Module):
     group="paper",
     paper="Kotovenko et al., CVPR 2023",
     summary="MS on the similarity of cross-image-conditioned embeddings; plain embedding at test time",
+    search_space={  # the blocks train at lr with the rest (no separate parameter group)
+        "lr": LR,
+        "method_kwargs.num_blocks": Int(1, 6, paper=6),  # N
+    },
 )
 class CrossAttention(Method):
     """MS baseline plus a training-time hierarchy of cross-attention blocks (Algorithm 1 of the paper).

@@ -64,6 +64,7 @@ from torch import nn
 from dmlstudy.losses import MultiSimilarityLoss
 from dmlstudy.methods.base import Method, global_pool, register_method
 from dmlstudy.models import Backbone
+from dmlstudy.search_space import LR, Float, LogFloat
 
 CODINGS = ("softplus", "cosine")
 RESIDUAL_NORMS = ("hw", "codes", "none")
@@ -343,6 +344,11 @@ register_method(
     group="paper",
     paper="Kan et al., NeurIPS 2022",
     summary="coded residual transform, two branches, consistency loss",
+    search_space={  # CRT has no head parameters: prototypes and Γ train at lr
+        "lr": LR,
+        "method_kwargs.lambda_ms": LogFloat(0.25, 4.0, paper=1.0),  # λ1
+        "method_kwargs.lambda_con": Float(0.0, 1.0, paper=0.9),  # λ2 (the paper's ablation range)
+    },
 )(CRT)
 
 

@@ -59,11 +59,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmlstudy.losses import build_loss
-from dmlstudy.methods.base import Method, register_method
+from dmlstudy.methods.base import Method, register_method, register_variant_search_space
 from dmlstudy.models import Backbone
+from dmlstudy.search_space import HEAD_LR, LR, Float, LogFloat, without
 
 DECORRELATIONS = ("paper", "code", "none")
 CENTRE_LOSSES = ("softmax", "distance")
+SEARCH_SPACE = {  # the centres train at head_lr
+    "lr": LR,
+    "head_lr": HEAD_LR,
+    "method_kwargs.alpha": LogFloat(8.0, 256.0, paper=128.0),  # α of the N-S layer (the paper sweeps 1…256)
+    "method_kwargs.margin": LogFloat(0.5, 16.0, paper=4.0),  # m
+    "method_kwargs.decorrelation_weight": Float(0.0, 0.4, paper=0.1),  # λ (the paper's ablation range)
+}
+GCRL_SEARCH_SPACE = without(SEARCH_SPACE, "method_kwargs.decorrelation_weight")  # no decorrelation
+SOFTMAX_SEARCH_SPACE = without(  # the study's "softmax" row: no N-S (α unused), no margin, no decorrelation
+    SEARCH_SPACE, "method_kwargs.alpha", "method_kwargs.margin", "method_kwargs.decorrelation_weight"
+)
 
 
 def pooled_feature(feature_map: torch.Tensor) -> torch.Tensor:
@@ -165,6 +177,7 @@ def mean_abs_cosine(centres: torch.Tensor) -> torch.Tensor:
     group="paper",
     paper="Zheng et al., AAAI 2019",
     summary="normalize-scale layer, centre softmax with margin, decorrelated centres",
+    search_space=SEARCH_SPACE,
 )
 class DGCRL(Method):
     """Normalize-Scale layer + centre softmax with margin + decorrelation (see the module docstring).
@@ -293,9 +306,12 @@ register_method(
     group="paper",
     paper="Zheng et al., AAAI 2019 (its CRL ablation)",
     summary="DGCRL with the distance form of the centre loss and no decorrelation",
+    search_space=GCRL_SEARCH_SPACE,
     loss="distance",
     decorrelation="none",
 )(DGCRL)
+
+register_variant_search_space("softmax", SOFTMAX_SEARCH_SPACE)
 
 
 @torch.no_grad()

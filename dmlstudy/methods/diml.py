@@ -67,6 +67,7 @@ from dmlstudy import metrics as metric_functions
 from dmlstudy.losses import multi_similarity_loss
 from dmlstudy.methods.base import Method, global_pool, register_method
 from dmlstudy.models import Backbone
+from dmlstudy.search_space import LR, Float, LogFloat
 
 DEFAULT_GRID_SIZE = 4
 DEFAULT_EPSILON = 0.05
@@ -829,6 +830,11 @@ def _euclidean_from_cosine(similarity: torch.Tensor) -> torch.Tensor:
     group="paper",
     paper="Zhao et al., ICCV 2021 (training use)",
     summary="MS on ½(cos + s_struct) during training, cosine at test time",
+    search_space={
+        "lr": LR,
+        "method_kwargs.epsilon": LogFloat(0.01, 0.2, paper=DEFAULT_EPSILON),  # ε of the Sinkhorn kernel
+        "method_kwargs.structural_weight": Float(0.1, 0.9, paper=0.5),  # weight of s_struct (½ in the paper)
+    },
 )
 class DIML(Method):
     """Baseline architecture (``normalize(W · pool(E(x)))``) trained with DIML's structural similarity.
