@@ -527,8 +527,10 @@ def evaluate(
     num_workers: int = 0,
     autocast: torch.dtype | None = None,
     channels_last: bool = False,
+    full: bool = True,
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Metrics of the spine on the evaluation splits, and the embeddings they were computed from."""
+    """Metrics of the spine on the evaluation splits, and the embeddings they were computed from. ``full=False``
+    (the per-epoch validation evaluations) computes the retrieval metrics only: no k-means NMI, no geometry."""
     options = {
         "batch_size": batch_size,
         "device": device,
@@ -543,7 +545,9 @@ def evaluate(
         gallery = embed(method, datasets["gallery"], **options)
         arrays.update(gallery_embeddings=gallery, gallery_labels=np.asarray(datasets["gallery"].labels))
         gallery_kwargs = {"gallery": gallery, "gallery_labels": arrays["gallery_labels"]}
-    values = metric_functions.evaluate(query, arrays["labels"], ks=datasets["recall_ks"], **gallery_kwargs)
+    values = metric_functions.evaluate(
+        query, arrays["labels"], ks=datasets["recall_ks"], with_nmi=full, with_geometry=full, **gallery_kwargs
+    )
     return {key: float(value) for key, value in values.items()}, arrays
 
 
@@ -927,7 +931,7 @@ def _train_and_evaluate(
                 latest, arrays = evaluate(method, datasets, **evaluation_options)
                 row.update(latest)
             else:
-                latest, validation_arrays = evaluate(method, validation, **evaluation_options)
+                latest, validation_arrays = evaluate(method, validation, **evaluation_options, full=False)
                 row.update({f"val_{name}": value for name, value in latest.items()})
                 selection.observe(
                     latest["R@1"],
