@@ -224,9 +224,11 @@ def check_loaded_data(config, datasets: Mapping[str, Any]) -> None:
 
     train = datasets["train"]
     query, gallery = datasets["query"], datasets.get("gallery")
-    retrievable = len(gallery) if gallery is not None else len(query) - 1
+    retrievable = len(gallery) if gallery is not None else len(query) - 1 if query is not None else float("inf")
     where = f"the {config.dataset} test set" + (
-        " gallery" if gallery is not None else f" ({len(query)} images, each query excludes itself)"
+        " gallery"
+        if gallery is not None
+        else f" ({len(query) if query is not None else 0} images, each query excludes itself)"
     )
     for k in datasets["recall_ks"]:
         if k > retrievable:
@@ -240,21 +242,19 @@ def check_loaded_data(config, datasets: Mapping[str, Any]) -> None:
     if config.classes_per_batch > len(counts):
         raise ValueError(
             f"parameter 'classes_per_batch': P={config.classes_per_batch} but the {config.dataset} training split "
-            f"has {len(counts)} classes" + (f" (train_classes={config.train_classes})" if config.train_classes else "")
+            f"has {len(counts)} classes"
+            + (f" (train_classes={config.train_classes})" if config.train_classes else "")
+            + (
+                f" once validation fold {config.validation_fold} of {config.validation_folds} is held out"
+                if config.validation_folds
+                else ""
+            )
         )
     if not config.steps_per_epoch and len(labels) < config.classes_per_batch * config.samples_per_class:
         raise ValueError(
             f"batch P × M = {config.classes_per_batch} × {config.samples_per_class} is larger than the {len(labels)} "
             "training images; lower them or set steps_per_epoch"
         )
-    for split_name, count in (("train", config.train_classes), ("test", config.test_classes)):
-        available = (train if split_name == "train" else query).num_classes
-        base, _ = _base_items(train if split_name == "train" else query)
-        if count and count > getattr(base, "num_classes", available):
-            warn(
-                f"parameter '{split_name}_classes'={count} is more than the {base.num_classes} {split_name} classes of "
-                f"{config.dataset}; all of them are used"
-            )
     small = sorted(label for label, count in counts.items() if count < config.samples_per_class)
     if small:
         base, _ = _base_items(train)

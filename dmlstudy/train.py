@@ -40,6 +40,7 @@ from dmlstudy.data import (
     build_transforms,
     evaluation_protocol,
 )
+from dmlstudy.data.folds import fold_classes, split_by_classes
 from dmlstudy.data.tensor_cache import (
     BatchAugmentedTrain,
     DifferentImageSizes,
@@ -97,7 +98,13 @@ class TrainConfig(TypedConfig):
     head_lr: float = 1e-2  # learning rate of proxies / class centres
     weight_decay: float = 1e-4  # weight decay of the backbone and embedding
     lr_schedule: str = "cosine"  # constant or cosine (per epoch, to 1 % of lr)
-    eval_every: int = 1  # evaluate on the test classes every n epochs (and always after the last)
+    eval_every: int = 1  # evaluate every n epochs (and after the last): validation classes, else the test classes
+    validation_folds: int = 0  # 0: none, test classes evaluated every eval_every epochs; n ≥ 2: the training classes in n class-disjoint folds
+    validation_fold: int = 0  # the fold held out of training as validation classes (checkpoint choice, patience)
+    patience: int = 0  # with validation folds: stop after this many evaluations without a better validation R@1 (0: train all epochs)
+    final_test: bool = (
+        True  # with validation folds: read the test classes once, with the best-validation state (False: never)
+    )
     recall_ks: list = field(default_factory=list)  # Recall@K list; empty: the dataset's standard list
     eval_batch_size: int = 256  # batch size when embedding the test set
     num_workers: int = -1  # DataLoader worker processes of the file pipeline; -1: min(8, cores)
@@ -155,6 +162,17 @@ class TrainConfig(TypedConfig):
             raise ValueError(f"parameter 'recall_ks' must be a list of positive integers, got {self.recall_ks!r}")
         if self.steps_per_epoch < 0 or self.train_classes < 0 or self.test_classes < 0:
             raise ValueError("parameters 'steps_per_epoch', 'train_classes' and 'test_classes' must be ≥ 0")
+        if self.validation_folds == 1 or self.validation_folds < 0:
+            raise ValueError(f"parameter 'validation_folds' must be 0 (none) or ≥ 2, got {self.validation_folds}")
+        if self.validation_folds and not 0 <= self.validation_fold < self.validation_folds:
+            raise ValueError(
+                f"parameter 'validation_fold' must be in 0 … {self.validation_folds - 1}, got {self.validation_fold}"
+            )
+        if self.patience < 0 or (self.patience and not self.validation_folds):
+            raise ValueError(
+                f"parameter 'patience' ({self.patience}) needs validation classes (validation_folds ≥ 2) and must be ≥ 0: "
+                "early stopping on the test classes would choose the epoch on the test set"
+            )
         if not (self.lr > 0 and self.head_lr > 0 and self.weight_decay >= 0) or not all(
             map(np.isfinite, (self.lr, self.head_lr, self.weight_decay))
         ):
@@ -177,6 +195,21 @@ class TrainConfig(TypedConfig):
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def validates(self) -> bool:
+        """Whether epochs are evaluated on validation classes (and the test classes read once, at the end)."""
+        return self.validation_folds >= 2
+
+    def selection_text(self, *, best_epoch: int, epochs_trained: int) -> str:
+        """How the reported checkpoint was chosen, for tables."""
+        if not self.validates:
+            return f"last epoch ({epochs_trained}); no validation classes"
+        return (
+            f"best validation R@1 (fold {self.validation_fold} of {self.validation_folds} class-disjoint folds of the "
+            f"training classes): epoch {best_epoch} of {epochs_trained} trained"
+            + (f", patience {self.patience} evaluations" if self.patience else "")
+        )
 
     @property
     def resolved_run_name(self) -> str:
@@ -230,17 +263,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _first_classes(dataset, count: int):
-    """The images of the first ``count`` classes (all when ``count`` is 0)."""
+def _first_classes(dataset, count: int, parameter: str):
+    """The images of the first ``count`` classes (all when ``count`` is 0); labels stay 0 … count−1.
+    A ``count`` above the split's classes warns, naming ``parameter``, and keeps them all."""
+    if count > dataset.num_classes:
+        runs.warn(
+            f"parameter {parameter!r}={count} is more than the {dataset.num_classes} classes of {dataset.name}; "
+            "all of them are used"
+        )
     if count <= 0 or count >= dataset.num_classes:
         return dataset
-    indices = np.flatnonzero(dataset.labels < count)
-    if isinstance(dataset, TensorImageSplit):
-        return dataset.subset(indices, num_classes=count)
-    subset = Subset(dataset, indices.tolist())
-    subset.labels = dataset.labels[indices]
-    subset.num_classes = count
-    return subset
+    return split_by_classes(dataset, np.arange(count), role=f"first {count} classes")
 
 
 class SeededAugmentation(torch.utils.data.Dataset):
@@ -333,43 +366,71 @@ def load_datasets(config: TrainConfig) -> dict[str, Any]:
     """Train split (train augmentation) and the evaluation splits (test geometry) of ``config.dataset``.
 
     Tensor pipeline (:mod:`dmlstudy.data.tensor_cache`): ``train`` is a :class:`BatchAugmentedTrain`,
-    ``query``/``gallery`` :class:`EvaluationImages`. File pipeline: per-item PIL transforms
+    ``query``/``gallery``/``validation`` :class:`EvaluationImages`. File pipeline: per-item PIL transforms
     (:class:`SeededAugmentation` and memoized test items). Both give ``dataset[i] = (image, label)``.
+
+    With validation folds (:mod:`dmlstudy.data.folds`), the classes of fold ``validation_fold`` of the
+    (first ``train_classes``) training classes leave ``train`` and form ``validation`` (query = gallery,
+    each query excluding itself). With ``final_test=False`` the test split is never built or read:
+    ``query`` and ``gallery`` are None.
     """
     root = Path(config.data_root or data_root()) / config.dataset
     protocol = evaluation_protocol(config.dataset)
+    reads_test = config.final_test or not config.validates
     train = build_dataset(config.dataset, root, "train")
-    query = build_dataset(config.dataset, root, protocol.query_split)
-    gallery = build_dataset(config.dataset, root, protocol.gallery_split) if protocol.gallery_split else None
+    query = build_dataset(config.dataset, root, protocol.query_split) if reads_test else None
+    gallery = (
+        build_dataset(config.dataset, root, protocol.gallery_split) if reads_test and protocol.gallery_split else None
+    )
     tensors = _tensor_splits(config, root, {"train": train, "query": query, "gallery": gallery})
     recall_ks = tuple(config.recall_ks) or protocol.recall_ks
     if tensors is not None:
+        training, validation = _validation_split(
+            config, _first_classes(tensors["train"], config.train_classes, "train_classes")
+        )
         evaluation = {
-            name: EvaluationImages(_first_classes(tensors[name], config.test_classes), config.image_size)
+            name: EvaluationImages(
+                _first_classes(tensors[name], config.test_classes, "test_classes"), config.image_size
+            )
             if name in tensors
             else None
             for name in ("query", "gallery")
         }
         return {
-            "train": BatchAugmentedTrain(
-                _first_classes(tensors["train"], config.train_classes), seed=config.seed, image_size=config.image_size
-            ),
+            "train": BatchAugmentedTrain(training, seed=config.seed, image_size=config.image_size),
             **evaluation,
+            "validation": EvaluationImages(validation, config.image_size) if validation is not None else None,
             "recall_ks": recall_ks,
         }
     train.transform = build_transforms(config.image_size, train=True, hflip=train.flip_invariant)
+    training, validation = _validation_split(config, _first_classes(train, config.train_classes, "train_classes"))
+    query = _first_classes(query, config.test_classes, "test_classes") if query is not None else None
+    gallery = _first_classes(gallery, config.test_classes, "test_classes") if gallery is not None else None
     test_transform = build_transforms(config.image_size, train=False)
-    for split in (query, gallery):
+    for split in (query, gallery, validation):
         if split is not None:
             split.transform = test_transform
             if len(split) * 3 * config.image_size**2 * 4 <= EVALUATION_MEMO_BYTES:
                 split.memoize_items()
     return {
-        "train": SeededAugmentation(_first_classes(train, config.train_classes), seed=config.seed),
-        "query": _first_classes(query, config.test_classes),
-        "gallery": _first_classes(gallery, config.test_classes) if gallery is not None else None,
+        "train": SeededAugmentation(training, seed=config.seed),
+        "query": query,
+        "gallery": gallery,
+        "validation": validation,
         "recall_ks": recall_ks,
     }
+
+
+def _validation_split(config: TrainConfig, train):
+    """``(training part, validation part)`` of the training split: the classes outside and inside fold
+    ``validation_fold`` (:func:`dmlstudy.data.folds.fold_classes`), or ``(train, None)`` without folds."""
+    if not config.validates:
+        return train, None
+    kept, held_out = fold_classes(train.num_classes, config.validation_folds, config.validation_fold)
+    return (
+        split_by_classes(train, kept, role="training classes"),
+        split_by_classes(train, held_out, role=f"validation classes, fold {config.validation_fold}"),
+    )
 
 
 def place_on_device(datasets: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
@@ -466,8 +527,10 @@ def evaluate(
     num_workers: int = 0,
     autocast: torch.dtype | None = None,
     channels_last: bool = False,
+    full: bool = True,
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Metrics of the spine on the evaluation splits, and the embeddings they were computed from."""
+    """Metrics of the spine on the evaluation splits, and the embeddings they were computed from. ``full=False``
+    (the per-epoch validation evaluations) computes the retrieval metrics only: no k-means NMI, no geometry."""
     options = {
         "batch_size": batch_size,
         "device": device,
@@ -482,7 +545,9 @@ def evaluate(
         gallery = embed(method, datasets["gallery"], **options)
         arrays.update(gallery_embeddings=gallery, gallery_labels=np.asarray(datasets["gallery"].labels))
         gallery_kwargs = {"gallery": gallery, "gallery_labels": arrays["gallery_labels"]}
-    values = metric_functions.evaluate(query, arrays["labels"], ks=datasets["recall_ks"], **gallery_kwargs)
+    values = metric_functions.evaluate(
+        query, arrays["labels"], ks=datasets["recall_ks"], with_nmi=full, with_geometry=full, **gallery_kwargs
+    )
     return {key: float(value) for key, value in values.items()}, arrays
 
 
@@ -513,7 +578,9 @@ def build_model(config: TrainConfig, num_classes: int) -> Method:
 def _load_complete(config: TrainConfig, datasets: Mapping[str, Any], device: torch.device) -> RunResult:
     run_dir = config.run_dir
     method = build_model(config, datasets["train"].num_classes).to(device)
-    method.load_state_dict(_read_checkpoint(run_dir / "checkpoint.pt", device)["method"])
+    checkpoint = _read_checkpoint(run_dir / "checkpoint.pt", device)
+    chosen = checkpoint.get("selection", {}).get("state")  # a validated run reports its best-validation state
+    method.load_state_dict(chosen if chosen is not None else checkpoint["method"])
     with np.load(run_dir / "embeddings.npz") as stored:
         embeddings = dict(stored)
     return RunResult(
@@ -609,6 +676,54 @@ class TrainingWatch:
             )
 
 
+class CheckpointSelection:
+    """The checkpoint a run reports, chosen on validation classes (issue 21; Musgrave et al. 2020, §4.2).
+
+    Every evaluation on the validation classes is offered to :meth:`observe`; the state with the highest
+    validation R@1 is kept (a tie keeps the earlier epoch), with its epoch, the training seconds up to the end
+    of that epoch, and its validation embeddings. After ``patience`` evaluations without a higher value the
+    run stops (``stopped``); ``patience = 0`` never stops early. The state travels in the epoch checkpoint,
+    so a resumed run chooses exactly as the uninterrupted one.
+    """
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.value, self.epoch, self.seconds, self.since = float("-inf"), 0, 0.0, 0
+        self.state: dict[str, torch.Tensor] | None = None
+        self.arrays: dict[str, np.ndarray] = {}
+        self.stopped = False
+
+    def observe(
+        self, value: float, *, epoch: int, method: Method, trained_seconds: float, arrays: dict[str, np.ndarray]
+    ) -> None:
+        if value > self.value:
+            self.value, self.epoch, self.seconds, self.since = value, epoch, trained_seconds, 0
+            self.state = {name: tensor.detach().clone() for name, tensor in method.state_dict().items()}
+            self.arrays = arrays
+        else:
+            self.since += 1
+        self.stopped = bool(self.patience) and self.since >= self.patience
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "epoch": self.epoch,
+            "seconds": self.seconds,
+            "since": self.since,
+            "state": self.state,
+            "stopped": self.stopped,
+        }
+
+    def load(self, saved: Mapping[str, Any]) -> None:
+        self.value, self.epoch, self.seconds, self.since = (
+            saved["value"],
+            saved["epoch"],
+            saved["seconds"],
+            saved["since"],
+        )
+        self.state, self.stopped = saved["state"], saved["stopped"]
+
+
 class _LossStep(nn.Module):
     """``forward(images, labels) = method.loss(images, labels)``, so DistributedDataParallel (which hooks a
     module's forward) can wrap a method's training loss."""
@@ -686,6 +801,35 @@ def run(config: TrainConfig) -> RunResult:
         return _train_and_evaluate(config, datasets, device, resume_from=session.resume_from)
 
 
+def _validation_sets(datasets: Mapping[str, Any]) -> dict[str, Any]:
+    """The validation classes as an evaluation set: query = gallery, each query excluding itself; Recall@K
+    only for K below the number of validation images."""
+    validation = datasets["validation"]
+    return {
+        "query": validation,
+        "gallery": None,
+        "recall_ks": tuple(k for k in datasets["recall_ks"] if k < len(validation)) or (1,),
+    }
+
+
+def _chosen_checkpoint_metrics(
+    config: TrainConfig,
+    method: Method,
+    datasets: Mapping[str, Any],
+    validation: Mapping[str, Any],
+    selection: CheckpointSelection,
+    options: Mapping[str, Any],
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Load the best-validation state into ``method``; then the test metrics and embeddings, read once
+    (``final_test``), or no metrics and the validation embeddings of that state."""
+    method.load_state_dict(selection.state)
+    if config.final_test:
+        return evaluate(method, datasets, **options)
+    if not selection.arrays:  # resumed after the last checkpoint: embed the validation classes again
+        _, selection.arrays = evaluate(method, validation, **options)
+    return {}, selection.arrays
+
+
 def _train_and_evaluate(
     config: TrainConfig, datasets: Mapping[str, Any], device: torch.device, *, resume_from: Path | None
 ) -> RunResult:
@@ -726,11 +870,15 @@ def _train_and_evaluate(
     history: list[dict[str, float]] = []
     start_epoch = 0
     watch = TrainingWatch(config, train, sampler)
+    selection = CheckpointSelection(config.patience)
+    validation = _validation_sets(datasets) if config.validates else None
     if resume_from is not None:
         checkpoint = _read_checkpoint(resume_from, device)
         method.load_state_dict(checkpoint["method"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         history, start_epoch = checkpoint["history"], checkpoint["epoch"] + 1
+        if config.validates:
+            selection.load(checkpoint["selection"])
 
     latest: dict[str, float] = next((row for row in reversed(history) if "R@1" in row), {})
     arrays: dict[str, np.ndarray] = {}
@@ -742,7 +890,10 @@ def _train_and_evaluate(
         initial=start_epoch,
         total=config.epochs,
     )
+    trained_seconds = float(sum(row["train_seconds"] for row in history))
     for epoch in epochs:
+        if selection.stopped:
+            break
         seed_everything(_epoch_seed(config.seed, epoch))
         sampler.set_epoch(epoch)
         train.set_epoch(epoch)
@@ -773,11 +924,23 @@ def _train_and_evaluate(
             "train_seconds": time.perf_counter() - started,
             "train_cpu_seconds": time.process_time() - started_cpu,
         }
+        trained_seconds += row["train_seconds"]
         if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
             eval_started, eval_started_cpu = time.perf_counter(), time.process_time()
-            latest, arrays = evaluate(method, datasets, **evaluation_options)
+            if validation is None:
+                latest, arrays = evaluate(method, datasets, **evaluation_options)
+                row.update(latest)
+            else:
+                latest, validation_arrays = evaluate(method, validation, **evaluation_options, full=False)
+                row.update({f"val_{name}": value for name, value in latest.items()})
+                selection.observe(
+                    latest["R@1"],
+                    epoch=epoch + 1,
+                    method=method,
+                    trained_seconds=trained_seconds,
+                    arrays=validation_arrays,
+                )
             row.update(
-                latest,
                 eval_seconds=time.perf_counter() - eval_started,
                 eval_cpu_seconds=time.process_time() - eval_started_cpu,
             )
@@ -794,15 +957,29 @@ def _train_and_evaluate(
                         "optimizer": optimizer.state_dict(),
                         "history": history,
                         "config": config.to_dict(),
+                        **({"selection": selection.to_checkpoint()} if validation is not None else {}),
                     },
                 )
         epochs.set_postfix(loss=f"{row['loss']:.4f}", R1=f"{latest.get('R@1', float('nan')):.3f}")
 
-    if not arrays:  # resumed after the last epoch's checkpoint but before the records were written
-        latest, arrays = evaluate(method, datasets, **evaluation_options)
     frame = pd.DataFrame(history)
+    epochs_trained = int(frame["epoch"].iloc[-1]) if len(frame) else 0
+    if validation is None:
+        if not arrays:  # resumed after the last epoch's checkpoint but before the records were written
+            latest, arrays = evaluate(method, datasets, **evaluation_options)
+        chosen = {"selection": config.selection_text(best_epoch=epochs_trained, epochs_trained=epochs_trained)}
+    else:
+        latest, arrays = _chosen_checkpoint_metrics(config, method, datasets, validation, selection, evaluation_options)
+        chosen = {
+            "val_R@1": selection.value,
+            "best_epoch": selection.epoch,
+            "epochs_trained": epochs_trained,
+            "seconds_to_best": selection.seconds,
+            "selection": config.selection_text(best_epoch=selection.epoch, epochs_trained=epochs_trained),
+        }
     summary = {
         **latest,
+        **chosen,
         "epochs": config.epochs,
         "train_seconds": float(frame["train_seconds"].sum()),
         "seconds_per_epoch": float(frame["train_seconds"].mean()),

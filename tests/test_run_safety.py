@@ -206,7 +206,7 @@ def test_non_finite_images_stop_the_run_naming_them(tiny_config, tiny_data_root,
 
     def poisoned(self, index):
         image, label = original(self, index)
-        if self.name.endswith("train") and label == 0:
+        if "/train" in self.name and label == 0:
             image = torch.full_like(image, float("nan"))
         return image, label
 

@@ -42,18 +42,46 @@ class ProtocolConfig(TypedConfig):
     test_classes: int = 16  # 0: all test classes
     lr: float = 4e-3  # backbone/embedding learning rate
     eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
+    validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
+    patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
+    tuned: str = ""  # folder of tuned values (plans/tuned, written by `make tune`): each row's learning rates and hyperparameters; "" = defaults
     progress: bool = False  # tqdm bars inside the notebook
     workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
 
     def protocol_text(self) -> str:
-        """One line describing the protocol, printed above every table."""
+        """One line describing the protocol, printed above every table: sizes, learning rates, how each run's
+        reported checkpoint was chosen."""
         sizes = "all" if not self.train_classes else f"first {self.train_classes}"
+        rates = f"AdamW, tuned values of {self.tuned}" if self.tuned else f"AdamW lr {self.lr:g}"
+        if self.validation_folds:
+            schedule = (
+                f"up to {self.epochs} epochs × {self.steps_per_epoch or 'full'} steps"
+                + (
+                    f", stopped after {self.patience} evaluations without a better validation R@1"
+                    if self.patience
+                    else ""
+                )
+                + f"; checkpoint: best validation R@1 on fold 0 of {self.validation_folds} class-disjoint folds of "
+                "the training classes (the test classes read once, by that checkpoint)"
+            )
+        else:
+            schedule = f"{self.epochs} epochs × {self.steps_per_epoch or 'full'} steps; checkpoint: the last epoch"
         return (
             f"backbone {self.backbone} (random init), {self.image_size} px, d = {self.embedding_dim}, batch "
-            f"{self.classes_per_batch}×{self.samples_per_class}, {self.epochs} epochs × "
-            f"{self.steps_per_epoch or 'full'} steps, AdamW lr {self.lr:g}, {sizes} train classes, "
-            f"seeds {self.seeds}"
+            f"{self.classes_per_batch}×{self.samples_per_class}, {rates}, {sizes} train classes, {schedule}, "
+            f"paired seeds {self.seeds}"
         )
+
+    def tuned_values(self, *, dataset: str, name: str, method: str) -> dict[str, Any]:
+        """The TrainConfig overrides ``make tune`` chose for this run's row on ``dataset`` (:mod:`dmlstudy.tuning`):
+        the row named ``name`` (a method or a shared variant such as ``softmax``) when it was tuned, else the
+        row of its method (an ablation variant starts from its method's tuned values); {} without ``tuned``."""
+        if not self.tuned:
+            return {}
+        from dmlstudy.tuning import tuned_file, tuned_overrides
+
+        path = tuned_file(self.tuned, dataset)
+        return tuned_overrides(path, dataset, name) or tuned_overrides(path, dataset, method)
 
     def train_config(
         self, *, dataset: str, method: str, seed: int, name: str, method_kwargs: dict | None = None, **overrides
@@ -77,11 +105,16 @@ class ProtocolConfig(TypedConfig):
             test_classes=self.test_classes,
             lr=self.lr,
             eval_every=self.eval_every,
+            validation_folds=self.validation_folds,
+            patience=self.patience,
             seed=seed,
             run_name=f"{dataset}-{name}-seed{seed}",
             resume=True,
             progress=self.progress,
         )
+        tuned = self.tuned_values(dataset=dataset, name=name, method=method)
+        values["method_kwargs"] = {**tuned.pop("method_kwargs", {}), **values["method_kwargs"]}
+        values.update(tuned)
         values.update(overrides)
         return TrainConfig(**values)
 

@@ -1,0 +1,160 @@
+"""Issue 21's protocol in the training engine: class-disjoint validation folds, the checkpoint chosen on
+them, patience, test classes read once (never by tuning runs), and paired seeds across methods."""
+
+import numpy as np
+import pytest
+import torch
+
+from dmlstudy import train as train_module
+from dmlstudy.data import ClassBalancedBatchSampler
+from dmlstudy.data.base import ImageListDataset
+from dmlstudy.data.folds import class_folds, fold_classes, split_by_classes
+from dmlstudy.train import CheckpointSelection, TrainConfig, build_model, load_datasets, run
+
+
+@pytest.mark.parametrize("num_classes,folds", [(100, 4), (12, 4), (13, 4), (7, 2)])
+def test_folds_are_class_disjoint_balanced_and_deterministic(num_classes, folds):
+    assignment = class_folds(num_classes, folds)
+    assert assignment.shape == (num_classes,)
+    sizes = np.bincount(assignment, minlength=folds)
+    assert sizes.sum() == num_classes and sizes.max() - sizes.min() <= 1
+    np.testing.assert_array_equal(assignment, class_folds(num_classes, folds))
+    held_out = [set(fold_classes(num_classes, folds, k)[1]) for k in range(folds)]
+    for k in range(folds):
+        kept, validation = fold_classes(num_classes, folds, k)
+        assert not set(kept) & set(validation) and len(kept) + len(validation) == num_classes
+        for other in range(k + 1, folds):
+            assert not held_out[k] & held_out[other]
+    assert set().union(*held_out) == set(range(num_classes))
+    assert not np.array_equal(assignment, np.arange(num_classes) % folds), "the classes are not permuted"
+
+
+@pytest.mark.parametrize("folds,message", [(1, "≥ 2"), (20, "at least 20")])
+def test_impossible_folds_are_refused(folds, message):
+    with pytest.raises(ValueError, match=message):
+        class_folds(12, folds)
+
+
+def test_split_by_classes_renumbers_labels_and_keeps_names():
+    dataset = ImageListDataset(
+        [f"{i}.png" for i in range(10)], [0, 0, 1, 1, 2, 2, 3, 3, 4, 4], class_names=list("abcde")
+    )
+    part = split_by_classes(dataset, [1, 4], role="validation classes")
+    assert [p.name for p in part.paths] == ["2.png", "3.png", "8.png", "9.png"]
+    assert part.labels.tolist() == [0, 0, 1, 1] and part.class_names == ["b", "e"]
+    assert "validation classes" in part.name
+
+
+@pytest.mark.parametrize("pipeline", ["tensor", "files"])
+def test_validation_classes_never_train(tiny_config, pipeline):
+    config = tiny_config(validation_folds=4, validation_fold=1, input_pipeline=pipeline)
+    datasets = load_datasets(config)
+    train_split = datasets["train"].split if pipeline == "tensor" else datasets["train"].dataset
+    validation = datasets["validation"].split if pipeline == "tensor" else datasets["validation"]
+    train_names = {train_split.class_names[label] for label in train_split.labels}
+    validation_names = {validation.class_names[label] for label in validation.labels}
+    assert len(validation_names) == 3 and len(train_names) == 9 and not train_names & validation_names
+    assert not {p.parent for p in train_split.paths} & {p.parent for p in validation.paths}
+    assert sorted(set(train_split.labels)) == list(range(9)), "training labels must be contiguous for proxy heads"
+
+
+def test_tuning_runs_never_read_the_test_classes(tiny_config, monkeypatch):
+    built, read = [], []
+    real_build = train_module.build_dataset
+    real_read = ImageListDataset.read_image
+
+    def recording_build(name, root, split, *args, **kwargs):
+        built.append(split)
+        return real_build(name, root, split, *args, **kwargs)
+
+    def recording_read(self, index):
+        read.append(self.paths[index])
+        return real_read(self, index)
+
+    monkeypatch.setattr(train_module, "build_dataset", recording_build)
+    monkeypatch.setattr(ImageListDataset, "read_image", recording_read)
+    test_split = real_build("cub200", tiny_config().data_root + "/cub200", "test")
+    test_files = set(test_split.paths)
+    for pipeline in ("files", "tensor"):
+        built.clear()
+        result = run(tiny_config(validation_folds=4, final_test=False, input_pipeline=pipeline, run_name=pipeline))
+        assert built == ["train"], f"{pipeline}: splits built {built}"
+        assert "R@1" not in result.metrics and result.metrics["val_R@1"] > 0
+    assert read and not set(read) & test_files, "a tuning run decoded a test image"
+
+
+def test_final_run_reports_the_best_validation_state_once(tiny_config, monkeypatch):
+    evaluated = []
+    real_evaluate = train_module.evaluate
+
+    def counting(method, datasets, **options):
+        evaluated.append(len(datasets["query"]))
+        return real_evaluate(method, datasets, **options)
+
+    monkeypatch.setattr(train_module, "evaluate", counting)
+    config = tiny_config(validation_folds=4, epochs=4, steps_per_epoch=2, lr=0.02, input_pipeline="files")
+    result = run(config)
+    history = result.history
+    assert "R@1" not in history and history["val_R@1"].notna().all(), "epochs are evaluated on validation classes only"
+    best = int(history["val_R@1"].idxmax())
+    assert result.metrics["best_epoch"] == history["epoch"][best]
+    assert result.metrics["val_R@1"] == history["val_R@1"].max()
+    test_images = 12 * 6  # the tiny set's test split; its 12 training classes hold 72 images, 18 of them in fold 0
+    assert evaluated.count(test_images) == 1 and len(evaluated) == len(history) + 1, "the test classes are read once"
+    assert "best validation R@1" in result.metrics["selection"]
+    reloaded = run(config)  # the finished run, loaded: the reported (best) state, not the last epoch's
+    for name, tensor in result.method.state_dict().items():
+        torch.testing.assert_close(reloaded.method.state_dict()[name], tensor)
+
+
+def test_selection_keeps_the_best_and_stops_after_patience():
+    method = torch.nn.Linear(2, 2)
+    selection = CheckpointSelection(patience=2)
+    for epoch, value in enumerate([0.5, 0.6, 0.6, 0.55], start=1):
+        with torch.no_grad():
+            method.weight.fill_(epoch)
+        assert not selection.stopped
+        selection.observe(value, epoch=epoch, method=method, trained_seconds=10.0 * epoch, arrays={})
+    assert selection.stopped and selection.epoch == 2 and selection.value == 0.6 and selection.seconds == 20.0
+    assert float(selection.state["weight"][0, 0]) == 2.0
+    never = CheckpointSelection(patience=0)
+    for epoch in range(1, 6):
+        never.observe(0.1, epoch=epoch, method=method, trained_seconds=0.0, arrays={})
+    assert not never.stopped and never.epoch == 1
+
+
+def test_patience_stops_a_run_early(tiny_config):
+    result = run(tiny_config(validation_folds=4, patience=1, epochs=12, steps_per_epoch=1, lr=1e-9))
+    assert result.metrics["epochs_trained"] < 12, "a run whose validation R@1 cannot improve must stop"
+    assert result.metrics["epochs_trained"] == result.metrics["best_epoch"] + 1
+
+
+@pytest.mark.parametrize(
+    "field,value,message", [("validation_folds", 1, "0 \\(none\\) or ≥ 2"), ("patience", 2, "needs validation classes")]
+)
+def test_protocol_fields_are_checked(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{field: value})
+
+
+def test_seed_pairs_methods_on_initialisation_and_batches(tiny_config):
+    """Common random numbers: seed s gives MS and triplet (and any method) the same backbone weights at step 0,
+    the same batches and the same augmented pixels."""
+    first, second = tiny_config(method="ms", seed=3), tiny_config(method="triplet", seed=3, lr=1e-3)
+    models = [build_model(config, 12).backbone.state_dict() for config in (first, second)]
+    for name, tensor in models[0].items():
+        torch.testing.assert_close(models[1][name], tensor)
+    other_seed = build_model(tiny_config(method="ms", seed=4), 12).backbone.state_dict()
+    assert any(not torch.equal(other_seed[name], tensor) for name, tensor in models[0].items())
+    batches = []
+    for config in (first, second):
+        train = load_datasets(config)["train"]
+        sampler = ClassBalancedBatchSampler(
+            train.labels, classes_per_batch=4, samples_per_class=3, num_batches=3, seed=config.seed
+        )
+        sampler.set_epoch(1)
+        train.set_epoch(1)
+        indices = list(sampler)
+        batches.append((indices, train.batch(indices[0], "cpu")[0]))
+    assert batches[0][0] == batches[1][0]
+    torch.testing.assert_close(batches[0][1], batches[1][1])
