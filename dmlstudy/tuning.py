@@ -119,7 +119,6 @@ def _epoch_values(run_dir: Path, objective: str) -> list[tuple[int, float]]:
         history = pd.read_csv(run_dir / "history.csv")
     except (FileNotFoundError, pd.errors.EmptyDataError, pd.errors.ParserError):
         return []
-    objective = _available(objective, history.columns)
     if objective not in history:
         return []
     return [
@@ -129,17 +128,13 @@ def _epoch_values(run_dir: Path, objective: str) -> list[tuple[int, float]]:
     ]
 
 
-def _available(objective: str, keys) -> str:
-    """TRANSITIONAL (until the validation-fold engine of issue 21 lands): runs without validation classes have
-    no ``val_R@1``; fall back to their ``R@1`` (test classes) only then."""
-    return "R@1" if objective == OBJECTIVE and objective not in keys and "R@1" in keys else objective
-
-
 def _objective_value(metrics: dict[str, float], objective: str) -> float:
-    key = _available(objective, metrics)
-    if key not in metrics:
-        raise KeyError(f"the trial's metrics.json has no {objective!r}; keys: {sorted(metrics)}")
-    return float(metrics[key])
+    if objective not in metrics:
+        raise KeyError(
+            f"the trial's metrics.json has no {objective!r} (a run without validation_folds has no val_R@1); "
+            f"keys: {sorted(metrics)}"
+        )
+    return float(metrics[objective])
 
 
 def tune(
@@ -330,6 +325,10 @@ class TuneConfig(TypedConfig):
         super().__post_init__()
         if self.pruner not in PRUNERS:
             raise ValueError(f"parameter 'pruner' must be one of {sorted(PRUNERS)}, got {self.pruner!r}")
+        if self.validation_folds < 2:
+            raise ValueError(
+                f"parameter 'validation_folds' must be ≥ 2: trials are scored on validation classes, got {self.validation_folds}"
+            )
         if min(self.trials, self.workers) < 1 or self.startup_trials < 0 or self.prune_after < 0:
             raise ValueError("parameters 'trials' and 'workers' must be ≥ 1, 'startup_trials' and 'prune_after' ≥ 0")
         unknown = sorted(set(self.rows) - set(list_rows()))
@@ -340,7 +339,7 @@ class TuneConfig(TypedConfig):
         """The TrainConfig of a trial on ``dataset`` before the row's overrides."""
         values = {name: getattr(self, name) for name in TRIAL_FIELDS}
         values |= {"study": self.name, "dataset": dataset, "final_test": False, "resume": True, "progress": False}
-        return TrainConfig(**_engine_fields(values))
+        return TrainConfig(**values)
 
 
 TRIAL_FIELDS = (
@@ -348,14 +347,6 @@ TRIAL_FIELDS = (
     "backbone", "image_size", "embedding_dim", "classes_per_batch", "samples_per_class", "steps_per_epoch",
     "train_classes", "test_classes",
 )  # fmt: skip
-VALIDATION_FIELDS = ("validation_folds", "validation_fold", "patience", "final_test")
-
-
-def _engine_fields(values: dict[str, Any]) -> dict[str, Any]:
-    """TRANSITIONAL (until the validation-fold engine of issue 21 lands): drop its fields when TrainConfig lacks
-    them, so trials then run on the test classes (and :func:`_available` falls back to ``R@1``)."""
-    known = set(TrainConfig.field_names())
-    return {key: value for key, value in values.items() if key in known or key not in VALIDATION_FIELDS}
 
 
 def load_tune_config(path: str | Path, **overrides: Any) -> TuneConfig:
@@ -523,6 +514,11 @@ def _read_tuned(path: Path) -> dict[str, Any]:
     return content
 
 
+def tuned_file(folder: str | Path, dataset: str) -> Path:
+    """Where ``make tune`` writes the tuned values of ``dataset``: ``<folder>/<dataset>.yaml``."""
+    return Path(folder) / f"{dataset}.yaml"
+
+
 def tuned_overrides(path: str | Path, dataset: str, row: str) -> dict[str, Any]:
     """The tuned TrainConfig overrides of ``row`` on ``dataset`` (nested: ``{"lr": …, "method_kwargs": {…}}``;
     merge into the row's spec with :func:`dmlstudy.search_space.merged`).
@@ -532,7 +528,7 @@ def tuned_overrides(path: str | Path, dataset: str, row: str) -> dict[str, Any]:
     :class:`TunedValuesError` naming the file, the key and the expected type.
     """
     path = Path(path)
-    file = path / f"{dataset}.yaml" if path.is_dir() or not path.suffix else path
+    file = tuned_file(path, dataset) if path.is_dir() or not path.suffix else path
     if not file.is_file():
         return {}
     content = _read_tuned(file)
