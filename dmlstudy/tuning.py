@@ -554,15 +554,28 @@ def plot_best_so_far(values: dict[tuple[str, str], list[float | None]]):
     """Best-so-far validation R@1 against trial number, one line per row, one panel per dataset: a flat end says
     the row's search has plateaued."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     datasets = list(dict.fromkeys(dataset for dataset, _ in values))
+    rows = list(dict.fromkeys(row for _, row in values))
+    colours = {row: plt.get_cmap("tab20")(index % 20) for index, row in enumerate(rows)}  # one colour per row
     figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False, sharey=True)
     for axis, dataset in zip(axes[0], datasets):
         for (name, row), row_values in values.items():
             if name == dataset:
-                axis.plot(range(len(row_values)), best_so_far(row_values), marker="o", markersize=3, label=row)
+                curve = best_so_far(row_values)
+                axis.plot(
+                    range(len(curve)),
+                    curve,
+                    drawstyle="steps-post",
+                    marker="o",
+                    markersize=3,
+                    label=row,
+                    color=colours[row],
+                )
         axis.set(title=dataset, xlabel="trial (0: paper defaults)", ylabel="best validation R@1 so far")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8, loc="lower right")
+        axis.legend(fontsize=7, loc="lower right", ncol=2)
     figure.tight_layout()
     return figure
