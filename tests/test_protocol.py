@@ -55,3 +55,56 @@ def test_calls_run_as_engine_tasks_and_failures_are_reported_together(tmp_path):
 def test_workers_must_be_positive(tiny_config):
     with pytest.raises(ValueError, match="workers must be ≥ 1"):
         run_grid([("a", tiny_config())], workers=0)
+
+
+def _tuned_folder(tmp_path):
+    from dmlstudy.tuning import RowResult, write_tuned
+
+    folder = tmp_path / "tuned"
+    write_tuned(
+        folder / "synbirds.yaml",
+        "synbirds",
+        [
+            RowResult(
+                "synbirds",
+                "ms",
+                {"lr": 0.002, "method_kwargs": {"loss_kwargs": {"alpha": 3.0, "beta": 40.0}}},
+                0.5,
+                4,
+                [],
+                1.0,
+            ),
+            RowResult("synbirds", "softmax", {"lr": 0.001, "head_lr": 0.05}, 0.4, 4, [], 1.0),
+        ],
+        {"command": "test"},
+    )
+    return folder
+
+
+def test_tuned_values_reach_rows_variants_and_yield_to_explicit_settings(tmp_path):
+    from dmlstudy.experiments.protocol import ProtocolConfig
+
+    protocol = ProtocolConfig(tuned=str(_tuned_folder(tmp_path)), lr=0.004)
+    ms = protocol.train_config(dataset="synbirds", method="ms", seed=0, name="ms")
+    assert ms.lr == 0.002 and ms.method_kwargs == {"loss_kwargs": {"alpha": 3.0, "beta": 40.0}}
+    variant = protocol.train_config(
+        dataset="synbirds", method="ms", seed=0, name="ms-beta=10", method_kwargs={"loss_kwargs": {"beta": 10.0}}
+    )
+    assert variant.lr == 0.002, "an ablation variant starts from its method's tuned values"
+    assert variant.method_kwargs == {"loss_kwargs": {"alpha": 3.0, "beta": 10.0}}, "the variant's own value wins"
+    softmax = protocol.train_config(
+        dataset="synbirds", method="dgcrl", seed=0, name="softmax", method_kwargs={"normalize_scale": False}
+    )
+    assert (softmax.lr, softmax.head_lr) == (0.001, 0.05) and softmax.method_kwargs == {"normalize_scale": False}
+    assert protocol.train_config(dataset="synbirds", method="ms", seed=0, name="ms", lr=0.01).lr == 0.01
+    untuned = protocol.train_config(dataset="synbirds", method="crt", seed=0, name="crt")
+    assert untuned.lr == 0.004 and untuned.method_kwargs == {}
+    assert ProtocolConfig(lr=0.004).train_config(dataset="synbirds", method="ms", seed=0, name="ms").lr == 0.004
+
+
+def test_a_missing_tuned_file_is_named(tmp_path):
+    from dmlstudy.experiments.protocol import ProtocolConfig
+
+    protocol = ProtocolConfig(tuned=str(_tuned_folder(tmp_path)))
+    with pytest.raises(FileNotFoundError, match=r"glyphs\.yaml does not exist; run `make tune`"):
+        protocol.train_config(dataset="glyphs", method="ms", seed=0, name="ms")

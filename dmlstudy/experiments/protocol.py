@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -18,6 +19,7 @@ import pandas as pd
 from dmlstudy import distributed, engine
 from dmlstudy.config import TypedConfig
 from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
+from dmlstudy.search_space import merged
 from dmlstudy.study import summarize
 from dmlstudy.train import RunResult, TrainConfig, is_complete, load_datasets, run
 
@@ -78,9 +80,16 @@ class ProtocolConfig(TypedConfig):
         row of its method (an ablation variant starts from its method's tuned values); {} without ``tuned``."""
         if not self.tuned:
             return {}
+        from dmlstudy.paths import project_root
         from dmlstudy.tuning import tuned_file, tuned_overrides
 
-        path = tuned_file(self.tuned, dataset)
+        folder = Path(self.tuned) if Path(self.tuned).is_absolute() else project_root() / self.tuned
+        path = tuned_file(folder, dataset)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"parameter 'tuned': {path} does not exist; run `make tune` to write it, or set tuned to '' "
+                "to train with the paper defaults"
+            )
         return tuned_overrides(path, dataset, name) or tuned_overrides(path, dataset, method)
 
     def train_config(
@@ -112,10 +121,8 @@ class ProtocolConfig(TypedConfig):
             resume=True,
             progress=self.progress,
         )
-        tuned = self.tuned_values(dataset=dataset, name=name, method=method)
-        values["method_kwargs"] = {**tuned.pop("method_kwargs", {}), **values["method_kwargs"]}
-        values.update(tuned)
-        values.update(overrides)
+        values = merged(merged(values, self.tuned_values(dataset=dataset, name=name, method=method)), overrides)
+        values["method_kwargs"] = merged(values["method_kwargs"], dict(method_kwargs or {}))  # the variant's own win
         return TrainConfig(**values)
 
     def grid(
