@@ -17,7 +17,7 @@
 # Tables average over thousands of queries; this notebook shows single ones. Choose a **dataset**, a
 # **method** and one of its **runs** (every finished run folder under `runs/<study>/`), then a **query**
 # image of that run's test set. You see the query's top-K retrievals by cosine similarity of the stored
-# test embeddings — framed **green** when of the query's class, **red** otherwise — and, where the method
+# test embeddings — framed **solid blue** when of the query's class, **dashed vermillion** otherwise — and, where the method
 # has one, its explanation of those retrievals:
 #
 # * **DIML** — the optimal-transport plan between the query's and each retrieval's grid cells (lines,
@@ -91,7 +91,7 @@ ui.update()  # draw the first view now, so it exists without anyone touching the
 # ## The first view, as plain output
 #
 # The same drawing for the parameters above, as ordinary cell output (it stays in the executed notebook,
-# where widget outputs need a live kernel). Things to try: a query whose first retrieval is red — is the
+# where widget outputs need a live kernel). Things to try: a query whose first retrieval is vermillion — is the
 # other class a near neighbour in the dataset's class definitions? Does the DIML plan match the same parts
 # in a correct retrieval and different parts in a wrong one? Does cross-attention look at the same region
 # of the query for every retrieval, or does the region move with the conditioning image?

@@ -1,7 +1,7 @@
 """Notebook 95 (exploring by hand): a retrieval explorer over the finished runs of a study.
 
 Choose a dataset, a method, one of its runs (found under ``<runs_root>/<study>/``) and a query image; see the
-query's top-K retrievals framed green (same class) or red (another class) and, where the method has one,
+query's top-K retrievals framed blue (same class) or vermillion (another class) and, where the method has one,
 its explanation drawn by the method's own analysis functions:
 
 * ``diml``: the transport plan between the query's and each retrieval's grid cells
