@@ -8,8 +8,8 @@
   sizes when this module is imported (:data:`STYLE`);
 * one colour and one marker per method (:func:`method_style`), from the comparison's row order (``ms``, the
   paper methods of the registry, the extra rows such as ``diml_rerank``, then the classic baselines): MS is the
-  same colour in every figure; the marker says the group (circles: the papers' methods, squares: classic
-  baselines); no two methods share both colour and marker;
+  same colour in every figure; the marker says the group (circles: the papers' methods, squares then triangles:
+  classic baselines); no two methods share both colour and marker;
 * same class / other class as blue / vermillion (:data:`CORRECT`, :data:`WRONG`), never red / green;
 * legends outside the data area (:func:`legend_outside`), a colourbar on every heat map (:func:`heatmap`),
   integer ticks on epoch axes (:func:`integer_ticks`), plain numbers on log-scaled K axes;
@@ -155,6 +155,15 @@ def heatmap(
         colourbar.set_label(label)
     axis.set_title(title)
     return image
+
+
+def overlay_colourbar(figure: plt.Figure, overlay, axes: Sequence[plt.Axes], *, label: str, pad: float = 0.02):
+    """One colourbar beside ``axes`` for heat maps drawn over photographs (``overlay``: one of them; all share its
+    scale), drawn opaque although the overlays are translucent. Call after ``tight_layout``."""
+    colourbar = figure.colorbar(overlay, ax=list(axes), fraction=0.02, pad=pad)
+    colourbar.solids.set(alpha=1.0)
+    colourbar.set_label(label)
+    return colourbar
 
 
 def sweep_linestyle(values: Iterable) -> str:
@@ -397,8 +406,7 @@ def crt_heatmap_figure(method, dataset, indices: Sequence[int], *, prototypes: i
     figure.suptitle(f"CRT code maps a_jk of the {len(chosen)} most spatially selective prototypes (branch {branch})")
     figure.tight_layout()
     if overlay is not None:
-        colourbar = figure.colorbar(overlay, ax=axes[:, 1:].ravel().tolist(), fraction=0.02, pad=0.02)
-        colourbar.set_label("code a_jk, min–max scaled per map")
+        overlay_colourbar(figure, overlay, axes[:, 1:].ravel(), label="code a_jk, min–max scaled per map")
     return figure
 
 
@@ -572,8 +580,7 @@ def cross_attention_explanation(
             axis.set_xticks([])
             axis.set_yticks([])
     figure.tight_layout()
-    colourbar = figure.colorbar(overlay, ax=axes.ravel().tolist(), fraction=0.04, pad=0.03)
-    colourbar.set_label("attention weight / its maximum")
+    overlay_colourbar(figure, overlay, axes.ravel(), label="attention weight / its maximum", pad=0.03)
     figure.suptitle(
         f"attention of block {level}: where an image looks when conditioned on the other\n"
         "(title blue: the retrieval is of the query's class; vermillion: another class)",

@@ -239,3 +239,20 @@ def test_crt_figures_have_colourbars(tiny_config):
 def test_same_and_other_class_are_not_red_and_green():
     assert {plots.CORRECT, plots.WRONG} <= set(plots.PALETTE)
     assert plots.CORRECT != plots.WRONG
+
+
+def test_attention_maps_have_colourbars_and_class_colours(tiny_config):
+    from dmlstudy.train import load_datasets
+
+    method = build_method(
+        "cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2
+    ).eval()
+    dataset = load_datasets(tiny_config())["query"]
+    labels = np.asarray(dataset.labels)
+    other = int(np.flatnonzero(labels != labels[0])[0])
+    explanation = plots.cross_attention_explanation(method, dataset, 0, [1, other])
+    assert len(colourbar_axes(explanation)) == 1
+    title_colours = {to_hex(axis.title.get_color()) for axis in data_axes(explanation)}
+    assert title_colours <= {plots.CORRECT, plots.WRONG} and plots.WRONG in title_colours
+    figure = cross_attention.attention_figure(method, dataset, [(0, 1, other)], blocks=(1, 2))
+    assert len(colourbar_axes(figure)) == 2

@@ -714,7 +714,7 @@ def time_figure(frame: pd.DataFrame) -> plt.Figure:
         axis.set(xlabel="training seconds (whole run)", ylabel="R@1 (%)", title=dataset)
         axis.grid(alpha=0.3)
         adjust_text(labels, ax=axis, arrowprops=dict(arrowstyle="-", color="0.5", linewidth=0.5))
-    figure.suptitle("R@1 against training time (circles: the papers' methods, squares: classic baselines)")
+    figure.suptitle("R@1 against training time (circles: the papers' methods; squares, triangles: classic baselines)")
     figure.tight_layout()
     plots.legend_outside(figure)
     return figure

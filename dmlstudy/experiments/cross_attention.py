@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dmlstudy import metrics as metric_functions
+from dmlstudy import plots
 from dmlstudy.experiments.kit import (
     arrow,
     as_grid,
@@ -628,9 +629,9 @@ def attention_figure(
         axis.set_xticks([])
         axis.set_yticks([])
     figure.tight_layout()
-    panels = axes[:, 1:].ravel().tolist()
-    figure.colorbar(overlays[False], ax=panels, fraction=0.02, pad=0.02).set_label("attention / panel maximum")
-    figure.colorbar(overlays[True], ax=panels, fraction=0.02, pad=0.04).set_label("(a − b) / panel max |Δ|")
+    panels = axes[:, 1:].ravel()
+    plots.overlay_colourbar(figure, overlays[False], panels, label="attention / panel maximum")
+    plots.overlay_colourbar(figure, overlays[True], panels, label="(a − b) / panel max |Δ|", pad=0.04)
     return figure
 
 

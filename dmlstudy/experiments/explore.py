@@ -174,7 +174,7 @@ def study_header(config: ExploreConfig, runs: pd.DataFrame) -> str:
     study, why = choose_study(config)
     others = [name for name in studies_with_runs(runs_root=config.runs_root) if name != study]
     return (
-        f"Exploring {why}: {len(runs)} complete runs.\n"
+        f"Exploring {why}: {len(runs)} complete run{'' if len(runs) == 1 else 's'}.\n"
         f"To explore another study, set study = '<name>' in the parameters cell (papermill: -p study <name>); "
         f"other studies with runs here: {', '.join(others) or 'none'}."
     )
