@@ -1,22 +1,175 @@
 """Figures drawn from run records (history, embeddings, datasets); each function returns a matplotlib Figure.
 
 ``save_figure`` writes PNGs into ``figures/`` (the default study's figures are committed).
+
+**The study style lives here, in one place**, and every figure of the package draws with it:
+
+* a colour-blind-safe palette (seaborn's ``colorblind``), set as matplotlib's colour cycle with readable font
+  sizes when this module is imported (:data:`STYLE`);
+* one colour and one marker per method (:func:`method_style`), from the comparison's row order (``ms``, the
+  paper methods of the registry, the extra rows such as ``diml_rerank``, then the classic baselines): MS is the
+  same colour in every figure; the marker says the group (circles: the papers' methods, squares then triangles:
+  classic baselines); no two methods share both colour and marker;
+* same class / other class as blue / vermillion (:data:`CORRECT`, :data:`WRONG`), never red / green;
+* legends outside the data area (:func:`legend_outside`), a colourbar on every heat map (:func:`heatmap`),
+  integer ticks on epoch axes (:func:`integer_ticks`), plain numbers on log-scaled K axes;
+* a sweep with fewer than :data:`MIN_SWEEP_VALUES` values is drawn as points, not as a curve
+  (:func:`sweep_linestyle`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
+from matplotlib import patheffects
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.paths import study_outputs
 
-CORRECT, WRONG = "#1a9850", "#d73027"
+# ----------------------------------------------------------------------------------------------
+# The study style
+# ----------------------------------------------------------------------------------------------
+PALETTE = tuple(sns.color_palette("colorblind").as_hex())  # 10 colours, safe for the common colour blindnesses
+CORRECT, WRONG = PALETTE[0], PALETTE[3]  # blue = same class as the query, vermillion = another class
+HEATMAP_CMAP = "viridis"  # perceptually uniform, readable in grey and for colour-blind readers
+OVERLAY_CMAP = "inferno"  # heat maps drawn over photographs (dark = cold, so the image shows through)
+MIN_SWEEP_VALUES = 3  # fewer values than this are points, not a curve
+STYLE = {
+    "axes.prop_cycle": mpl.cycler(color=PALETTE),
+    "font.size": 10,
+    "axes.titlesize": 10,
+    "axes.labelsize": 10,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "legend.fontsize": 9,
+    "figure.titlesize": 11,
+    "image.cmap": HEATMAP_CMAP,
+}
+GROUP_MARKERS = {  # per group, one marker per pass through the palette (so colour + marker stays unique)
+    "paper": ("o", "P", "*"),
+    "classic": ("s", "^", "v"),
+}
+OTHER_MARKER = "X"  # a name that is no row of the comparison (a sweep variant, a plugin)
+
+
+def apply_style() -> None:
+    """Set :data:`STYLE` in matplotlib's rcParams (done on import; call again after a notebook resets them)."""
+    mpl.rcParams.update(STYLE)
+
+
+apply_style()
+
+
+@dataclass(frozen=True)
+class MethodStyle:
+    """How one method is drawn in every figure."""
+
+    colour: str
+    marker: str
+    group: str  # "paper", "classic" or "other" (not a row of the comparison)
+
+
+def method_order() -> list[str]:
+    """Every row of the comparison in its order: ``ms``, the registry's paper methods, the extra rows
+    (``diml_rerank``, ``softmax``), then the classic baselines — the order that gives each its colour."""
+    from dmlstudy.experiments.compare import classic_rows, main_rows
+
+    return list(dict.fromkeys([*main_rows(), *classic_rows()]))
+
+
+def method_style(name: str) -> MethodStyle:
+    """Colour and marker of method ``name`` (a registered method or an extra row of the comparison).
+
+    The i-th row of :func:`method_order` gets colour ``PALETTE[i % 10]`` and its group's marker for pass
+    ``i // 10``; a name outside the order gets a colour fixed by its name and the marker ``X``.
+    """
+    from dmlstudy.experiments.compare import row_info
+
+    order = method_order()
+    if name not in order:
+        digest = int(hashlib.sha256(name.encode()).hexdigest(), 16)
+        return MethodStyle(PALETTE[digest % len(PALETTE)], OTHER_MARKER, "other")
+    index = order.index(name)
+    group = row_info(name).group
+    markers = GROUP_MARKERS.get(group, GROUP_MARKERS["classic"])
+    return MethodStyle(PALETTE[index % len(PALETTE)], markers[min(index // len(PALETTE), len(markers) - 1)], group)
+
+
+def legend_outside(figure: plt.Figure, axes: Iterable[plt.Axes] | None = None, *, title: str | None = None):
+    """One legend for the labelled artists of ``axes`` (default: all of the figure's), placed right of the
+    axes, outside every data area; repeated labels are shown once. Returns the legend (None when nothing
+    is labelled). Call after ``tight_layout`` (saving with ``bbox_inches="tight"`` keeps it in the image)."""
+    handles: dict[str, object] = {}
+    for axis in axes if axes is not None else figure.axes:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if not handles:
+        return None
+    right = max(axis.get_position().x1 for axis in figure.axes)
+    return figure.legend(
+        list(handles.values()),
+        list(handles),
+        loc="upper left",
+        bbox_to_anchor=(right + 0.01, max(axis.get_position().y1 for axis in figure.axes)),
+        frameon=False,
+        title=title,
+    )
+
+
+def integer_ticks(axis: plt.Axes, which: str = "x") -> None:
+    """Only integer ticks on the ``which`` axis (epochs, counts); call after drawing the data. A view holding
+    fewer than two integers (one evaluated epoch) is widened to one unit either side of its centre, since
+    matplotlib's integer locator falls back to fractional ticks on so short a range."""
+    low, high = axis.get_xlim() if which == "x" else axis.get_ylim()
+    if np.floor(high) - np.ceil(low) < 1:
+        centre = round((low + high) / 2)
+        limits = (min(low, centre - 1), max(high, centre + 1))
+        axis.set_xlim(*limits) if which == "x" else axis.set_ylim(*limits)
+    (axis.xaxis if which == "x" else axis.yaxis).set_major_locator(MaxNLocator(integer=True))
+
+
+def plain_log_ticks(axis: plt.Axes, ticks: Sequence[float], which: str = "x") -> None:
+    """A log-scaled axis labelled only at ``ticks``, as plain numbers (no ``3×10⁰`` minor labels)."""
+    target = axis.xaxis if which == "x" else axis.yaxis
+    target.set_ticks(list(ticks), labels=[f"{t:g}" for t in ticks])
+    target.set_minor_formatter(NullFormatter())
+
+
+def heatmap(
+    axis: plt.Axes, values: np.ndarray, *, title: str, label: str = "", cmap: str = HEATMAP_CMAP, **imshow
+) -> mpl.image.AxesImage:
+    """``values`` as an image with a title and a colourbar labelled ``label`` (every heat map has both)."""
+    image = axis.imshow(values, cmap=cmap, **imshow)
+    colourbar = axis.figure.colorbar(image, ax=axis, fraction=0.046, pad=0.03)
+    if label:
+        colourbar.set_label(label)
+    axis.set_title(title)
+    return image
+
+
+def overlay_colourbar(figure: plt.Figure, overlay, axes: Sequence[plt.Axes], *, label: str, pad: float = 0.02):
+    """One colourbar beside ``axes`` for heat maps drawn over photographs (``overlay``: one of them; all share its
+    scale), drawn opaque although the overlays are translucent. Call after ``tight_layout``."""
+    colourbar = figure.colorbar(overlay, ax=list(axes), fraction=0.02, pad=pad)
+    colourbar.solids.set(alpha=1.0)
+    colourbar.set_label(label)
+    return colourbar
+
+
+def sweep_linestyle(values: Iterable) -> str:
+    """``"-"`` when a sweep has at least :data:`MIN_SWEEP_VALUES` distinct values, else ``"none"`` (points only:
+    two values are a comparison, not a curve)."""
+    return "-" if len(set(values)) >= MIN_SWEEP_VALUES else "none"
 
 
 def save_figure(figure: plt.Figure, name: str, *, study: str, folder: str | Path | None = None, dpi: int = 120) -> Path:
@@ -42,8 +195,11 @@ def training_curves(history: pd.DataFrame, *, metric: str = "R@1", title: str = 
     left.plot(history["epoch"], history["loss"], marker="o")
     left.set(xlabel="epoch", ylabel="training loss", title="loss")
     evaluated = history.dropna(subset=[metric]) if metric in history else history.iloc[0:0]
-    right.plot(evaluated["epoch"], 100 * evaluated[metric], marker="o", color="C1")
+    right.plot(evaluated["epoch"], 100 * evaluated[metric], marker="o", color=PALETTE[1])
     right.set(xlabel="epoch", ylabel=f"{metric} (%)", title=f"test {metric}")
+    for axis in (left, right):
+        integer_ticks(axis)
+        axis.grid(alpha=0.3)
     figure.suptitle(title)
     figure.tight_layout()
     return figure
@@ -54,14 +210,8 @@ def recall_curve(metrics: dict[str, float], *, title: str = "") -> plt.Figure:
     ks = sorted(int(key[2:]) for key in metrics if key.startswith("R@"))
     figure, axis = plt.subplots(figsize=(4, 3))
     axis.plot(ks, [100 * metrics[f"R@{k}"] for k in ks], marker="o")
-    axis.set(
-        xscale="log",
-        xticks=ks,
-        xticklabels=[str(k) for k in ks],
-        xlabel="K",
-        ylabel="Recall@K (%)",
-        title=title or "Recall@K",
-    )
+    axis.set(xscale="log", xlabel="K", ylabel="Recall@K (%)", title=title or "Recall@K")
+    plain_log_ticks(axis, ks)
     axis.grid(alpha=0.3)
     figure.tight_layout()
     return figure
@@ -74,13 +224,25 @@ def seen_image(dataset, index: int) -> np.ndarray:
     return denormalize(dataset[index][0]).permute(1, 2, 0).numpy()
 
 
-def _framed(axis: plt.Axes, image: np.ndarray, colour: str | None, title: str = "") -> None:
+def _framed(axis: plt.Axes, image: np.ndarray, same: bool | None, title: str = "") -> None:
+    """``image`` framed solid blue (same class, ``same=True``), dashed vermillion (another class) or unframed (None):
+    colour and line style both carry the answer."""
     axis.imshow(image)
     axis.set_xticks([])
     axis.set_yticks([])
-    if colour:
+    if same is not None:
         height, width = image.shape[:2]
-        axis.add_patch(Rectangle((0, 0), width - 1, height - 1, fill=False, edgecolor=colour, linewidth=4))
+        axis.add_patch(
+            Rectangle(
+                (0, 0),
+                width - 1,
+                height - 1,
+                fill=False,
+                edgecolor=CORRECT if same else WRONG,
+                linestyle="-" if same else "--",
+                linewidth=4,
+            )
+        )
     axis.set_title(title, fontsize=8)
 
 
@@ -95,7 +257,7 @@ def retrieval_grid(
     seed: int = 0,
     ranking: np.ndarray | None = None,
 ) -> plt.Figure:
-    """Queries (left column) and their top-``top_k`` retrievals, framed green (same class) or red.
+    """Queries (left column) and their top-``top_k`` retrievals, framed solid blue (same class) or dashed vermillion.
 
     ``ranking`` (queries × ≥ top_k gallery indices) overrides the cosine ranking, e.g. a re-ranked list.
     """
@@ -112,32 +274,58 @@ def retrieval_grid(
     for row, query in enumerate(queries):
         _framed(axes[row, 0], source_image(dataset, query), None, "query" if row == 0 else "")
         for column, hit in enumerate(ranking[row][:top_k], start=1):
-            colour = CORRECT if labels[hit] == labels[query] else WRONG
-            _framed(axes[row, column], source_image(dataset, hit), colour, f"#{column}" if row == 0 else "")
+            _framed(
+                axes[row, column],
+                source_image(dataset, hit),
+                bool(labels[hit] == labels[query]),
+                f"#{column}" if row == 0 else "",
+            )
+    figure.suptitle("frame: solid blue = query's class, dashed vermillion = another class", fontsize=8)
     figure.tight_layout()
     return figure
 
 
 def spectrum(
-    embeddings_by_name: dict[str, np.ndarray], *, drop_first: int = 0, top: int | None = None, title: str = ""
+    embeddings_by_name: dict[str, np.ndarray],
+    *,
+    drop_first: int = 0,
+    top: int | None = None,
+    title: str = "",
+    methods: Mapping[str, str] | None = None,
 ) -> plt.Figure:
-    """Normalised singular-value spectra (after dropping ``drop_first``) with ρ in the legend."""
+    """Normalised singular-value spectra (after dropping ``drop_first``) with ρ in the legend (outside the axes).
+
+    A curve is drawn in its method's style (:func:`method_style`): ``methods`` maps a shown name to its method
+    (default: the name itself when it is a row of the comparison; other names take the colour cycle).
+    """
     figure, axis = plt.subplots(figsize=(5, 3.2))
-    for name, embeddings in embeddings_by_name.items():
+    order = method_order()
+    for index, (name, embeddings) in enumerate(embeddings_by_name.items()):
         values = metric_functions.singular_value_spectrum(embeddings)[drop_first:]
         values = values / values.sum()
         rho = metric_functions.spectral_decay(embeddings, drop_first=drop_first)
         shown = values[:top] if top else values
-        axis.plot(np.arange(1 + drop_first, 1 + drop_first + len(shown)), shown, label=f"{name} (ρ = {rho:.3f})")
+        method = (methods or {}).get(name, name)
+        style = method_style(method) if method in order else MethodStyle(PALETTE[index % len(PALETTE)], "o", "other")
+        axis.plot(
+            np.arange(1 + drop_first, 1 + drop_first + len(shown)),
+            shown,
+            color=style.colour,
+            marker=style.marker,
+            markevery=max(len(shown) // 6, 1),
+            markersize=4,
+            label=f"{name} (ρ = {rho:.3f})",
+        )
     axis.set(
         yscale="log",
         xlabel="singular value index",
         ylabel="normalised singular value",
         title=title or f"spectrum (drop_first = {drop_first})",
     )
-    axis.legend(fontsize=8)
+    integer_ticks(axis)
     axis.grid(alpha=0.3)
     figure.tight_layout()
+    legend_outside(figure)
     return figure
 
 
@@ -194,6 +382,7 @@ def crt_heatmap_figure(method, dataset, indices: Sequence[int], *, prototypes: i
     figure, axes = plt.subplots(
         len(indices), len(chosen) + 1, figsize=(1.5 * (len(chosen) + 1), 1.6 * len(indices)), squeeze=False
     )
+    overlay = None
     for row, index in enumerate(indices):
         picture = source_image(dataset, index)
         axes[row, 0].imshow(picture)
@@ -202,17 +391,22 @@ def crt_heatmap_figure(method, dataset, indices: Sequence[int], *, prototypes: i
             heat = upsampled[row, column - 1].numpy()
             scaled = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
             axes[row, column].imshow(picture)
-            axes[row, column].imshow(
+            overlay = axes[row, column].imshow(
                 np.asarray(scaled),
-                cmap="jet",
-                alpha=0.5,
+                cmap=OVERLAY_CMAP,
+                vmin=0.0,
+                vmax=1.0,
+                alpha=0.55,
                 extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
             )
             axes[row, column].set_title(f"c_{prototype} (ā={float(maps[row, prototype].mean()):.2f})", fontsize=7)
     for axis in axes.flat:
         axis.set_xticks([])
         axis.set_yticks([])
+    figure.suptitle(f"CRT code maps a_jk of the {len(chosen)} most spatially selective prototypes (branch {branch})")
     figure.tight_layout()
+    if overlay is not None:
+        overlay_colourbar(figure, overlay, axes[:, 1:].ravel(), label="code a_jk, min–max scaled per map")
     return figure
 
 
@@ -224,10 +418,11 @@ def crt_correlation_figure(method, *, branch: int = 1) -> plt.Figure:
     count = len(matrix)
     off = matrix[~np.eye(count, dtype=bool)]
     figure, axis = plt.subplots(figsize=(4.2, 3.6))
-    image = axis.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
-    figure.colorbar(image, ax=axis)
     title = f"|cos(c_k, c_j)|, K = {count}" + (f"; off-diagonal mean {off.mean():.3f}" if count > 1 else "")
-    axis.set(title=title, xlabel="prototype j", ylabel="prototype k")
+    heatmap(axis, matrix, title=title, label="|cos|", vmin=0, vmax=1)
+    axis.set(xlabel="prototype j", ylabel="prototype k")
+    integer_ticks(axis, "x")
+    integer_ticks(axis, "y")
     figure.tight_layout()
     return figure
 
@@ -302,12 +497,16 @@ def diml_transport_figure(
             for flat in np.argsort(plan.ravel())[::-1][:lines]:
                 i, j = divmod(int(flat), grid * grid)
                 strength = plan[i, j] / plan.max()
-                axis.plot(
+                axis.plot(  # blue with a white casing: visible on light and dark backgrounds alike
                     [centres[i, 0], centres[j, 0] + offset],
                     [centres[i, 1], centres[j, 1]],
-                    color="yellow",
+                    color=PALETTE[0],
                     linewidth=0.3 + 3.0 * strength,
-                    alpha=0.25 + 0.7 * strength,
+                    alpha=0.35 + 0.6 * strength,
+                    path_effects=[
+                        patheffects.Stroke(linewidth=1.5 + 3.0 * strength, foreground="white"),
+                        patheffects.Normal(),
+                    ],
                 )
             same = labels[hit] == labels[query]
             axis.set_title(
@@ -321,11 +520,15 @@ def diml_transport_figure(
                 (axes[row, 1], plan.sum(axis=1), "μ_s (query cells)"),
                 (axes[row, 2], plan.sum(axis=0), "μ_t (retrieval cells)"),
             ):
-                axis.imshow(marginal.reshape(grid, grid), cmap="magma")
-                axis.set_title(title, fontsize=7)
+                heatmap(axis, marginal.reshape(grid, grid), title=title, label="transport mass")
+                axis.title.set_fontsize(7)
                 axis.set_xticks([])
                 axis.set_yticks([])
             row += 1
+    figure.suptitle(
+        "DIML transport plans: lines = largest entries of T (width ∝ mass); title blue = same class, vermillion = another",
+        fontsize=8,
+    )
     figure.tight_layout()
     return figure
 
@@ -364,22 +567,23 @@ def cross_attention_explanation(
             picture = seen_image(dataset, indices[image])
             heat = weights[image, other].reshape(height, width).numpy()
             axis.imshow(picture)
-            axis.imshow(
-                heat,
-                cmap="jet",
-                alpha=0.5,
+            overlay = axis.imshow(
+                heat / (float(heat.max()) or 1.0),
+                cmap=OVERLAY_CMAP,
+                alpha=0.55,
                 interpolation="bilinear",
                 vmin=0,
-                vmax=float(heat.max()) or 1.0,
+                vmax=1.0,
                 extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
             )
             axis.set_title(title, fontsize=8, color=colour)
             axis.set_xticks([])
             axis.set_yticks([])
     figure.tight_layout()
+    overlay_colourbar(figure, overlay, axes.ravel(), label="attention weight / its maximum", pad=0.03)
     figure.suptitle(
         f"attention of block {level}: where an image looks when conditioned on the other\n"
-        "(title green: the retrieval is of the query's class; red: another class)",
+        "(title blue: the retrieval is of the query's class; vermillion: another class)",
         fontsize=8,
         y=1.0 + 0.35 / figure.get_figheight(),
     )

@@ -483,11 +483,13 @@ def embed(
     num_workers: int = 0,
     autocast: torch.dtype | None = None,
     channels_last: bool = False,
+    progress: bool = False,
 ) -> np.ndarray:
     """Inference embeddings (``N × d``, float32) of a dataset, in dataset order.
 
     Tensor-pipeline splits are read as slices of their cropped tensor (large batches, no per-item work).
-    Under torchrun each rank embeds one contiguous shard and the shards are gathered once.
+    Under torchrun each rank embeds one contiguous shard and the shards are gathered once. ``progress``: a
+    tqdm bar over the batches (a large gallery takes minutes to embed).
     """
     device = torch.device(device)
     was_training = method.training
@@ -496,8 +498,13 @@ def embed(
     size = int(np.ceil(len(dataset) / distributed.world_size()))
     chunks = []
     with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-        for images in _evaluation_batches(
-            dataset, shard, batch_size=batch_size, device=device, num_workers=num_workers
+        for images in tqdm(
+            _evaluation_batches(dataset, shard, batch_size=batch_size, device=device, num_workers=num_workers),
+            desc=f"embedding {len(shard)} images",
+            total=-(-len(shard) // batch_size),
+            unit="batch",
+            leave=False,
+            disable=not progress,
         ):
             chunks.append(method(_as_input(images, channels_last)).float())
     local = torch.cat(chunks) if chunks else torch.zeros(0, method.embedding_dim, device=device)
@@ -527,16 +534,19 @@ def evaluate(
     num_workers: int = 0,
     autocast: torch.dtype | None = None,
     channels_last: bool = False,
+    progress: bool = False,
     full: bool = True,
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Metrics of the spine on the evaluation splits, and the embeddings they were computed from. ``full=False``
-    (the per-epoch validation evaluations) computes the retrieval metrics only: no k-means NMI, no geometry."""
+    """Metrics of the spine on the evaluation splits, and the embeddings they were computed from
+    (``progress``: a bar over each split's embedding batches). ``full=False`` (the per-epoch validation
+    evaluations) computes the retrieval metrics only: no k-means NMI, no geometry."""
     options = {
         "batch_size": batch_size,
         "device": device,
         "num_workers": num_workers,
         "autocast": autocast,
         "channels_last": channels_last,
+        "progress": progress,
     }
     query = embed(method, datasets["query"], **options)
     arrays = {"embeddings": query, "labels": np.asarray(datasets["query"].labels)}
@@ -853,6 +863,7 @@ def _train_and_evaluate(
         "num_workers": config.num_workers,
         "autocast": precision,
         "channels_last": config.channels_last,
+        "progress": config.progress and main_process,
     }
     groups = method.parameter_groups(lr=config.lr, head_lr=config.head_lr, weight_decay=config.weight_decay)
     optimizer = OPTIMIZERS[config.optimizer]([{k: v for k, v in g.items() if k != "name"} for g in groups])

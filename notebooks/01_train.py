@@ -97,7 +97,7 @@ plots.recall_curve(result.metrics, title=f"{config.method} on {config.dataset}")
 # %% [markdown]
 # ## Queries and their top-5 retrievals
 #
-# Green frame: same class as the query; red: a different class. Fine-grained errors (a neighbouring class
+# Solid blue frame: same class as the query; dashed vermillion: a different class. Fine-grained errors (a neighbouring class
 # differing in one part) are the interesting ones.
 
 # %%

@@ -222,7 +222,7 @@ for sentence in diml_study.training_readings(training):
 # %% [markdown]
 # ## What the plan matches
 #
-# For a few test queries and their top cosine retrievals (green title: same class; red: another class):
+# For a few test queries and their top cosine retrievals (blue title: same class; vermillion: another class):
 # the two images side by side with the transport plan drawn as lines between the centres of grid cells
 # (thicker and more opaque = more mass; the $G^2$ largest entries of $T$), and the two marginals as heat maps
 # over the cells (bright = much mass). Each cell stands for a region of the backbone map ($16 \times 16$

@@ -196,7 +196,7 @@ print(readings[-1])
 # activated interior location of a query image (orange outline; border cells are left out because zero
 # padding dominates them), every other test image contributes its most similar
 # location (cosine of backbone features); the most similar ones are shown as crops of two grid cells, framed
-# green when the image is of the query's class and red otherwise. The table compares the share of green with
+# blue when the image is of the query's class and vermillion otherwise. The table compares the share of blue with
 # chance.
 
 # %%

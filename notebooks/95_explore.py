@@ -17,7 +17,7 @@
 # Tables average over thousands of queries; this notebook shows single ones. Choose a **dataset**, a
 # **method** and one of its **runs** (every finished run folder under `runs/<study>/`), then a **query**
 # image of that run's test set. You see the query's top-K retrievals by cosine similarity of the stored
-# test embeddings — framed **green** when of the query's class, **red** otherwise — and, where the method
+# test embeddings — framed **solid blue** when of the query's class, **dashed vermillion** otherwise — and, where the method
 # has one, its explanation of those retrievals:
 #
 # * **DIML** — the optimal-transport plan between the query's and each retrieval's grid cells (lines,
@@ -28,38 +28,27 @@
 #   "perspectives" fire where.
 # * other methods — no explanation: their similarity is a plain cosine of pooled features.
 #
+# **Which runs.** By default (`study = ''`) it opens on the published study, `default` — the runs `make study`
+# trained, the ones behind `figures/` and `results/` — as soon as they exist under `runs/default/`. Without
+# them (a fresh clone) it opens on its own study `notebook-95_explore`, training one CI-sized MS run there
+# first, so there is always something to look at. To look at another study (`smoke`, `full`, your own), set
+# `study` below; the first cell prints which study is shown and which others have runs.
+#
 # Run it in JupyterLab to use the controls. Executed without a live kernel (CI, papermill) the controls are
 # built and drawn once with the parameters below, and the same first view is drawn again as ordinary cell
-# output. When the study has no runs yet (a fresh clone), one CI-sized run of `fallback_method` is trained
-# first, so there is always something to look at.
+# output.
 
 # %% tags=["parameters"]
-study: str = 'notebook-95_explore'  # runs go to <runs_root>/<study>/
+study: str = ''  # "": the published study ('default') when it has runs, else the explorer's own fallback run
 runs_root: str = ''  # default: <project>/runs
 data_root: str = ''  # default: <project>/data
-datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
-seeds: list = [0]  # one run per seed; tables report mean ± std
-backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
-image_size: int = 64  # pixels
-embedding_dim: int = 128  # d of every method
-classes_per_batch: int = 16  # P
-samples_per_class: int = 4  # M
-epochs: int = 2  # training epochs per run
-steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
-train_classes: int = 16  # 0: all training classes
-test_classes: int = 16  # 0: all test classes
-lr: float = 0.004  # backbone/embedding learning rate
-eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
-progress: bool = False  # tqdm bars inside the notebook
-workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
-dataset: str = ''  # dataset shown first ("": the first of datasets with runs, else any)
+dataset: str = ''  # dataset shown first ("": the first with runs)
 method: str = ''  # method shown first ("": ms when it has runs, else the first found)
 run: str = ''  # run folder shown first ("": the lowest seed of that dataset and method)
 query: int = 0  # query image shown first (index into the run's test set)
 top_k: int = 5  # retrievals shown
 explain: bool = True  # draw the method's explanation where it has one (diml, cross_attention, crt)
-fallback_method: str = 'ms'  # trained (CI-sized, first dataset and seed) when the study has no runs
-save_figures: bool = False  # also save the first view as figures/explore_*.png
+save_figures: bool = False  # also save the first view as <study's figures>/explore_*.png
 
 # %%
 from dmlstudy.experiments import explore
@@ -67,8 +56,8 @@ from dmlstudy.records import seed_everything
 
 config = explore.ExploreConfig.from_namespace(globals())
 seed_everything(0)
-runs = explore.ensure_runs(config)
-print(f"{len(runs)} complete runs in study {config.study!r}:")
+shown_study, runs = explore.ensure_runs(config)
+print(explore.study_header(config, runs))
 print(runs[["dataset", "method", "run", "seed", "R@1"]].to_string(index=False))
 
 # %% [markdown]
@@ -91,7 +80,7 @@ ui.update()  # draw the first view now, so it exists without anyone touching the
 # ## The first view, as plain output
 #
 # The same drawing for the parameters above, as ordinary cell output (it stays in the executed notebook,
-# where widget outputs need a live kernel). Things to try: a query whose first retrieval is red — is the
+# where widget outputs need a live kernel). Things to try: a query whose first retrieval is vermillion — is the
 # other class a near neighbour in the dataset's class definitions? Does the DIML plan match the same parts
 # in a correct retrieval and different parts in a wrong one? Does cross-attention look at the same region
 # of the query for every retrieval, or does the region move with the conditioning image?
@@ -101,5 +90,5 @@ items = explorer.render(
     selection["run_dir"], query=selection["query"], top_k=selection["top_k"], explain=selection["explain"]
 )
 if config.save_figures:
-    print("saved:", *explore.save_items(study=config.study, items=items))
+    print("saved:", *explore.save_items(study=shown_study, items=items))
 explore.show_items(items)

@@ -242,11 +242,11 @@ def test_explorer_loads_runs_and_draws_each_method(tiny_runs, tiny_config):
         else:
             assert isinstance(items[2], matplotlib.figure.Figure), (method, items[2])
         matplotlib.pyplot.close("all")
-    config = explore.ExploreConfig(study="test", runs_root=root, datasets=["cub200"], method="crt", query=10_000)
+    config = explore.ExploreConfig(study="test", runs_root=root, method="crt", query=10_000)
     selection = explorer.selection(config)
     assert selection["method"] == "crt" and selection["query"] == len(tiny_runs["crt"].embeddings["embeddings"]) - 1
     with pytest.raises(ValueError, match="no runs of 'dgcrl'"):
-        explorer.selection(explore.ExploreConfig(study="test", runs_root=root, datasets=["cub200"], method="dgcrl"))
+        explorer.selection(explore.ExploreConfig(study="test", runs_root=root, method="dgcrl"))
 
 
 def torch_no_grad():

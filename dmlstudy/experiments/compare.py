@@ -653,7 +653,12 @@ def spectrum_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, 
     from dmlstudy import plots
 
     named = {method_label(v): e for v, (e, _) in embeddings.items()}
-    return plots.spectrum(named, drop_first=0, title=f"{dataset}: test-embedding spectra (drop_first = 0, first seed)")
+    return plots.spectrum(
+        named,
+        drop_first=0,
+        title=f"{dataset}: test-embedding spectra (drop_first = 0, first seed)",
+        methods={method_label(v): v for v in embeddings},
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -680,35 +685,38 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def time_figure(frame: pd.DataFrame) -> plt.Figure:
     """R@1 (%) against training seconds per method, one panel per dataset, mean ± std over seeds. The re-ranked
-    row sits at the MS runs' training time (its cost is at test time)."""
+    row sits at the MS runs' training time (its cost is at test time). Each method keeps its colour and marker of
+    every figure (:func:`dmlstudy.plots.method_style`); labels are moved apart where points crowd (adjustText)."""
+    from adjustText import adjust_text
+
+    from dmlstudy import plots
+
     datasets = list(dict.fromkeys(frame["dataset"]))
     figure, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
     for axis, dataset in zip(axes[0], datasets):
         rows = frame[frame["dataset"] == dataset]
-        for index, (variant, group) in enumerate(rows.groupby("variant", sort=False)):
+        labels = []
+        for variant, group in rows.groupby("variant", sort=False):
             x, y = group["train_seconds"], 100 * group["R@1"]
-            marker = "s" if group["group"].iloc[0] == "classic" else ("D" if variant == RERANK else "o")
+            style = plots.method_style(variant)
             axis.errorbar(
                 x.mean(),
                 y.mean(),
                 xerr=x.std() if len(group) > 1 else None,
                 yerr=y.std() if len(group) > 1 else None,
-                marker=marker,
-                color=f"C{index % 10}",
+                marker=style.marker,
+                color=style.colour,
                 capsize=3,
                 linestyle="none",
                 label=method_label(variant),
             )
-            axis.annotate(
-                method_label(variant), (x.mean(), y.mean()), textcoords="offset points", xytext=(4, 4), fontsize=7
-            )
+            labels.append(axis.text(x.mean(), y.mean(), method_label(variant), fontsize=8))
         axis.set(xlabel="training seconds (whole run)", ylabel="R@1 (%)", title=dataset)
         axis.grid(alpha=0.3)
-    axes[0, -1].legend(fontsize=7, loc="best")
-    figure.suptitle(
-        "R@1 against training time (circles: main methods, squares: classic baselines, diamond: re-ranked MS)"
-    )
+        adjust_text(labels, ax=axis, arrowprops=dict(arrowstyle="-", color="0.5", linewidth=0.5))
+    figure.suptitle("R@1 against training time (circles: the papers' methods; squares, triangles: classic baselines)")
     figure.tight_layout()
+    plots.legend_outside(figure)
     return figure
 
 

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dmlstudy import metrics as metric_functions
+from dmlstudy import plots
 from dmlstudy.experiments.kit import (
     arrow,
     as_grid,
@@ -64,7 +65,7 @@ from dmlstudy.methods.cross_attention import (
     feature_maps,
     subset_indices,
 )
-from dmlstudy.plots import CORRECT, WRONG, seen_image
+from dmlstudy.plots import CORRECT, OVERLAY_CMAP, WRONG, seen_image
 from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, load_datasets
 
@@ -573,8 +574,8 @@ def attention_figure(
     method: CrossAttention, dataset, triples: Sequence[tuple[int, int, int]], *, blocks: Sequence[int] = (2, 4, 6)
 ) -> plt.Figure:
     """For each triple (x, a, b): Attn over x's locations at the given blocks when x is conditioned on a (top),
-    on b (bottom), and their difference (middle, red = more weight when conditioned on a). Each panel has its
-    own colour scale (titles give the largest weight; uniform attention is 1/hw)."""
+    on b (bottom), and their difference (middle, red = more weight when conditioned on a). Each panel is scaled
+    by its own largest value (titles give it; uniform attention is 1/hw); two colourbars give the scaled units."""
     blocks = [n for n in blocks if 1 <= n <= method.num_blocks]
     if not blocks:
         raise ValueError(f"attention_figure: none of the blocks is in 1..{method.num_blocks}")
@@ -582,6 +583,7 @@ def attention_figure(
         3 * len(triples), len(blocks) + 1, figsize=(1.7 * (len(blocks) + 1), 1.75 * 3 * len(triples)), squeeze=False
     )
     device = device_of(method)
+    overlays = {}  # is-difference → the last overlay drawn with that scale (for the colourbars)
     for example, (x, a, b) in enumerate(triples):
         images = torch.stack([dataset[i][0] for i in (x, a, b)]).to(device)
         was_training = method.training
@@ -603,14 +605,14 @@ def attention_figure(
             weights = recorder.maps[level - 1]  # 3 × 3 × T; [0, j] = x conditioned on image j
             on_a, on_b = (weights[0, j].reshape(height, width).numpy() for j in (1, 2))
             for offset, (heat, cmap, limits) in enumerate(
-                ((on_a, "jet", (0, on_a.max())), (on_a - on_b, "RdBu_r", None), (on_b, "jet", (0, on_b.max())))
+                ((on_a, OVERLAY_CMAP, (0, 1)), (on_a - on_b, "RdBu_r", (-1, 1)), (on_b, OVERLAY_CMAP, (0, 1)))
             ):
                 axis = axes[rows + offset, column]
                 axis.imshow(picture)
                 bound = float(np.abs(heat).max()) or 1.0
-                vmin, vmax = limits if limits else (-bound, bound)
-                axis.imshow(
-                    heat,
+                vmin, vmax = limits
+                overlays[offset == 1] = axis.imshow(
+                    heat / bound,
                     cmap=cmap,
                     alpha=0.55,
                     vmin=vmin,
@@ -627,6 +629,9 @@ def attention_figure(
         axis.set_xticks([])
         axis.set_yticks([])
     figure.tight_layout()
+    panels = axes[:, 1:].ravel()
+    plots.overlay_colourbar(figure, overlays[False], panels, label="attention / panel maximum")
+    plots.overlay_colourbar(figure, overlays[True], panels, label="(a − b) / panel max |Δ|", pad=0.04)
     return figure
 
 
@@ -657,7 +662,7 @@ def part_discovery(
 ) -> tuple[plt.Figure, pd.DataFrame]:
     """Local parts (the paper's Sec. 4.3.2, Fig. 5): for the most activated location of a query image, the
     test images whose best-matching location (cosine of backbone features) is most similar, drawn as crops
-    framed green (same class as the query) or red; with the share of same-class matches per query."""
+    framed blue (same class as the query) or vermillion; with the share of same-class matches per query."""
     device = device_of(method)
     maps = feature_maps(method, dataset, batch_size=batch_size, device=device)  # N × C × H × W
     count, channels, height, width = maps.shape

@@ -397,25 +397,46 @@ def alpha_frame(
 
 
 def alpha_figure(frame: pd.DataFrame) -> plt.Figure:
-    """Paper Fig. 3 on our data: test Recall@K (left) and training accuracy (right) against α (log₂ axis)."""
+    """Paper Fig. 3 on our data: test Recall@K (left) and training accuracy (right) against α (log₂ axis).
+
+    With fewer than :data:`dmlstudy.plots.MIN_SWEEP_VALUES` values of α the points are not joined (two values
+    are a comparison, not a curve) and the title says how many values there are."""
+    from dmlstudy import plots
+
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     recall_columns = [c for c in frame.columns if c.startswith("R@")]
+    alphas = sorted(set(frame["alpha"]))
+    linestyle = plots.sweep_linestyle(alphas)
     for dataset, group in frame.groupby("dataset"):
-        style = "-" if dataset == frame["dataset"].iloc[0] else "--"
+        dashes = linestyle if linestyle == "none" or dataset == frame["dataset"].iloc[0] else "--"
         for index, column in enumerate(recall_columns):
             left.plot(
-                group["alpha"], 100 * group[column], style, marker="o", color=f"C{index}", label=f"{column} {dataset}"
+                group["alpha"],
+                100 * group[column],
+                linestyle=dashes,
+                marker="o",
+                color=plots.PALETTE[index % len(plots.PALETTE)],
+                label=f"{column} {dataset}",
             )
-        right.plot(group["alpha"], 100 * group["train accuracy"], style, marker="o", color="k", label=dataset)
+        right.plot(
+            group["alpha"],
+            100 * group["train accuracy"],
+            linestyle=dashes,
+            marker="s",
+            color="k",
+            label=f"train accuracy {dataset}",
+        )
+    few = "" if linestyle == "-" else f" (only {len(alphas)} α value{'s' if len(alphas) > 1 else ''}: points, no curve)"
     for axis, title, ylabel in (
         (left, "test Recall@K", "Recall@K (%)"),
         (right, "training accuracy (centres)", "accuracy (%)"),
     ):
         axis.set_xscale("log", base=2)
-        axis.set(xlabel="α (N-S scale)", ylabel=ylabel, title=title)
+        axis.set(xlabel="α (N-S scale)", ylabel=ylabel, title=title + few)
+        plots.plain_log_ticks(axis, alphas)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
     figure.tight_layout()
+    plots.legend_outside(figure)
     return figure
 
 
@@ -590,7 +611,10 @@ def loss_sentence(table: pd.DataFrame, dataset: str) -> str:
 
 
 def loss_curves(results: list[tuple[str, RunResult]], *, metric: str = "R@1") -> plt.Figure:
-    """Test ``metric`` per epoch of each loss (first seed per dataset and loss)."""
+    """Test ``metric`` per epoch of each loss (first seed per dataset and loss), each in its method's style
+    (:func:`dmlstudy.plots.method_style`; variants that are no method row keep a colour of their own)."""
+    from dmlstudy import plots
+
     datasets = sorted({result.config.dataset for _, result in results})
     figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.4), squeeze=False)
     seen: set[tuple[str, str]] = set()
@@ -601,12 +625,20 @@ def loss_curves(results: list[tuple[str, RunResult]], *, metric: str = "R@1") ->
         seen.add(key)
         axis = axes[0, datasets.index(result.config.dataset)]
         history = result.history.dropna(subset=[metric])
-        axis.plot(history["epoch"], 100 * history[metric], marker="o", label=VARIANT_LABELS.get(variant, variant))
+        style = plots.method_style(variant)
+        axis.plot(
+            history["epoch"],
+            100 * history[metric],
+            marker=style.marker,
+            color=style.colour,
+            label=VARIANT_LABELS.get(variant, variant),
+        )
         axis.set(xlabel="epoch", ylabel=f"test {metric} (%)", title=result.config.dataset)
     for axis in axes[0]:
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
+        plots.integer_ticks(axis)
     figure.tight_layout()
+    plots.legend_outside(figure)
     return figure
 
 
@@ -739,6 +771,8 @@ def toy_decorrelation(
 def toy_figure(*, steps: int = 60, paper_weight: float = 1.0) -> plt.Figure:
     """Unit centres before and after the decorrelation alone (3-D arrows), and mean |cos| per step, alone and
     together with the softmax loss (λ = 0 vs λ = ``paper_weight``)."""
+    from dmlstudy import plots
+
     alone = {
         f"paper push alone (λ = {paper_weight:g})": toy_decorrelation(
             decorrelation="paper", weight=paper_weight, with_loss=False, steps=steps
@@ -770,8 +804,9 @@ def toy_figure(*, steps: int = 60, paper_weight: float = 1.0) -> plt.Figure:
         axis.plot(run["abs_cos"], label=name, linestyle="--" if name in alone else "-")
     axis.set(xlabel="SGD step", ylabel="mean |cos(w_i, w_j)|", title="centre correlation")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=6)
+    plots.integer_ticks(axis)
     figure.tight_layout()
+    plots.legend_outside(figure, [axis])
     return figure
 
 

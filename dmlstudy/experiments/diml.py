@@ -377,6 +377,8 @@ def worked_example(
     """The toy pair (:func:`toy_grids`): cell similarities S, the cross-correlation marginals, and the transport
     plan for each ``(ε, uniform marginals)`` setting (figure); and a table of s_struct beside the cosine of the
     two global vectors, the same-position average and the true-correspondence average."""
+    from dmlstudy import plots
+
     toy = toy_grids(seed=seed)
     similarity = toy["local_s"] @ toy["local_t"].T  # 9 × 9
     mu = torch.relu(toy["local_s"] @ toy["global_t"])
@@ -387,7 +389,7 @@ def worked_example(
     axes[0].set(
         title="cell similarities S", xlabel="cell j of t", ylabel="cell i of s", xticks=range(9), yticks=range(9)
     )
-    figure.colorbar(image, ax=axes[0], fraction=0.046)
+    figure.colorbar(image, ax=axes[0], fraction=0.046).set_label("cosine")
     axes[1].bar(np.arange(9) - 0.2, (mu / mu.sum()).numpy(), width=0.4, label="μ_s")
     axes[1].bar(np.arange(9) + 0.2, (nu / nu.sum()).numpy(), width=0.4, label="μ_t")
     axes[1].set(title="cross-correlation marginals", xlabel="cell", xticks=range(9))
@@ -401,7 +403,7 @@ def worked_example(
         options = TransportOptions(epsilon=epsilon, uniform_marginals=uniform, max_iterations=2000, tolerance=1e-6)
         value, transport = structural_similarity(similarity[None], mu[None], nu[None], options=options)
         marginals = "uniform" if uniform else "cross-corr."
-        axis.imshow(transport.plan[0].numpy(), cmap="viridis")
+        plots.heatmap(axis, transport.plan[0].numpy(), title="", label="transport mass")
         axis.set(
             title=f"T: ε = {epsilon:g}, {marginals}\ns_struct = {value.item():.3f}",
             xlabel="cell j of t",
@@ -457,19 +459,31 @@ def rerank_cost(
 
 
 def cost_figure(cost: pd.DataFrame) -> plt.Figure:
-    """Milliseconds per query against K, one line per G."""
+    """Milliseconds per query against K, one line per G (points only with fewer than three K)."""
+    from dmlstudy import plots
+
     figure, axis = plt.subplots(figsize=(4.2, 3.0))
     for grid, group in cost.groupby("G"):
-        axis.plot(group["K"], group["ms per query"], marker="o", label=f"G = {grid} ({grid * grid} cells)")
+        axis.plot(
+            group["K"],
+            group["ms per query"],
+            marker="o",
+            linestyle=plots.sweep_linestyle(group["K"]),
+            label=f"G = {grid} ({grid * grid} cells)",
+        )
     axis.set(xlabel="truncation K", ylabel="ms per query", title="re-ranking cost (measured)")
+    plots.integer_ticks(axis)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
     figure.tight_layout()
+    plots.legend_outside(figure)
     return figure
 
 
 def sweep_figure(frame: pd.DataFrame, *, sweep: str, metric: str = "P@1") -> plt.Figure:
-    """``metric`` (mean ± std over seeds) against K or G, one panel per dataset, one line per base × training."""
+    """``metric`` (mean ± std over seeds) against K or G, one panel per dataset, one line per base × training
+    (points only where the sweep has fewer than :data:`dmlstudy.plots.MIN_SWEEP_VALUES` values)."""
+    from dmlstudy import plots
+
     column = "K" if sweep == "K" else "G"
     rows = frame[frame["sweep"] == sweep]
     datasets = list(dict.fromkeys(rows["dataset"]))
@@ -482,13 +496,17 @@ def sweep_figure(frame: pd.DataFrame, *, sweep: str, metric: str = "P@1") -> plt
                 stats["mean"],
                 yerr=stats["std"],
                 marker="o",
+                linestyle=plots.sweep_linestyle(stats.index),
                 capsize=3,
                 label=f"{BASE_LOSS_NAMES.get(base, base)}, {training}",
             )
         axis.set(xlabel=column, ylabel=f"{metric} (%)", title=dataset)
         if sweep == "K":
             axis.set_xscale("symlog", linthresh=10)
+            axis.set_xticks(sorted(set(rows[column])), labels=[f"{k:g}" for k in sorted(set(rows[column]))])
+        else:
+            plots.integer_ticks(axis)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
     figure.tight_layout()
+    plots.legend_outside(figure)
     return figure

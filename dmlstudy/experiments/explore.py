@@ -1,7 +1,7 @@
 """Notebook 95 (exploring by hand): a retrieval explorer over the finished runs of a study.
 
 Choose a dataset, a method, one of its runs (found under ``<runs_root>/<study>/``) and a query image; see the
-query's top-K retrievals framed green (same class) or red (another class) and, where the method has one,
+query's top-K retrievals framed blue (same class) or vermillion (another class) and, where the method has one,
 its explanation drawn by the method's own analysis functions:
 
 * ``diml``: the transport plan between the query's and each retrieval's grid cells
@@ -16,14 +16,17 @@ its explanation drawn by the method's own analysis functions:
 Decisions: a run is listed when its folder holds ``metrics.json``, ``config.yaml``, ``embeddings.npz`` and
 ``checkpoint.pt`` (a complete run); it is loaded from those records with the public training functions
 (never retrained). Retrievals rank the stored test embeddings all against all (the query excluded), as the
-run's evaluation did; datasets evaluated query → gallery (In-Shop) are not shown. When the study has no
-runs yet (a fresh clone), :func:`ensure_runs` trains one CI-sized run of ``fallback_method`` first, so the
-notebook always has something to show.
+run's evaluation did; datasets evaluated query → gallery (In-Shop) are not shown.
+
+Which study it shows (:func:`choose_study`): the one named by ``study``; by default (``study = ""``) the
+published study (``default``, what ``make study`` trains) when it has complete runs, else the explorer's own
+study ``notebook-95_explore``, where one CI-sized MS run (:data:`FALLBACK_PROTOCOL`) is trained first when it is
+empty (a fresh clone), so the notebook always has something to show. A named study without runs is an error
+listing the studies that have some; nothing is ever trained into a study the explorer does not own.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -38,9 +41,10 @@ import torch
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
-from dmlstudy.config import load_yaml
+from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.experiments.kit import evaluation_sets
 from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
+from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
 from dmlstudy.train import RunResult, TrainConfig, build_model, load_datasets, resolve_device
 
@@ -49,19 +53,26 @@ NO_EXPLANATION = "no explanation for this method"
 MAX_EXPLAINED = 3  # retrievals explained (the figures grow with each)
 
 
-@dataclass
-class ExploreConfig(ProtocolConfig):
-    """Parameters of ``notebooks/95_explore.ipynb``: where the runs are, what is shown first, and the protocol
-    of the fallback run trained when the study has none."""
+OWN_STUDY = "notebook-95_explore"  # the explorer's own study: its fallback run, when no other study has runs
+FALLBACK_METHOD = "ms"
+FALLBACK_PROTOCOL = {"datasets": ["synbirds"], "seeds": [0]}  # else ProtocolConfig's CI-sized defaults
 
-    dataset: str = ""  # dataset shown first ("": the first of datasets with runs, else any)
+
+@dataclass
+class ExploreConfig(TypedConfig):
+    """Parameters of ``notebooks/95_explore.ipynb``: which study's runs to explore and what is shown first.
+    Only what exploring needs; the fallback run's protocol is fixed (:data:`FALLBACK_PROTOCOL`)."""
+
+    study: str = ""  # "": the published study ('default') when it has runs, else the explorer's own fallback run
+    runs_root: str = ""  # default: <project>/runs
+    data_root: str = ""  # default: <project>/data
+    dataset: str = ""  # dataset shown first ("": the first with runs)
     method: str = ""  # method shown first ("": ms when it has runs, else the first found)
     run: str = ""  # run folder shown first ("": the lowest seed of that dataset and method)
     query: int = 0  # query image shown first (index into the run's test set)
     top_k: int = 5  # retrievals shown
     explain: bool = True  # draw the method's explanation where it has one (diml, cross_attention, crt)
-    fallback_method: str = "ms"  # trained (CI-sized, first dataset and seed) when the study has no runs
-    save_figures: bool = False  # also save the first view as figures/explore_*.png
+    save_figures: bool = False  # also save the first view as <study's figures>/explore_*.png
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -117,19 +128,56 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
     )
 
 
-def ensure_runs(config: ExploreConfig) -> pd.DataFrame:
-    """:func:`find_runs` of the config's study; when it finds none, first train one run of ``fallback_method``
-    on the first dataset with the first seed (the config's protocol; resumable like every run)."""
-    runs = find_runs(config.study, runs_root=config.runs_root)
-    if runs.empty:
-        protocol = dataclasses.replace(config, seeds=list(config.seeds[:1]))
-        run_grid(
-            protocol.grid(
-                {config.fallback_method: {"method": config.fallback_method}}, datasets=list(config.datasets[:1])
-            )
+def studies_with_runs(*, runs_root: str | Path = "") -> list[str]:
+    """The studies under ``runs_root`` holding at least one complete run, sorted."""
+    root = Path(runs_root or default_runs_root())
+    folders = sorted(path for path in root.iterdir() if path.is_dir()) if root.is_dir() else []
+    return [folder.name for folder in folders if not find_runs(folder.name, runs_root=root).empty]
+
+
+def choose_study(config: ExploreConfig) -> tuple[str, str]:
+    """``(study, why)``: the config's ``study`` when named, else the published study when it has complete runs,
+    else :data:`OWN_STUDY`; ``why`` is the sentence the notebook prints about the choice."""
+    if config.study:
+        return config.study, f"study {config.study!r}, as the parameter 'study' names"
+    if not find_runs(PUBLISHED_STUDY, runs_root=config.runs_root).empty:
+        return PUBLISHED_STUDY, f"the published study {PUBLISHED_STUDY!r} (the runs of `make study`)"
+    return OWN_STUDY, (
+        f"the explorer's own study {OWN_STUDY!r}: the published study {PUBLISHED_STUDY!r} has no runs here yet "
+        "(`make study` trains them)"
+    )
+
+
+def ensure_runs(config: ExploreConfig) -> tuple[str, pd.DataFrame]:
+    """The study to explore (:func:`choose_study`) and its :func:`find_runs`. An empty :data:`OWN_STUDY` first
+    gets one CI-sized run of :data:`FALLBACK_METHOD` (:data:`FALLBACK_PROTOCOL`; resumable like every run); any
+    other study without runs raises, naming the studies that have some."""
+    study, _ = choose_study(config)
+    runs = find_runs(study, runs_root=config.runs_root)
+    if runs.empty and study == OWN_STUDY:
+        protocol = ProtocolConfig(
+            study=study, runs_root=config.runs_root, data_root=config.data_root, **FALLBACK_PROTOCOL
         )
-        runs = find_runs(config.study, runs_root=config.runs_root)
-    return runs
+        run_grid(protocol.grid({FALLBACK_METHOD: {"method": FALLBACK_METHOD}}))
+        runs = find_runs(study, runs_root=config.runs_root)
+    if runs.empty:
+        raise ValueError(
+            f"parameter 'study': no complete runs in study {study!r} under "
+            f"{Path(config.runs_root or default_runs_root())}; studies with runs: "
+            f"{studies_with_runs(runs_root=config.runs_root) or 'none'}"
+        )
+    return study, runs
+
+
+def study_header(config: ExploreConfig, runs: pd.DataFrame) -> str:
+    """What the notebook prints first: which study it shows and why, its run count, and how to switch."""
+    study, why = choose_study(config)
+    others = [name for name in studies_with_runs(runs_root=config.runs_root) if name != study]
+    return (
+        f"Exploring {why}: {len(runs)} complete run{'' if len(runs) == 1 else 's'}.\n"
+        f"To explore another study, set study = '<name>' in the parameters cell (papermill: -p study <name>); "
+        f"other studies with runs here: {', '.join(others) or 'none'}."
+    )
 
 
 @dataclass
@@ -305,17 +353,13 @@ class Explorer:
         if config.run:
             chosen = runs[runs["run"] == config.run]
             if chosen.empty:
-                raise ValueError(
-                    f"parameter 'run': no complete run {config.run!r} in study {config.study!r}; found {runs['run'].tolist()}"
-                )
+                raise ValueError(f"parameter 'run': no complete run {config.run!r}; found {runs['run'].tolist()}")
             row = chosen.iloc[0]
         else:
             datasets = self.datasets()
             if config.dataset and config.dataset not in datasets:
-                raise ValueError(
-                    f"parameter 'dataset': no runs on {config.dataset!r} in study {config.study!r}; found {datasets}"
-                )
-            dataset = config.dataset or next((d for d in config.datasets if d in datasets), datasets[0])
+                raise ValueError(f"parameter 'dataset': no runs on {config.dataset!r}; found {datasets}")
+            dataset = config.dataset or datasets[0]
             methods = self.methods(dataset)
             if config.method and config.method not in methods:
                 raise ValueError(f"parameter 'method': no runs of {config.method!r} on {dataset!r}; found {methods}")

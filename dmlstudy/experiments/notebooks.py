@@ -9,8 +9,9 @@ one differs from what its source builds.
 
 The ``parameters`` cell is written from the notebook's config dataclass (:data:`NOTEBOOK_CONFIGS`): one line
 per field, ``name: type = literal  # the field's comment``, in field order, with the dataclass default
-unless :data:`CI_SIZED` gives the notebook's own CI-sized value. ``study`` is always ``notebook-<stem>``, so
-CI-sized runs of different notebooks never share run folders.
+unless :data:`CI_SIZED` gives the notebook's own CI-sized value. ``study`` is ``notebook-<stem>``, so
+CI-sized runs of different notebooks never share run folders; the explorer alone keeps its ``""`` (it trains
+nothing of its own unless no study has runs, and then into ``notebook-95_explore``).
 
     python -m dmlstudy.experiments.notebooks build   # parameters cells from the configs, then every .ipynb
     python -m dmlstudy.experiments.notebooks check   # exit 1 naming every source or notebook out of date
@@ -36,6 +37,7 @@ from dmlstudy.paths import project_root
 CI_SIZED: dict[str, dict[str, typing.Any]] = {  # a notebook's parameter values that differ from its config's defaults
     "00_datasets": {"knn_classes": 20, "knn_sizes": [32]},
     "01_train": {"epochs": 2, "train_classes": 16, "test_classes": 16, "steps_per_epoch": 6, "progress": False},
+    "95_explore": {"study": ""},  # "": the published study when it has runs (explore.choose_study)
 }
 PARAMETERS_CELL = re.compile(r'^# %% tags=\["parameters"\]\n(?P<body>(?:(?!# %%).*\n)*?)(?=\n# %%|\Z)', re.MULTILINE)
 
@@ -56,7 +58,7 @@ def config_class(stem: str) -> type:
 def parameters_source(stem: str) -> str:
     """The ``parameters`` cell of notebook ``stem``: ``name: type = literal  # comment`` per config field."""
     config = config_class(stem)
-    values = {**CI_SIZED.get(stem, {}), "study": f"notebook-{stem}"}
+    values = {"study": f"notebook-{stem}", **CI_SIZED.get(stem, {})}
     comments = config.field_help()  # the one reader of field comments (dmlstudy.config.TypedConfig)
     hints = typing.get_type_hints(config)
     lines = []

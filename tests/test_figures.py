@@ -1,0 +1,258 @@
+"""The study's figure style (dmlstudy.plots): each figure function drawn on tiny synthetic inputs, then checked
+for what a reader relies on — one colour and marker per method in every figure, legends clear of every data
+area, integer epoch ticks, plain Recall@K ticks, a colourbar beside each heat map, and no curve through a
+sweep of fewer than three values."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+
+from dmlstudy import plots  # noqa: E402
+from dmlstudy.experiments import compare, cross_attention, dgcrl, diml  # noqa: E402
+from dmlstudy.methods import build_method, list_methods  # noqa: E402
+from dmlstudy.models import build_backbone  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def colourbar_axes(figure: plt.Figure) -> list[plt.Axes]:
+    return [axis for axis in figure.axes if hasattr(axis, "_colorbar")]
+
+
+def data_axes(figure: plt.Figure) -> list[plt.Axes]:
+    return [axis for axis in figure.axes if not hasattr(axis, "_colorbar")]
+
+
+def legends(figure: plt.Figure) -> list:
+    return [*figure.legends, *(axis.get_legend() for axis in figure.axes if axis.get_legend() is not None)]
+
+
+def assert_legends_clear(figure: plt.Figure) -> None:
+    """Every legend's box, once drawn, overlaps none of the figure's data axes."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    assert legends(figure), "expected a legend"
+    for legend in legends(figure):
+        box = legend.get_window_extent(renderer)
+        for axis in data_axes(figure):
+            assert not box.overlaps(axis.get_window_extent(renderer)), (
+                f"legend {[t.get_text() for t in legend.get_texts()]} overlaps axes {axis.get_title()!r}"
+            )
+
+
+def assert_integer_ticks(axis: plt.Axes) -> None:
+    low, high = axis.get_xlim()
+    shown = [tick for tick in axis.get_xticks() if low <= tick <= high]
+    assert shown and all(float(tick).is_integer() for tick in shown), shown
+
+
+def series_colours(figure: plt.Figure) -> dict[str, tuple[str, str]]:
+    """Legend label → (colour, marker) of the lines and error-bar points drawn with it."""
+    found = {}
+    for axis in data_axes(figure):
+        for line in axis.get_lines():
+            label = line.get_label()
+            if not label.startswith("_"):
+                found[label] = (to_hex(line.get_color()), line.get_marker())
+        for container in axis.containers:
+            label = container.get_label()
+            if label and not label.startswith("_") and getattr(container, "lines", None):
+                line = container.lines[0]
+                found[label] = (to_hex(line.get_color()), line.get_marker())
+    return found
+
+
+def history(epochs: int = 5) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "epoch": np.arange(1, epochs + 1),
+            "loss": np.linspace(2.0, 1.0, epochs),
+            "R@1": [0.1 + 0.05 * e if e % 2 else np.nan for e in range(epochs)],
+        }
+    )
+
+
+def comparison_frame() -> pd.DataFrame:
+    rows = []
+    for variant, group, seconds, recall in (
+        ("ms", "classic", 100.0, 0.40),
+        ("crt", "paper", 104.0, 0.41),
+        (compare.RERANK, "paper", 100.0, 0.42),
+        ("triplet", "classic", 98.0, 0.35),
+    ):
+        for seed in (0, 1):
+            rows.append(
+                {
+                    "dataset": "synbirds",
+                    "variant": variant,
+                    "group": group,
+                    "seed": seed,
+                    "train_seconds": seconds + seed,
+                    "R@1": recall + 0.01 * seed,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_method_styles_are_distinct_and_follow_the_comparison_order():
+    order = plots.method_order()
+    assert order[0] == "ms" and compare.RERANK in order and "softmax" in order
+    assert set(list_methods()) <= set(order)
+    styles = [plots.method_style(name) for name in order]
+    assert len({(s.colour, s.marker) for s in styles}) == len(order)
+    assert all(s.colour in plots.PALETTE for s in styles)
+    paper = {plots.method_style(n).marker for n in order if compare.row_info(n).group == "paper"}
+    classic = {plots.method_style(n).marker for n in order if compare.row_info(n).group == "classic"}
+    assert not paper & classic  # the marker tells the group
+    assert plots.method_style("no-such-row") == plots.method_style("no-such-row")
+    assert plots.method_style("no-such-row").marker == plots.OTHER_MARKER
+
+
+def test_a_method_has_one_colour_in_every_figure():
+    rng = np.random.default_rng(0)
+    embeddings = {name: (rng.normal(size=(40, 8)), np.arange(40) % 4) for name in ("ms", "crt", compare.RERANK)}
+    spectrum = series_colours(compare.spectrum_figure(embeddings, dataset="synbirds"))
+    timing = series_colours(compare.time_figure(comparison_frame()))
+    results = [
+        (name, SimpleNamespace(config=SimpleNamespace(dataset="synbirds"), history=history()))
+        for name in ("ms", "dgcrl", "softmax")
+    ]
+    curves = series_colours(dgcrl.loss_curves(results))
+    ms = compare.method_label("ms")
+    by_spectrum = {label.split(" (ρ")[0]: style for label, style in spectrum.items()}
+    expected = plots.method_style("ms")
+    assert by_spectrum[ms] == timing[ms] == curves[dgcrl.VARIANT_LABELS["ms"]] == (expected.colour, expected.marker)
+    assert by_spectrum[compare.method_label("crt")] == timing[compare.method_label("crt")]
+    assert by_spectrum[ms][0] != by_spectrum[compare.method_label("crt")][0]
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: compare.time_figure(comparison_frame()),
+        lambda: plots.spectrum({name: np.random.default_rng(1).normal(size=(30, 6)) for name in ("ms", "crt", "x")}),
+        lambda: dgcrl.alpha_figure(alpha_frame([1, 16, 64])),
+        lambda: dgcrl.toy_figure(steps=5),
+        lambda: diml.cost_figure(
+            pd.DataFrame({"K": [5, 10, 20] * 2, "G": [2] * 3 + [4] * 3, "ms per query": range(6)})
+        ),
+        lambda: diml.sweep_figure(sweep_frame(), sweep="G"),
+    ],
+    ids=["time", "spectrum", "alpha", "toy", "cost", "sweep"],
+)
+def test_legends_lie_outside_the_data(draw):
+    assert_legends_clear(draw())
+
+
+def test_epoch_axes_have_integer_ticks():
+    figure = plots.training_curves(history(5))
+    for axis in data_axes(figure):
+        assert_integer_ticks(axis)
+    results = [("ms", SimpleNamespace(config=SimpleNamespace(dataset="d"), history=history(3)))]
+    assert_integer_ticks(dgcrl.loss_curves(results).axes[0])
+
+
+def test_recall_axis_shows_plain_numbers():
+    figure = plots.recall_curve({"R@1": 0.2, "R@2": 0.3, "R@4": 0.4, "R@8": 0.5})
+    figure.canvas.draw()
+    axis = figure.axes[0]
+    assert [t.get_text() for t in axis.get_xticklabels()] == ["1", "2", "4", "8"]
+    assert not any(t.get_text() for t in axis.get_xticklabels(minor=True))
+
+
+def alpha_frame(alphas) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "dataset": "synbirds",
+            "alpha": alphas,
+            "R@1": np.linspace(0.2, 0.4, len(alphas)),
+            "R@2": np.linspace(0.3, 0.5, len(alphas)),
+            "train accuracy": np.linspace(0.5, 0.9, len(alphas)),
+        }
+    )
+
+
+def sweep_frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "sweep": "G",
+                "dataset": "synbirds",
+                "base_loss": "ms",
+                "training": "plain",
+                "G": g,
+                "seed": s,
+                "P@1": 0.3 + 0.01 * g,
+            }
+            for g in (2, 4)
+            for s in (0, 1)
+        ]
+    )
+
+
+def test_a_sweep_of_fewer_than_three_values_is_not_a_curve():
+    short = dgcrl.alpha_figure(alpha_frame([16, 64]))
+    assert {line.get_linestyle() for line in short.axes[0].get_lines()} == {"None"}
+    assert "only 2" in short.axes[0].get_title()
+    long = dgcrl.alpha_figure(alpha_frame([1, 16, 64]))
+    assert {line.get_linestyle() for line in long.axes[0].get_lines()} == {"-"}
+    two_grids = diml.sweep_figure(sweep_frame(), sweep="G")
+    assert all(c.lines[0].get_linestyle() == "None" for c in two_grids.axes[0].containers)
+
+
+def test_heat_maps_have_a_colourbar_and_a_title():
+    figure, _ = diml.worked_example()
+    heat_maps = [axis for axis in data_axes(figure) if axis.images]
+    assert len(heat_maps) == 4
+    for axis in heat_maps:
+        assert axis.images[0].colorbar is not None, axis.get_title()
+        assert axis.get_title()
+    grid = pd.DataFrame({"n=1": [40.0, 41.0], "n=2": [np.nan, 43.0]}, index=[1, 2])
+    figure = cross_attention.grid_heatmap(grid)
+    assert colourbar_axes(figure) and figure.axes[0].get_title()
+
+
+def test_crt_figures_have_colourbars(tiny_config):
+    from dmlstudy.train import load_datasets
+
+    method = build_method("crt", backbone=build_backbone("dml_convnet"), num_classes=4).eval()
+    assert colourbar_axes(plots.crt_correlation_figure(method))
+    dataset = load_datasets(tiny_config())["query"]
+    figure = plots.crt_heatmap_figure(method, dataset, [0, 1], prototypes=3)
+    assert len(colourbar_axes(figure)) == 1 and figure.get_suptitle()
+
+
+def test_same_and_other_class_are_not_red_and_green():
+    assert {plots.CORRECT, plots.WRONG} <= set(plots.PALETTE)
+    assert plots.CORRECT != plots.WRONG
+
+
+def test_attention_maps_have_colourbars_and_class_colours(tiny_config):
+    from dmlstudy.train import load_datasets
+
+    method = build_method(
+        "cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2
+    ).eval()
+    dataset = load_datasets(tiny_config())["query"]
+    labels = np.asarray(dataset.labels)
+    other = int(np.flatnonzero(labels != labels[0])[0])
+    explanation = plots.cross_attention_explanation(method, dataset, 0, [1, other])
+    assert len(colourbar_axes(explanation)) == 1
+    title_colours = {to_hex(axis.title.get_color()) for axis in data_axes(explanation)}
+    assert title_colours <= {plots.CORRECT, plots.WRONG} and plots.WRONG in title_colours
+    figure = cross_attention.attention_figure(method, dataset, [(0, 1, other)], blocks=(1, 2))
+    assert len(colourbar_axes(figure)) == 2
