@@ -190,13 +190,17 @@ def source_image(dataset, index: int) -> np.ndarray:
 
 
 def training_curves(history: pd.DataFrame, *, metric: str = "R@1", title: str = "") -> plt.Figure:
-    """Training loss per epoch and the test ``metric`` at each evaluation."""
+    """Training loss per epoch and ``metric`` at each evaluation (on the validation classes when the run has
+    them, else the test classes: :func:`dmlstudy.train.evaluation_column`)."""
+    from dmlstudy.train import evaluation_column
+
+    column, classes = evaluation_column(history, metric)
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
     left.plot(history["epoch"], history["loss"], marker="o")
     left.set(xlabel="epoch", ylabel="training loss", title="loss")
-    evaluated = history.dropna(subset=[metric]) if metric in history else history.iloc[0:0]
-    right.plot(evaluated["epoch"], 100 * evaluated[metric], marker="o", color=PALETTE[1])
-    right.set(xlabel="epoch", ylabel=f"{metric} (%)", title=f"test {metric}")
+    evaluated = history.dropna(subset=[column]) if column in history else history.iloc[0:0]
+    right.plot(evaluated["epoch"], 100 * evaluated[column], marker="o", color=PALETTE[1])
+    right.set(xlabel="epoch", ylabel=f"{metric} (%)", title=f"{classes} {metric}")
     for axis in (left, right):
         integer_ticks(axis)
         axis.grid(alpha=0.3)

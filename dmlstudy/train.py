@@ -561,6 +561,13 @@ def evaluate(
     return {key: float(value) for key, value in values.items()}, arrays
 
 
+def evaluation_column(history: pd.DataFrame, metric: str = "R@1") -> tuple[str, str]:
+    """``(column, classes)``: the history column holding ``metric`` at each evaluated epoch and which classes it
+    was measured on — ``val_<metric>`` on the validation classes for a run with validation folds, else
+    ``metric`` on the test classes."""
+    return (f"val_{metric}", "validation") if f"val_{metric}" in history else (metric, "test")
+
+
 def _epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919) % 2**31
 

@@ -72,7 +72,7 @@ from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.records import seed_everything
 from dmlstudy.study import mean_std_text
-from dmlstudy.train import RunResult, load_datasets
+from dmlstudy.train import RunResult, evaluation_column, load_datasets
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.
@@ -225,7 +225,9 @@ def recall_at(result: RunResult, ks: Sequence[int]) -> dict[str, float]:
 
 
 def best_epoch(history: pd.DataFrame, *, metric: str = "R@1") -> tuple[int, float]:
-    """``(epoch, value)`` of the first evaluation with the highest ``metric``."""
+    """``(epoch, value)`` of the first evaluation with the highest ``metric`` (validation classes when the run
+    has them: the epoch its reported checkpoint comes from)."""
+    metric, _ = evaluation_column(history, metric)
     evaluated = history.dropna(subset=[metric]) if metric in history else history.iloc[0:0]
     if evaluated.empty:
         raise ValueError(f"best_epoch: the history has no {metric!r} evaluations")
@@ -611,7 +613,8 @@ def loss_sentence(table: pd.DataFrame, dataset: str) -> str:
 
 
 def loss_curves(results: list[tuple[str, RunResult]], *, metric: str = "R@1") -> plt.Figure:
-    """Test ``metric`` per epoch of each loss (first seed per dataset and loss), each in its method's style
+    """``metric`` per evaluated epoch of each loss (validation classes when the runs have them, else test; first
+    seed per dataset and loss), each in its method's style
     (:func:`dmlstudy.plots.method_style`; variants that are no method row keep a colour of their own)."""
     from dmlstudy import plots
 
@@ -624,16 +627,17 @@ def loss_curves(results: list[tuple[str, RunResult]], *, metric: str = "R@1") ->
             continue
         seen.add(key)
         axis = axes[0, datasets.index(result.config.dataset)]
-        history = result.history.dropna(subset=[metric])
+        column, classes = evaluation_column(result.history, metric)
+        history = result.history.dropna(subset=[column])
         style = plots.method_style(variant)
         axis.plot(
             history["epoch"],
-            100 * history[metric],
+            100 * history[column],
             marker=style.marker,
             color=style.colour,
             label=VARIANT_LABELS.get(variant, variant),
         )
-        axis.set(xlabel="epoch", ylabel=f"test {metric} (%)", title=result.config.dataset)
+        axis.set(xlabel="epoch", ylabel=f"{classes} {metric} (%)", title=result.config.dataset)
     for axis in axes[0]:
         axis.grid(alpha=0.3)
         plots.integer_ticks(axis)
