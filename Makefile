@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml requirements.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e . || $(BIN)/python -m pip install --quiet --no-deps -e .
+	-@git config filter.notebook-outputs.clean "$(BIN)/python -m dmlstudy.experiments.notebooks strip" 2>/dev/null
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -48,14 +48,16 @@ def seed_everything(seed: int) -> None:
 
 
 def git_revision(folder: Path | None = None) -> str:
-    """``<sha>`` of HEAD, with ``+dirty`` when the work tree has changes; ``unknown`` outside git."""
+    """``<sha>`` of HEAD, with ``+dirty`` when a tracked file's content differs from HEAD (staged or not), as
+    git's filters see it: a notebook saved with outputs is not a change (``.gitattributes``); ``unknown``
+    outside git."""
     try:
         cwd = str(folder) if folder else None
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=cwd
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "diff", "--name-only", "HEAD"],
             capture_output=True,
             text=True,
             check=True,

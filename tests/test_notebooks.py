@@ -9,6 +9,7 @@ import shutil
 import typing
 from pathlib import Path
 
+import nbformat
 import papermill
 import pytest
 from papermill.exceptions import PapermillExecutionError
@@ -106,3 +107,61 @@ def test_parameters_cell_lines_come_from_the_config():
         if spec.name != "study":
             default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
             assert ast.literal_eval(value) == default, spec.name
+
+
+def _with_outputs(text: str) -> str:
+    """A built notebook as JupyterLab saves it after a run: outputs, counts, kernel and cell metadata."""
+    notebook = nbformat.reads(text, as_version=4)
+    notebook.metadata["kernelspec"]["display_name"] = "Python 3 (ipykernel)"
+    notebook.metadata["language_info"].update(version="3.11.9", mimetype="text/x-python")
+    for count, cell in enumerate(c for c in notebook.cells if c.cell_type == "code"):
+        cell.execution_count = count + 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"output {count}\n")]
+        cell.metadata["execution"] = {"iopub.status.busy": "2026-11-23T10:00:00"}
+    return nbformat.writes(notebook)
+
+
+def test_strip_gives_back_the_built_notebook():
+    source = (NOTEBOOKS / "01_train.py").read_text()
+    built = notebook_sources.build(source)
+    run = _with_outputs(built)
+    assert run != built and '"output 0' in run
+    assert notebook_sources.strip(run) == built
+    assert notebook_sources.strip(built) == built
+
+
+def test_git_sees_a_run_notebook_without_its_outputs(tmp_path):
+    """The `.gitattributes` filter, registered as `make install` does: a notebook saved with outputs is not a
+    change, and what gets committed has none."""
+    import subprocess
+    import sys
+
+    from dmlstudy.records import git_revision
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("config", "user.email", "test@example.com")
+    git("config", "user.name", "test")
+    git("config", "filter.notebook-outputs.clean", f"{sys.executable} -m dmlstudy.experiments.notebooks strip")
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(NOTEBOOKS.parent / ".gitattributes", tmp_path / ".gitattributes")
+    notebook = tmp_path / "notebooks" / "01_train.ipynb"
+    built = notebook_sources.build((NOTEBOOKS / "01_train.py").read_text())
+    notebook.write_text(built)
+    git("add", ".")
+    git("commit", "-qm", "built")
+    notebook.write_text(_with_outputs(built))
+    assert git("diff", "--stat") == "", "a notebook run in JupyterLab differs from the commit"
+    assert not git_revision(tmp_path).endswith("+dirty"), "outputs alone made the recorded revision dirty"
+    git("add", ".")
+    assert git("status", "--porcelain") == "", "adding a run notebook staged its outputs"
+    notebook.write_text(_with_outputs(built).replace("Train one method", "Train a method"))
+    assert git_revision(tmp_path).endswith("+dirty")
+    git("add", ".")
+    committed = git("show", ":notebooks/01_train.ipynb")
+    assert "Train a method" in committed and '"outputs": []' in committed and "output 0" not in committed

@@ -15,6 +15,13 @@ nothing of its own unless no study has runs, and then into ``notebook-95_explore
 
     python -m dmlstudy.experiments.notebooks build   # parameters cells from the configs, then every .ipynb
     python -m dmlstudy.experiments.notebooks check   # exit 1 naming every source or notebook out of date
+    python -m dmlstudy.experiments.notebooks strip   # stdin → stdout: a notebook without outputs (git's filter)
+
+Notebooks stay clean in git: ``.gitattributes`` sends ``notebooks/*.ipynb`` through the ``notebook-outputs``
+filter, whose clean step is :func:`strip` (``make install`` registers it in the clone's git config). A notebook
+run and saved in JupyterLab keeps its outputs on disk, but git sees it without them, so it is not a change,
+nothing with outputs can be committed, and the git revision recorded in a run's ``environment.json``
+(:func:`dmlstudy.records.git_revision`) stays clean.
 """
 
 from __future__ import annotations
@@ -111,6 +118,27 @@ def build(source: str) -> str:
     return nbformat.writes(notebook) + "\n"
 
 
+def strip(text: str) -> str:
+    """``text`` (an ``.ipynb``) as :func:`build` writes it: outputs and execution counts removed, only the cell
+    tags and the notebook's kernel metadata kept. An unchanged built notebook strips to itself."""
+    notebook = nbformat.reads(text, as_version=4)
+    clean = nbformat.v4.new_notebook()
+    clean.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    clean.metadata["language_info"] = {"name": "python"}
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code":
+            new = nbformat.v4.new_code_cell(cell.source)
+            if cell.metadata.get("tags"):
+                new.metadata["tags"] = list(cell.metadata["tags"])
+        elif cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(cell.source)
+        else:
+            new = nbformat.v4.new_raw_cell(cell.source)
+        new["id"] = cell.get("id") or f"cell-{index:02d}"
+        clean.cells.append(new)
+    return nbformat.writes(clean) + "\n"
+
+
 def stems(folder: Path | None = None) -> list[str]:
     return sorted(path.stem for path in (folder or notebooks_folder()).glob("*.py"))
 
@@ -156,8 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dmlstudy.experiments.notebooks", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("command", choices=["build", "check"])
+    parser.add_argument("command", choices=["build", "check", "strip"])
     args = parser.parse_args(argv)
+    if args.command == "strip":
+        sys.stdout.write(strip(sys.stdin.read()))
+        return 0
     if args.command == "build":
         for path in build_all():
             print("wrote", path.relative_to(project_root()))
