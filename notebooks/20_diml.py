@@ -30,12 +30,12 @@
 # inject real sizes.
 
 # %% tags=["parameters"]
-study: str = "notebook-20_diml"  # runs go to <runs_root>/<study>/
-runs_root: str = ""  # default: <project>/runs
-data_root: str = ""  # default: <project>/data
-datasets: list = ["synbirds"]  # embedded sets: synbirds, glyphs
+study: str = 'notebook-20_diml'  # runs go to <runs_root>/<study>/
+runs_root: str = ''  # default: <project>/runs
+data_root: str = ''  # default: <project>/data
+datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
 seeds: list = [0]  # one run per seed; tables report mean ± std
-backbone: str = "dml_convnet"  # timm model name, the same for every method of a table
+backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
 image_size: int = 64  # pixels
 embedding_dim: int = 128  # d of every method
 classes_per_batch: int = 16  # P
@@ -48,7 +48,7 @@ lr: float = 0.004  # backbone/embedding learning rate
 eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
 progress: bool = False  # tqdm bars inside the notebook
 workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
-base_losses: list = ["ms"]  # base losses: a plain run and a DIML-trained run each (ms, margin, proxynca)
+base_losses: list = ['ms']  # base losses: a plain run and a DIML-trained run each (ms, margin, proxynca)
 train_diml: bool = True  # also train the DIML variants (False: only re-rank the plain baselines)
 top_ks: list = [0, 10, 50]  # truncation K of the re-ranking sweep (at grid_size)
 grid_sizes: list = [1, 2, 4]  # grid sizes G of the grid sweep (at top_k); > 4 upsamples the 4 × 4 map
@@ -56,7 +56,7 @@ grid_size: int = 4  # G for DIML training and for the K sweep
 top_k: int = 50  # K for the grid sweep (the paper: 100)
 epsilon: float = 0.05  # entropic regularisation ε of the transport (training and re-ranking)
 uniform_marginals: bool = False  # uniform 1/G² marginals instead of cross-correlation ones
-paper_dataset: str = "CUB-200"  # which of the paper's datasets is printed beside ours (CUB-200, Cars196, SOP)
+paper_dataset: str = 'CUB-200'  # which of the paper's datasets is printed beside ours (CUB-200, Cars196, SOP)
 cost_top_ks: list = [10, 50]  # K values of the re-ranking cost table
 cost_grid_sizes: list = [2, 4]  # G values of the re-ranking cost table
 cost_queries: int = 32  # queries timed per (K, G) cell of the cost table
