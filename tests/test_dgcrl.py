@@ -317,3 +317,21 @@ def test_dgcrl_reading_follows_the_paired_verdict_rule(dgcrl, verdict):
     assert main_sentence(frame[frame["variant"] != "softmax"], "synbirds").endswith(
         "cannot be checked (no softmax run)."
     )
+
+
+def test_alpha_reading_judges_paired_seeds():
+    import pandas as pd
+
+    from dmlstudy.experiments.dgcrl import alpha_sentence
+
+    r1 = {1.0: [0.10, 0.12, 0.11], 16.0: [0.402, 0.41, 0.418], 128.0: [0.40, 0.41, 0.42]}
+    runs = pd.DataFrame(
+        [
+            {"dataset": "synbirds", "alpha": alpha, "seed": seed, "R@1": value}
+            for alpha, values in r1.items()
+            for seed, value in enumerate(values)
+        ]
+    )
+    (sentence,) = alpha_sentence(runs)
+    assert "α = 128 − α = 1: +30.00 R@1 points" in sentence and "→ held (the paper: poor at small α" in sentence
+    assert "95 % CI [-0.50, +0.50], 3 paired seeds → equivalent (the paper: stable" in sentence  # −0.2, 0, +0.2

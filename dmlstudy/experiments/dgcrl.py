@@ -368,17 +368,21 @@ def main_sentence(frame: pd.DataFrame, dataset: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # α sweep (Fig. 3)
 # ----------------------------------------------------------------------------------------------
-def alpha_frame(
+def alpha_runs(
     results: list[tuple[str, RunResult]], variants: Mapping[float, tuple[str, dict]], *, ks: Sequence[int], items: int
 ) -> pd.DataFrame:
     """One row per (dataset, α, seed): test Recall@K and the centres' accuracy on training images."""
     alpha_of = {name: alpha for alpha, (name, _) in variants.items()}
-    frame = _rows(
+    return _rows(
         results,
         ks,
         lambda variant, result: {"alpha": alpha_of[variant], "train accuracy": training_accuracy(result, items=items)},
     )
-    return frame.groupby(["dataset", "alpha"], sort=True).mean(numeric_only=True).drop(columns="seed").reset_index()
+
+
+def alpha_means(runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`alpha_runs` averaged over seeds: one row per (dataset, α)."""
+    return runs.groupby(["dataset", "alpha"], sort=True).mean(numeric_only=True).drop(columns="seed").reset_index()
 
 
 def alpha_figure(frame: pd.DataFrame) -> plt.Figure:
@@ -404,24 +408,34 @@ def alpha_figure(frame: pd.DataFrame) -> plt.Figure:
     return figure
 
 
-def alpha_sentence(frame: pd.DataFrame) -> list[str]:
-    """Paper: poor for small α, stable for α ≥ 16. Checked per dataset: R@1 at the smallest α vs the best, spread for α ≥ 16."""
+def alpha_sentence(runs: pd.DataFrame, *, reference: float = 128.0) -> list[str]:
+    """Paper: poor for small α, stable for α ≥ 16. Checked per dataset by the study's rule
+    (:func:`~dmlstudy.experiments.kit.judge`) on :func:`alpha_runs`' per-seed R@1: "α = ``reference`` (the
+    default) > the smallest α" (poor at small α: held), and "α = ``reference`` ≈ α" for every other α ≥ 16
+    (stable: equivalent)."""
     sentences = []
-    for dataset, group in frame.groupby("dataset"):
-        r1 = dict(zip(group["alpha"], 100 * group["R@1"]))
-        if len(r1) < 2:
-            sentences.append(f"{dataset}: one α only, no direction to check.")
+    runs = runs.assign(variant=runs["alpha"].map(lambda alpha: f"{alpha:g}"))
+    for dataset, group in runs.groupby("dataset"):
+        alphas = sorted(set(group["alpha"]))
+        if len(alphas) < 2 or reference not in alphas:
+            sentences.append(f"{dataset}: fewer than two α or no α = {reference:g}, no direction to check.")
             continue
-        smallest, best = min(r1), max(r1, key=r1.get)
-        large = [value for alpha, value in r1.items() if alpha >= 16]
-        spread = max(large) - min(large) if len(large) > 1 else float("nan")
-        poor = r1[smallest] < r1[best] - 2.0
+
+        def verdict(alpha: float, group: pd.DataFrame = group, dataset: str = dataset) -> Verdict:
+            return judge(paired_differences(group, dataset, f"{reference:g}", f"{alpha:g}").differences)
+
+        smallest = alphas[0]
+        small = verdict(smallest)
         text = (
-            f"{dataset}: R@1 {r1[smallest]:.1f} at α = {smallest:g} vs {r1[best]:.1f} at the best α = {best:g} "
-            f"({'poor at small α, as the paper says' if poor else 'not poor at small α (within 2 points of the best), unlike the paper'})"
+            f"{dataset}: R@1 at α = {reference:g} − α = {smallest:g}: {small.interval_text()} → {small.text} "
+            f"(the paper: poor at small α, i.e. held)"
         )
-        if len(large) > 1:
-            text += f"; for α ≥ 16 R@1 spans {spread:.1f} points ({'stable' if spread <= 3.0 else 'not stable'} by a 3-point criterion)"
+        stable = [alpha for alpha in alphas if alpha >= 16 and alpha != reference]
+        if stable:
+            text += f"; α = {reference:g} − α ≥ 16: " + "; ".join(
+                f"α = {alpha:g} {verdict(alpha).interval_text()} → {verdict(alpha).text}" for alpha in stable
+            )
+            text += " (the paper: stable, i.e. equivalent)"
         sentences.append(text + ".")
     return sentences
 

@@ -6,8 +6,8 @@ the method registry and :mod:`dmlstudy.plots`, never a paper module.
   :func:`run_variants`, :func:`with_reference`, :func:`variant_name`, :func:`find_run`);
 * mean ± std tables and their lookups (:func:`summary`, :func:`lookup`);
 * **the verdict rule** (:func:`judge` of per-seed paired differences, :func:`paired_differences`) and its
-  two phrasings (:func:`effect_sentence` against a paper's number, :func:`claim_verdict` for a claim
-  "A > B") — swap :func:`judge` to change the rule everywhere;
+  phrasings (:attr:`Verdict.text` for a claim "A > B", :func:`effect_sentence` against a paper's
+  number) — swap :func:`judge` to change the rule everywhere;
 * the papers' numbers as table columns (:func:`paper_column`, :data:`PAPER_DATASET`);
 * the embedding geometry table, projections (t-SNE / UMAP) and the diagram boxes and arrows.
 """
@@ -319,11 +319,6 @@ def judge(differences: Sequence[float], *, margin: float = MARGIN, confidence: f
             "undecided", mean, low, high, n, margin, seeds_to_decide(mean, sd, margin=margin, confidence=confidence)
         )
     return Verdict(outcome, mean, low, high, n, margin)
-
-
-def claim_verdict(paired: Paired, *, margin: float = MARGIN) -> str:
-    """The verdict text (:func:`judge`) of a claim "A > B" from its paired differences."""
-    return judge(paired.differences, margin=margin).text
 
 
 def effect_sentence(
