@@ -789,8 +789,9 @@ def _claim_sentence(row: Mapping[str, Any]) -> str:
 
 
 def forest_figure(claims: pd.DataFrame) -> plt.Figure:
-    """Δ with its t-interval per claim × dataset (top to bottom in table order), each row's ±margin band
-    shaded, the verdict as the marker's colour (hollow: no verdict); claims not evaluated are left out."""
+    """Δ with its t-interval per claim × dataset (top to bottom in table order, headline claims above the
+    dashed line, ablation claims below), each row's ±margin band shaded, the verdict as the marker's colour
+    (hollow: no verdict); claims not evaluated are left out."""
     rows = claims[claims["outcome"] != "not evaluated"].reset_index(drop=True)
     figure, axis = plt.subplots(figsize=(9.5, 0.34 * max(len(rows), 1) + 1.6))
     for y, row in rows.iterrows():
@@ -801,6 +802,9 @@ def forest_figure(claims: pd.DataFrame) -> plt.Figure:
             axis.plot([row["CI low"], row["CI high"]], [y, y], color=colour, linewidth=2)
         axis.plot(row["Δ"], y, "o", color=colour, markerfacecolor=colour if row["seeds"] >= 2 else "white")
     axis.axvline(0, color="0.3", linewidth=0.8)
+    headline = int((rows["kind"] == "headline").sum())
+    if 0 < headline < len(rows):  # headline claims above, ablation claims below
+        axis.axhline(len(rows) - headline - 0.5, color="0.5", linestyle="--", linewidth=0.8)
     labels = [
         f"{r['claim']} — {r['dataset']}" + ("" if r["unit"] == "R@1 points" else f" [{r['unit']}]")
         for _, r in rows.iterrows()
