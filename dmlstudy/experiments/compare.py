@@ -574,7 +574,7 @@ def claim_reranks(path: str | Path = CLAIMS_SOURCE) -> dict[str, dict[str, int]]
 CLAIMS: tuple[Claim, ...] = load_claims()
 
 
-def ablation_grid(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> dict[str, dict[str, Any]]:
+def ablation_grid(claims: Sequence[Claim] = CLAIMS) -> dict[str, dict[str, Any]]:
     """``{name: spec}`` of every run the ablation claims compare (both sides; the names of
     :func:`claim_variants` with their specs, the others as :func:`method_grid` names them)."""
     specs = claim_variants()
@@ -588,7 +588,7 @@ def run_ablations(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> lis
     if not config.ablation_seeds or not config.ablation_datasets:
         return []
     protocol = dataclasses.replace(config, seeds=list(config.ablation_seeds))
-    grid = protocol.grid(ablation_grid(config, claims), datasets=config.ablation_datasets)
+    grid = protocol.grid(ablation_grid(claims), datasets=config.ablation_datasets)
     return run_grid(grid, workers=config.workers)
 
 
