@@ -180,7 +180,7 @@ truncation = diml_study.rerank_sweep_table(frame, sweep="K", paper_dataset=confi
 print(config.protocol_text(), f"| G = {config.grid_size}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds")
 display(diml_study.display_columns(truncation))
 for sentence in diml_study.sweep_readings(
-    truncation, sweep="K", low=min(config.top_ks), high=config.reference_k(), paper_dataset=config.paper_dataset
+    frame, sweep="K", low=min(config.top_ks), high=config.reference_k(), paper_dataset=config.paper_dataset
 ):
     print("•", sentence)
 figure = diml_study.sweep_figure(frame, sweep="K")
@@ -198,7 +198,7 @@ grid_table = diml_study.rerank_sweep_table(frame, sweep="G", paper_dataset=confi
 print(config.protocol_text(), f"| K = {config.top_k}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds")
 display(diml_study.display_columns(grid_table))
 for sentence in diml_study.sweep_readings(
-    grid_table, sweep="G", low=min(config.grid_sizes), high=config.reference_grid(), paper_dataset=config.paper_dataset
+    frame, sweep="G", low=min(config.grid_sizes), high=config.reference_grid(), paper_dataset=config.paper_dataset
 ):
     print("•", sentence)
 figure = diml_study.sweep_figure(frame, sweep="G")
@@ -216,7 +216,7 @@ plots.save_figure(figure, "diml_grid_size", study=config.study)
 training = diml_study.training_table(frame, top_k=config.reference_k())
 print(config.protocol_text(), f"| G = {config.grid_size}, metrics in %, mean ± std over seeds")
 display(diml_study.display_columns(training))
-for sentence in diml_study.training_readings(training):
+for sentence in diml_study.training_readings(frame, top_k=config.reference_k()):
     print("•", sentence)
 
 # %% [markdown]

@@ -161,14 +161,15 @@ readings += kit.report(config, table, sentences, title="MS vs softmax without N-
 # %%
 variants = dgcrl_study.alpha_variants(config.alphas)
 results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
-alpha_frame = dgcrl_study.alpha_frame(results, variants, ks=config.table_ks, items=config.accuracy_items)
+alpha_seed_rows = dgcrl_study.alpha_runs(results, variants, ks=config.table_ks, items=config.accuracy_items)
+alpha_frame = dgcrl_study.alpha_means(alpha_seed_rows)
 shown = alpha_frame.assign(
     **{c: (100 * alpha_frame[c]).round(1) for c in alpha_frame.columns if c.startswith("R@") or c == "train accuracy"}
 )
 readings += kit.report(
     ablation,
     shown,
-    dgcrl_study.alpha_sentence(alpha_frame),
+    dgcrl_study.alpha_sentence(alpha_seed_rows),
     title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")",
 )
 figure = dgcrl_study.alpha_figure(alpha_frame)

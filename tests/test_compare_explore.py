@@ -9,8 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from scipy import stats
 
 matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 from dmlstudy.experiments import compare, explore, kit  # noqa: E402
 
@@ -88,35 +90,126 @@ def test_config_rejects_unknown_methods_and_missing_classic_seeds():
     with pytest.raises(ValueError, match="main method"):
         compare.CompareStudy(classic_methods=["diml_rerank"])
     assert compare.trained_methods(["diml_rerank", "crt", "ms"]) == ["ms", "crt"]
+    with pytest.raises(ValueError, match="parameter 'margin' must be > 0"):
+        compare.CompareStudy(margin=0.0)
 
 
-def test_claims_are_read_from_the_numbers():
-    frame = run_rows(
-        {
-            ("synbirds", "ms", "main"): [(0.50, 0), (0.52, 0), (0.54, 0)],
-            ("synbirds", "crt", "main"): [(0.60, 0), (0.62, 0), (0.64, 0)],  # +10 points, s.e. 1.63 → held
-            ("synbirds", "diml_rerank", "main"): [(0.49, 0), (0.53, 0), (0.55, 0)],  # −0.33 points, within noise
-            ("synbirds", "cross_attention", "main"): [(0.40, 0), (0.41, 0), (0.42, 0)],  # −11 points → did not hold
-            ("synbirds", "dgcrl", "main"): [(0.30, 0), (0.30, 0), (0.30, 0)],
-            ("synbirds", "triplet", "classic"): [(0.20, 0)],  # one seed → "1 seed"
-        }
+def seed_rows(spec, **extra):
+    """Per-run rows from {(dataset, variant): {seed: R@1}} (fractions)."""
+    return [
+        {"dataset": dataset, "variant": variant, "seed": seed, "R@1": r1, **extra}
+        for (dataset, variant), runs in spec.items()
+        for seed, r1 in runs.items()
+    ]
+
+
+def test_claims_table_pairs_only_the_seeds_both_sides_ran():
+    frame = pd.DataFrame(
+        seed_rows(
+            {
+                ("synbirds", "ms"): {0: 0.50, 1: 0.52, 2: 0.54, 3: 0.30},
+                ("synbirds", "crt"): {0: 0.60, 1: 0.63, 2: 0.63, 4: 0.99},  # seeds 3 / 4 on one side only
+                ("synbirds", "diml_rerank"): {0: 0.49, 1: 0.56, 2: 0.53},  # −1, +4, −1: undecided
+                ("synbirds", "cross_attention"): {0: 0.40, 1: 0.41, 2: 0.42},
+                ("synbirds", "dgcrl"): {0: 0.30},
+                ("synbirds", "triplet"): {0: 0.20, 1: 0.20},
+                ("synbirds", "crt-use_crt=False"): {0: 0.60, 1: 0.63},
+                ("glyphs", "ms"): {0: 0.5, 1: 0.5},
+                ("glyphs", "crt-use_crt=False"): {0: 0.1, 1: 0.1},  # an ablation run outside ablation_datasets
+            }
+        )
     )
-    table = compare.comparison_table(frame, metrics=["R@1"])
-    claims = compare.claims_table(table).set_index("claim")
-    assert claims.loc["CRT > MS baseline", "ours ΔR@1"] == pytest.approx(10.0)
-    assert claims.loc["CRT > MS baseline", "s.e."] == pytest.approx(math.sqrt(2 * 2.0**2 / 3), abs=0.01)
-    assert claims.loc["CRT > MS baseline", "verdict"] == "held"
-    assert claims.loc["CRT > MS baseline", "paper ΔR@1"] == pytest.approx(75.95 - 72.25)
-    assert claims.loc["DIML re-ranking > MS baseline", "verdict"].startswith("inconclusive")
-    assert claims.loc["cross-attention > MS baseline", "verdict"] == "did not hold"
-    assert claims.loc["DGCRL > triplet", "verdict"] == "held (1 seed, no noise estimate)"
-    assert claims.loc["DGCRL > triplet", "seeds"] == 1
-    assert claims.loc["DIML training > MS baseline", "verdict"] == "not evaluated (no diml runs)"
-    sentences = compare.claim_sentences(compare.claims_table(table))
+    claims = compare.claims_table(frame, margin=1.0, ablation_datasets=["synbirds"])
+    rows = claims.set_index(["claim", "dataset"])
+    crt = rows.loc[("CRT > MS baseline", "synbirds")]
+    differences = [10.0, 11.0, 9.0]  # seeds 0, 1, 2 only
+    low, high = stats.t.interval(0.95, 2, loc=10.0, scale=stats.sem(differences))
+    assert (crt["Δ"], crt["CI low"], crt["CI high"], crt["seeds"]) == pytest.approx((10.0, low, high, 3), abs=0.01)
+    assert (crt["verdict"], crt["paper Δ"], crt["margin"]) == ("held", pytest.approx(75.95 - 72.25), 1.0)
+    assert crt["checkpoint"] == compare.NO_SELECTION
+    assert rows.loc[("cross-attention > MS baseline", "synbirds"), "verdict"] == "reversed"
+    rerank = rows.loc[("DIML re-ranking > MS baseline", "synbirds")]
+    assert rerank["verdict"].startswith("undecided (≈ ") and rerank["seeds to decide"] > 3
+    assert rows.loc[("DGCRL > triplet", "synbirds"), "verdict"] == "no verdict (1 seed)"
+    assert rows.loc[("DIML training > MS baseline", "synbirds"), "verdict"] == "not evaluated (no diml runs)"
+    assert rows.loc[("CRT > MS baseline", "glyphs"), "verdict"] == "not evaluated (no crt runs)"
+    ablation = "CRT > CRT without the coded residual transform (−CRT)"
+    assert rows.loc[(ablation, "synbirds"), ["verdict", "seeds"]].tolist() == ["equivalent", 2]  # 0 and 0 points
+    assert (ablation, "glyphs") not in rows.index  # ablation claims only on ablation_datasets
+    speed = rows.loc[("DGCRL reaches its best validation R@1 in ≤ 1/5 of triplet's epochs", "synbirds")]
+    assert speed["verdict"] == "not evaluated (no best_epoch in the runs' records)"
+    sentences = compare.claim_sentences(claims)
     assert sentences[-1].startswith(
-        "Of 4 claim × dataset comparisons, 2 held, 1 did not hold, 1 were within seed noise"
+        "Of 6 claim × dataset comparisons, 4 were decided: 2 held, 1 reversed, 1 equivalent; 1 undecided and 1 "
+        "without a verdict (fewer than 2 paired seeds)."
     )
+    assert sentences[-1].endswith("Headline: 2 of 4 decided.")
     assert "DIML training > MS baseline" in sentences[-1]
+
+
+def test_the_speed_claim_pairs_scaled_best_epochs():
+    frame = pd.DataFrame(
+        [
+            *seed_rows({("glyphs", "triplet"): {0: 0.2, 1: 0.2, 2: 0.2}}),
+            *seed_rows({("glyphs", "dgcrl"): {0: 0.3, 1: 0.3, 2: 0.3}}),
+        ]
+    )
+    frame["best_epoch"] = [20, 25, 30, 2, 3, 3]  # triplet / 5 − DGCRL: 2, 2, 3
+    frame["selection"] = (
+        "best validation R@1 (fold 0 of 4 class-disjoint folds of the training classes), epoch 7 of 9 trained"
+    )
+    speed = [c for c in compare.CLAIMS if c.metric == "best_epoch"]
+    row = compare.claims_table(frame, claims=speed).iloc[0]
+    assert (row["Δ"], row["seeds"], row["unit"], row["margin"]) == (
+        pytest.approx(7 / 3, abs=0.01),
+        3,
+        "best epoch",
+        1.0,
+    )
+    assert row["verdict"] == "held"
+    assert row["checkpoint"] == "best validation R@1 (fold 0 of 4 class-disjoint folds of the training classes)"
+
+
+def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
+    from dmlstudy.experiments import cross_attention, crt, dgcrl
+
+    trained = {
+        **crt.component_variants(),
+        **kit.as_grid(crt.lambda2_variants([0.0])),
+        **cross_attention.ablation_grid(cross_attention.grid_variants([0, 2, 6])),
+        **kit.as_grid(dgcrl.alpha_variants([1, 16])),
+    }
+    variants = compare.claim_variants()
+    assert {name: trained[name] for name in variants} == variants
+    needed = compare.ablation_grid()
+    assert set(needed) == {"crt", "ms", *variants, "cross_attention", "dgcrl"}
+    assert all(needed[name] == trained[name] for name in needed if name in trained)
+    assert len([c for c in compare.CLAIMS if c.kind == "headline"]) == 8  # × 2 datasets: the 16 headline claims
+    compared = {c.a for c in compare.CLAIMS} | {c.b for c in compare.CLAIMS}
+    known = set(compare.main_rows()) | set(compare.classic_rows()) | set(variants) | set(compare.claim_reranks())
+    assert compared <= known, f"claims compare rows no notebook produces: {sorted(compared - known)}"
+
+
+def test_claims_yaml_errors_name_the_file_and_the_key(tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text("claims:\n  - {name: x, kind: headline, a: crt, b: ms, runs: protocol, source: s, colour: red}\n")
+    with pytest.raises(ValueError, match=r"claims\.yaml: claims\[0\] \('x'\): unknown keys \['colour'\]"):
+        compare.load_claims(path)
+    path.write_text("claims:\n  - {name: x, kind: main, a: crt, b: ms, runs: protocol, source: s}\n")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        compare.load_claims(path)
+
+
+def test_forest_plot_has_one_row_per_evaluated_claim():
+    frame = pd.DataFrame(
+        seed_rows({("synbirds", "ms"): {0: 0.5, 1: 0.52, 2: 0.51}, ("synbirds", "crt"): {0: 0.6, 1: 0.6, 2: 0.7}})
+    )
+    claims = compare.claims_table(frame, claims=compare.CLAIMS[:3])
+    figure = compare.forest_figure(claims)
+    axis = figure.axes[0]
+    assert [t.get_text() for t in axis.get_yticklabels()] == ["CRT > MS baseline — synbirds"]
+    assert len(axis.patches) == 1 and axis.patches[0].get_width() == pytest.approx(2.0)  # the ±margin band
+    plt.close(figure)
 
 
 def test_figures_readme_lists_every_png_with_its_notebook(tmp_path):

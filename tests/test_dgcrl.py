@@ -286,31 +286,52 @@ def test_every_variant_trains_a_step(tiny_config, method, kwargs):
         assert result.history["train_accuracy"].between(0, 1).all()
 
 
-def _r1_table(values: dict[str, list[float]]):
+def _r1_runs(values: dict[str, list[float]]):
     import pandas as pd
 
-    from dmlstudy.experiments.protocol import mean_std_table
-
-    frame = pd.DataFrame(
+    return pd.DataFrame(
         [
             {"dataset": "synbirds", "variant": variant, "seed": seed, "R@1": value}
             for variant, runs in values.items()
             for seed, value in enumerate(runs)
         ]
     )
-    return mean_std_table(frame, metrics=["R@1"])
 
 
 @pytest.mark.parametrize(
     "dgcrl, verdict",
     [
-        ([0.40, 0.41, 0.42], "held"),
-        ([0.29, 0.31, 0.33], "is not separable from seed noise"),
-        ([0.20, 0.21, 0.22], "did not hold"),
+        ([0.40, 0.41, 0.42], "held"),  # paired: +12, +11, +10 points over the softmax
+        ([0.283, 0.30, 0.318], "equivalent"),  # +0.3, 0, −0.2: interval inside ±1
+        ([0.29, 0.33, 0.29], "undecided (≈ "),  # +1, +3, −3
+        ([0.20, 0.21, 0.22], "reversed"),
     ],
 )
-def test_dgcrl_reading_says_held_only_beyond_seed_noise(dgcrl, verdict):
+def test_dgcrl_reading_follows_the_paired_verdict_rule(dgcrl, verdict):
     from dmlstudy.experiments.dgcrl import main_sentence
 
-    table = _r1_table({"dgcrl": dgcrl, "softmax": [0.28, 0.30, 0.32], "ms": [0.45, 0.46, 0.47]})
-    assert main_sentence(table, "synbirds").endswith(f"pipeline) {verdict} here.")
+    frame = _r1_runs({"dgcrl": dgcrl, "softmax": [0.28, 0.30, 0.32], "ms": [0.45, 0.46, 0.47]})
+    sentence = main_sentence(frame, "synbirds")
+    assert sentence.split("pipeline): ")[1].startswith(verdict)
+    assert "DGCRL − MS: " in sentence and "→ reversed" in sentence  # −5, −5, −5 points against MS
+    assert main_sentence(frame[frame["variant"] != "softmax"], "synbirds").endswith(
+        "cannot be checked (no softmax run)."
+    )
+
+
+def test_alpha_reading_judges_paired_seeds():
+    import pandas as pd
+
+    from dmlstudy.experiments.dgcrl import alpha_sentence
+
+    r1 = {1.0: [0.10, 0.12, 0.11], 16.0: [0.402, 0.41, 0.418], 128.0: [0.40, 0.41, 0.42]}
+    runs = pd.DataFrame(
+        [
+            {"dataset": "synbirds", "alpha": alpha, "seed": seed, "R@1": value}
+            for alpha, values in r1.items()
+            for seed, value in enumerate(values)
+        ]
+    )
+    (sentence,) = alpha_sentence(runs)
+    assert "α = 128 − α = 1: +30.00 R@1 points" in sentence and "→ held (the paper: poor at small α" in sentence
+    assert "95 % CI [-0.50, +0.50], 3 paired seeds → equivalent (the paper: stable" in sentence  # −0.2, 0, +0.2

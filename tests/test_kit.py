@@ -4,66 +4,99 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from scipy import stats
 
 from dmlstudy.experiments import kit, papers
-from dmlstudy.experiments.protocol import mean_std_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def test_the_paired_interval_is_scipys_t_interval():
+    differences = np.random.default_rng(3).normal(0.7, 1.9, size=7)
+    verdict = kit.judge(differences)
+    low, high = stats.t.interval(0.95, len(differences) - 1, loc=differences.mean(), scale=stats.sem(differences))
+    assert (verdict.mean, verdict.low, verdict.high) == pytest.approx((differences.mean(), low, high))
+    assert verdict.seeds == 7
+
+
 @pytest.mark.parametrize(
-    "difference, error, seeds, expected, direction, noise",
+    "differences, outcome",
     [
-        (1.0, 0.1, 3, 1.0, 1, False),  # clearly with the claim
-        (-1.0, 0.1, 3, 1.0, -1, False),  # clearly against it
-        (0.1, 0.2, 3, 1.0, 1, True),  # |Δ| < 2 s.e.
-        (0.5, 0.25, 3, 1.0, 1, False),  # |Δ| = 2 s.e. is beyond noise
-        (0.1, 0.0, 1, 1.0, 1, False),  # one seed: only the sign
-        (0.0, 0.0, 1, 1.0, 0, False),
-        (-2.0, 0.1, 2, -3.0, 1, False),  # the paper's own sign is the expected one
+        ([2.0, 2.5, 3.0], "held"),  # interval well above 0
+        ([-2.0, -2.5, -3.0], "reversed"),
+        ([0.1, -0.1, 0.05, -0.05, 0.0], "equivalent"),  # interval inside ±1
+        ([3.0, -2.0, 0.5], "undecided"),  # wide interval across 0 and past the margin
+        ([0.3, 0.35, 0.4, 0.45, 0.5], "held"),  # inside the margin but above 0: held is declared first
     ],
 )
-def test_judge(difference, error, seeds, expected, direction, noise):
-    verdict = kit.judge(difference, error, seeds, expected=expected)
-    assert (verdict.direction, verdict.within_noise, verdict.one_seed) == (direction, noise, seeds < 2)
+def test_the_four_verdicts(differences, outcome):
+    assert kit.judge(differences, margin=1.0).outcome == outcome
 
 
-def test_both_phrasings_follow_the_one_rule():
-    assert kit.claim_verdict(1.0, 0.1, 3) == "held"
-    assert kit.claim_verdict(-1.0, 0.1, 3) == "did not hold"
-    assert kit.claim_verdict(0.1, 0.2, 3) == "inconclusive (|Δ| < 2 s.e.)"
-    assert kit.claim_verdict(0.1, 0.0, 1) == "held (1 seed, no noise estimate)"
-    assert kit.claim_verdict(0.0, 0.0, 1) == "no difference (1 seed, no noise estimate)"
-    assert kit.effect_sentence("x", ours=(1.0, 0.1), paper=2.0, seeds=3).endswith("paper +2.00 → direction held.")
-    assert "NOT reproduced" in kit.effect_sentence("x", ours=(-1.0, 0.1), paper=2.0, seeds=3)
-    assert "NOT reproduced" in kit.effect_sentence("x", ours=(1.0, 0.1), paper=-2.0, seeds=3)
-    assert "direction held (but within seed noise" in kit.effect_sentence("x", ours=(0.1, 0.2), paper=2.0, seeds=3)
-    assert "→ consistent (within seed noise)" in kit.effect_sentence("x", ours=(0.1, 0.2), paper=-0.01, seeds=3)
-    assert "→ NOT consistent" in kit.effect_sentence("x", ours=(1.0, 0.2), paper=-0.01, seeds=3)
-    assert "cannot tell" in kit.effect_sentence("x", ours=(1.0, 0.0), paper=0.1, seeds=1)
-    for missing in (None, math.nan):
-        assert kit.effect_sentence("x", ours=(1.0, 0.1), paper=missing, seeds=3).endswith(
-            "the paper reports no number for this."
+def test_no_verdict_from_one_seed():
+    one = kit.judge([5.0])
+    assert (one.outcome, one.text, one.seeds, one.seeds_to_decide) == ("no verdict", "no verdict (1 seed)", 1, None)
+    assert math.isnan(one.low) and math.isnan(one.high)
+    assert kit.judge([]).text == "no verdict (0 seeds)"
+
+
+def test_seeds_to_decide_on_a_crafted_case():
+    differences = [-1.2, 0.3, 1.8]  # mean 0.3, sd 1.5: undecided at n = 3
+    verdict = kit.judge(differences, margin=1.0)
+    assert verdict.outcome == "undecided"
+
+    def first_deciding(decides):  # independently, with scipy's t-interval around the same mean and sd
+        return next(
+            n for n in range(2, 1000) if decides(*stats.t.interval(0.95, n - 1, loc=0.3, scale=1.5 / math.sqrt(n)))
         )
 
+    excluding_zero = first_deciding(lambda low, high: low > 0 or high < 0)
+    inside_margin = first_deciding(lambda low, high: -1 < low and high < 1)
+    # by hand: t(20)·1.5/√21 ≈ 0.683 < 1 − 0.3 (equivalence at 21); excluding 0 needs t·1.5/√n < 0.3: n = 99
+    assert (excluding_zero, inside_margin) == (99, 21)
+    assert verdict.seeds_to_decide == 21  # the smaller
+    assert verdict.text == "undecided (≈ 21 seeds would decide)"
+    assert kit.seeds_to_decide(0.0, 3.0, margin=1.0) > kit.seeds_to_decide(0.0, 1.0, margin=1.0)
 
-def test_difference_is_the_mean_gap_with_its_standard_error():
-    frame = pd.DataFrame(
+
+def frame_of(values):
+    return pd.DataFrame(
         [
-            {"dataset": "d", "variant": v, "seed": s, "R@1": x}
-            for v, values in {"a": [0.50, 0.52, 0.54], "b": [0.40, 0.40]}.items()
-            for s, x in enumerate(values)
+            {"dataset": "d", "variant": variant, "seed": seed, "R@1": value}
+            for variant, runs in values.items()
+            for seed, value in runs.items()
         ]
     )
-    table = mean_std_table(frame, metrics=["R@1"])
-    (gap, error), seeds = kit.difference(table, "d", "a", "b")
-    assert gap == pytest.approx(12.0) and seeds == 2
-    assert error == pytest.approx(math.sqrt(pd.Series([50.0, 52, 54]).var() / 3 + 0.0 / 2))
+
+
+def test_paired_differences_pair_only_the_seeds_both_sides_ran():
+    frame = frame_of({"a": {0: 0.50, 1: 0.52, 2: 0.54, 4: 0.9}, "b": {0: 0.40, 2: 0.41, 3: 0.1, 4: math.nan}})
+    paired = kit.paired_differences(frame, "d", "a", "b")
+    assert paired.seeds == (0, 2)  # seed 4 of b has no value, seeds 1 and 3 run on one side only
+    assert paired.differences == pytest.approx((10.0, 13.0))  # R@1 in points
+    scaled = kit.paired_differences(frame, "d", "a", "b", first_scale=0.5)
+    assert scaled.differences == pytest.approx((25.0 - 40.0, 27.0 - 41.0))
     with pytest.raises(KeyError, match="no runs of variant 'c'"):
-        kit.lookup(table, "d", "c")
+        kit.paired_differences(frame, "d", "a", "c")
+
+
+def test_effect_sentence_reads_the_papers_direction_through_the_rule():
+    up = kit.Paired((0, 1, 2), (2.0, 2.5, 3.0))
+    assert kit.effect_sentence("x", ours=up, paper=2.0).endswith("paper +2.00 → held.")
+    assert kit.effect_sentence("x", ours=up, paper=-2.0).endswith("paper -2.00 → reversed.")
+    assert "95 % CI [+1.26, +3.74], 3 paired seeds" in kit.effect_sentence("x", ours=up, paper=2.0)
+    flat = kit.Paired((0, 1, 2, 3, 4), (0.1, -0.1, 0.05, -0.05, 0.0))
+    assert "→ consistent (equivalent within ±1)" in kit.effect_sentence("x", ours=flat, paper=0.1)
+    assert "→ NOT consistent" in kit.effect_sentence("x", ours=up, paper=-0.1)
+    assert "no verdict (1 seed)" in kit.effect_sentence("x", ours=kit.Paired((0,), (1.0,)), paper=2.0)
+    for missing in (None, math.nan):
+        assert kit.effect_sentence("x", ours=up, paper=missing).endswith(
+            "→ held (A > B); the paper reports no number for this."
+        )
 
 
 def test_variant_grids():
@@ -133,6 +166,6 @@ def test_paper_plans_and_readme_quote_the_file(plan):
     assert {float(v) for v in reported.values()} <= shown, f"README row of {plan} differs from papers.yaml"
 
 
-def test_papers_yaml_ships_with_the_package():
+def test_papers_and_claims_yaml_ship_with_the_package():
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"dmlstudy.experiments" = ["papers.yaml"]' in text
+    assert '"dmlstudy.experiments" = ["papers.yaml", "claims.yaml"]' in text

@@ -19,12 +19,12 @@ Decisions (stated in the notebook too):
   (``compare_rerank-<key>.json``).
 * Best per column: the highest mean over seeds *as displayed* (rounded to the table's decimals), so equal
   displayed numbers are all marked; every row of a dataset competes, classic baselines included.
-* Standard errors of differences treat the two methods' seeds as independent samples
-  (``√(s₁²/n₁ + s₂²/n₂)``), which is conservative: the seeds are shared, the runs are not paired.
-* A claim "A > B" *held* when our mean difference is positive (and, with ≥ 2 seeds each, at least two
-  standard errors), *did not hold* when it is negative beyond two standard errors, and is *inconclusive*
-  within two standard errors. With one seed there is no noise estimate: the sign decides and the sentence
-  says "1 seed".
+* Claims (``claims.yaml``: the 8 headline claims × 2 datasets and the ablation claims the default study
+  runs) are judged by the study's one rule, :func:`dmlstudy.experiments.kit.judge`: per-seed paired
+  differences (seed s = the same backbone initialisation and batch sequence for both sides; only seeds both
+  sides ran pair), a 95 % t-interval of their mean, and held / reversed / equivalent (inside ±``margin``) /
+  undecided with the seeds that would decide it; fewer than 2 paired seeds give no verdict. Ablation claims
+  read the paper notebooks' ablation runs by the same names (``ablation_datasets``, ``ablation_seeds``).
 * ESD and ρ are the runs' own metrics (``metrics.json``: keys ``ESD``, ``rho``), computed on the test
   embeddings with ``drop_first = 0``. Projections (UMAP, t-SNE) use one fixed subset of the first dataset's
   test images (the first ``projection_classes`` classes, all their images, fewer than 4,096 points), the
@@ -50,7 +50,7 @@ import pandas as pd
 
 from dmlstudy.config import load_yaml
 from dmlstudy.data import evaluation_protocol
-from dmlstudy.experiments import kit
+from dmlstudy.experiments import kit, papers
 from dmlstudy.experiments.papers import PAPER_DATASET, numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, results_frame, run_grid
 from dmlstudy.methods import MethodInfo, list_methods, method_info
@@ -74,7 +74,6 @@ EXTRA_ROWS = {  # rows of the comparison that are not registered methods (the ot
 RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K
 DECIMALS = 1  # percent, as displayed
 FEWER_SEEDS_MARK = "†"
-DIML_PAPER_DATASET = {"CUB": "CUB-200", "Cars": "Cars196"}
 
 
 @dataclass
@@ -95,6 +94,13 @@ class CompareStudy(ProtocolConfig):
     projection_classes: int = 8  # test classes of the first dataset in the UMAP / t-SNE panels (all their images)
     umap: bool = True  # draw the UMAP panels (numba compiles UMAP on first use: ~15 s)
     tsne: bool = True  # draw the t-SNE panels
+    ablation_datasets: list = field(
+        default_factory=lambda: ["synbirds"]
+    )  # datasets of the ablation claims (the paper notebooks' ablation_datasets)
+    ablation_seeds: list = field(
+        default_factory=lambda: [0]
+    )  # seeds of the ablation claims (the paper notebooks' ablation_seeds; ≥ 2 for a verdict)
+    margin: float = 1.0  # equivalence margin of the verdicts, R@1 points (declared in the plan before the runs)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -120,6 +126,8 @@ class CompareStudy(ProtocolConfig):
             )
         if self.projection_classes < 2:
             raise ValueError(f"parameter 'projection_classes' must be ≥ 2, got {self.projection_classes}")
+        if not self.margin > 0:
+            raise ValueError(f"parameter 'margin' must be > 0 (R@1 points), got {self.margin}")
 
     def classic_protocol(self) -> CompareStudy:
         """This protocol with the classic baselines' seeds."""
@@ -257,43 +265,63 @@ def rerank_metrics(
     return metrics
 
 
-def rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> list[dict[str, Any]]:
-    """One ``diml_rerank`` row per ``ms`` run: the re-ranked retrieval metrics, and the ``ms`` run's NMI,
-    ESD, ρ, training time and parameters (re-ranking does not change the embeddings)."""
-    if RERANK not in config.methods:
+def rerank_results(
+    results: Sequence[tuple[str, RunResult]],
+    config: CompareStudy,
+    *,
+    variant: str = RERANK,
+    top_k: int | None = None,
+    grid: int | None = None,
+) -> list[dict[str, Any]]:
+    """One ``variant`` row per ``ms`` run: the retrieval metrics re-ranked in the top ``top_k`` on ``grid`` ×
+    ``grid`` cells (default: the config's ``rerank_top_k`` and ``rerank_grid``), and the ``ms`` run's NMI, ESD,
+    ρ, training time and parameters (re-ranking does not change the embeddings). The default ``diml_rerank``
+    rows only when the config's ``methods`` list it."""
+    if variant == RERANK and RERANK not in config.methods:
         return []
+    top_k = config.rerank_top_k if top_k is None else top_k
+    grid = config.rerank_grid if grid is None else grid
     options = TransportOptions()
     missing = [
         result.config
-        for variant, result in results
-        if variant == "ms"
+        for name, result in results
+        if name == "ms"
         and not _rerank_cache(
-            result.run_dir,
-            _rerank_settings(result.config, top_k=config.rerank_top_k, grid=config.rerank_grid, options=options),
+            result.run_dir, _rerank_settings(result.config, top_k=top_k, grid=grid, options=options)
         ).is_file()
     ]
     if config.workers > 1 and len(missing) > 1:  # each process writes its run's cache; read below
         call_in_processes(
-            _rerank_metrics_in_process,
-            [(c.to_dict(), config.rerank_top_k, config.rerank_grid) for c in missing],
-            workers=config.workers,
+            _rerank_metrics_in_process, [(c.to_dict(), top_k, grid) for c in missing], workers=config.workers
         )
     rows = []
-    for variant, result in results:
-        if variant != "ms":
+    for name, result in results:
+        if name != "ms":
             continue
-        reranked = rerank_metrics(result, top_k=config.rerank_top_k, grid=config.rerank_grid)
+        reranked = rerank_metrics(result, top_k=top_k, grid=grid)
         row = {
-            "variant": RERANK,
+            "variant": variant,
             "dataset": result.config.dataset,
             "method": RERANK,
             "seed": result.config.seed,
-            "method_kwargs": json.dumps({"top_k": reranked["rerank_top_k"], "grid_size": config.rerank_grid}),
+            "method_kwargs": json.dumps({"top_k": reranked["rerank_top_k"], "grid_size": grid}),
             **result.metrics,
         }
         row.update(reranked)
         rows.append(row)
     return rows
+
+
+def claim_rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> list[dict[str, Any]]:
+    """The extra re-rankings the claims compare (:func:`claim_reranks`: ``diml_rerank-G=1``, …) of every ``ms``
+    run, each row named as in ``claims.yaml``; none unless ``diml_rerank`` is a row of the comparison."""
+    if RERANK not in config.methods:
+        return []
+    return [
+        row
+        for name, overrides in claim_reranks().items()
+        for row in rerank_results(results, config, variant=name, **overrides)
+    ]
 
 
 def comparison_frame(
@@ -438,179 +466,361 @@ def write_comparison(table: pd.DataFrame, config: CompareStudy, *, folder: str |
 
 
 # ----------------------------------------------------------------------------------------------
-# The papers' claims, read from our numbers
+# The papers' claims, headline and ablation, read from our numbers (claims.yaml; the rule: kit.judge)
 # ----------------------------------------------------------------------------------------------
+CLAIMS_SOURCE = Path(__file__).with_name("claims.yaml")
+CLAIM_FIELDS = {
+    "name",
+    "kind",
+    "a",
+    "b",
+    "runs",
+    "source",
+    "metric",
+    "a_scale",
+    "b_scale",
+    "claimed",
+    "margin",
+    "paper_delta",
+}
+NO_SELECTION = "last epoch (no validation classes: test classes evaluated during training)"
+VERDICT_COLOURS = {  # the forest plot's colour per verdict
+    "held": "#1a9850",
+    "reversed": "#d73027",
+    "equivalent": "#4575b4",
+    "undecided": "#7f7f7f",
+    "no verdict": "#c8c8c8",
+}
+
+
 @dataclass(frozen=True)
 class Claim:
-    """ "``better`` beats ``worse`` in R@1", as a paper claims it, with the paper's R@1 gain per paper dataset."""
+    """A claim "``a`` > ``b``" (or "≈", ``claimed``), judged on per-seed paired differences
+    ``a_scale·a_s − b_scale·b_s`` of ``metric`` (:func:`kit.paired_differences`, :func:`kit.judge`)."""
 
     name: str
-    better: str
-    worse: str
-    paper: str  # where the claim comes from
-    paper_gain: Mapping[str, float | None]  # paper dataset (CUB, Cars) → R@1 points (None: no number)
+    kind: str  # headline / ablation
+    a: str
+    b: str
+    runs: str  # protocol: the comparison's datasets and seeds; ablation: ablation_datasets and ablation_seeds
+    source: str  # where the claim comes from
+    metric: str = "R@1"
+    a_scale: float = 1.0
+    b_scale: float = 1.0
+    claimed: str = ">"
+    margin: float | None = None  # None: the study's margin
+    paper_delta: Mapping[str, Any] | None = None  # see claims.yaml
+
+    @property
+    def unit(self) -> str:
+        return f"{self.metric} points" if kit.metric_scale(self.metric) != 1.0 else self.metric.replace("_", " ")
+
+    def paper_difference(self, dataset: str) -> float | None:
+        """The paper's own ``a_scale·a − b_scale·b`` for the paper dataset ``dataset`` stands beside, or None."""
+        if not self.paper_delta:
+            return None
+        spec = self.paper_delta
+        key = spec.get("datasets", {}).get(PAPER_DATASET.get(dataset, ""))
+        if key is None:
+            return None
+        values = papers.load()[spec["paper"]]["tables"][spec["table"]]["values"]
+
+        def at(path: Sequence[Any]) -> Any:
+            value = values
+            for step in path:
+                value = value[key if step == "$dataset" else step]
+            return value
+
+        first, second = at(spec["a"]), at(spec["b"])
+        if first is None or second is None:
+            return None
+        return round(self.a_scale * first - self.b_scale * second, 2)
 
 
-def _crt_gain(dataset: str) -> float:
-    values = numbers("crt", "BASELINE_VS_CRT")[dataset]
-    return round(values["crt"] - values["ms"], 2)
+def load_claims(path: str | Path = CLAIMS_SOURCE) -> tuple[Claim, ...]:
+    """The claims of ``path`` (``claims.yaml``), each checked: known fields, kind, runs and claimed values."""
+    path = Path(path)
+    entries = (load_yaml(path.read_text()) or {}).get("claims") or []
+    claims = []
+    for index, entry in enumerate(entries):
+        where = f"{path}: claims[{index}] ({entry.get('name', '?')!r})"
+        unknown = sorted(set(entry) - CLAIM_FIELDS)
+        missing = sorted({"name", "kind", "a", "b", "runs", "source"} - set(entry))
+        if unknown or missing:
+            raise ValueError(
+                f"{where}: unknown keys {unknown}, missing keys {missing}; valid keys {sorted(CLAIM_FIELDS)}"
+            )
+        for key, allowed in (
+            ("kind", ("headline", "ablation")),
+            ("runs", ("protocol", "ablation")),
+            ("claimed", (">", "≈")),
+        ):
+            if key in entry and entry[key] not in allowed:
+                raise ValueError(f"{where}: {key} must be one of {allowed}, got {entry[key]!r}")
+        claims.append(Claim(**entry))
+    return tuple(claims)
 
 
-def _diml_gain(dataset: str) -> float:
-    name = DIML_PAPER_DATASET[dataset]
-    truncation = numbers("diml", "TRUNCATION")
-    return round(truncation[("ms", 100)][name][0] - truncation[("ms", 0)][name][0], 2)
+def claim_variants(path: str | Path = CLAIMS_SOURCE) -> dict[str, dict[str, Any]]:
+    """Run name → spec of the ablation runs the claims read (``variants`` of ``claims.yaml``)."""
+    return dict((load_yaml(Path(path).read_text()) or {}).get("variants") or {})
 
 
-def _cross_attention_gain(dataset: str) -> float:
-    values = numbers("cross_attention", "TABLE1")[dataset]
-    return round(values["cross_attention"][0] - values["ms"][0], 2)
+def claim_reranks(path: str | Path = CLAIMS_SOURCE) -> dict[str, dict[str, int]]:
+    """Row name → ``top_k`` / ``grid`` overrides of the extra DIML re-rankings of the ``ms`` runs (``reranks``)."""
+    return dict((load_yaml(Path(path).read_text()) or {}).get("reranks") or {})
 
 
-def _dgcrl_gain(dataset: str, other: str) -> float:
-    values = numbers("dgcrl", "TABLE1")[dataset]
-    return round(values["dgcrl"][0] - values[other][0], 2)
+CLAIMS: tuple[Claim, ...] = load_claims()
 
 
-CLAIMS: tuple[Claim, ...] = (
-    Claim("CRT > MS baseline", "crt", "ms", "CRT paper, MiT-B1", {d: _crt_gain(d) for d in ("CUB", "Cars")}),
-    Claim(
-        "DIML re-ranking > MS baseline",
-        RERANK,
-        "ms",
-        "DIML supplement Table 1, ResNet-50, P@1 at K = 100",
-        {d: _diml_gain(d) for d in ("CUB", "Cars")},
-    ),
-    Claim(
-        "DIML training > MS baseline",
-        "diml",
-        "ms",
-        "DIML paper (no MS-vs-DIML-trained number)",
-        {"CUB": None, "Cars": None},
-    ),
-    Claim(
-        "cross-attention > MS baseline",
-        "cross_attention",
-        "ms",
-        "cross-attention paper Table 1 (ResNet-50 vs the MS paper's BN-Inception)",
-        {d: _cross_attention_gain(d) for d in ("CUB", "Cars")},
-    ),
-    Claim(
-        "DGCRL > triplet",
-        "dgcrl",
-        "triplet",
-        "DGCRL paper Table 1, ResNet-50",
-        {d: _dgcrl_gain(d, "triplet") for d in ("CUB", "Cars")},
-    ),
-    Claim(
-        "DGCRL > lifted structure",
-        "dgcrl",
-        "lifted",
-        "DGCRL paper Table 1, ResNet-50",
-        {d: _dgcrl_gain(d, "lifted") for d in ("CUB", "Cars")},
-    ),
-    Claim(
-        "DGCRL > softmax without N-S",
-        "dgcrl",
-        "softmax",
-        "DGCRL paper (N-S layer, centre margin and decorrelation over a plain softmax; no number)",
-        {"CUB": None, "Cars": None},
-    ),
-    Claim(
-        "DGCRL > normalized softmax",
-        "dgcrl",
-        "normsoftmax",
-        "DGCRL paper (N-S layer + centre margin over a plain softmax; no number)",
-        {"CUB": None, "Cars": None},
-    ),
-)
+def ablation_grid(claims: Sequence[Claim] = CLAIMS) -> dict[str, dict[str, Any]]:
+    """``{name: spec}`` of every run the ablation claims compare (both sides; the names of
+    :func:`claim_variants` with their specs, the others as :func:`method_grid` names them)."""
+    specs = claim_variants()
+    names = dict.fromkeys(name for claim in claims if claim.runs == "ablation" for name in (claim.a, claim.b))
+    return {name: dict(specs[name]) if name in specs else method_grid([name])[name] for name in names}
 
 
-def _stats(table: pd.DataFrame, dataset: str, variant: str, metric: str) -> tuple[float, float, int] | None:
-    try:
-        stats = kit.lookup(table, dataset, variant, metric)
-    except KeyError:
-        return None
-    return None if math.isnan(stats[0]) else stats
+def run_ablations(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> list[tuple[str, RunResult]]:
+    """Train (or load: the paper notebooks trained them under the same names) the ablation claims' runs on
+    ``ablation_datasets`` with ``ablation_seeds``."""
+    if not config.ablation_seeds or not config.ablation_datasets:
+        return []
+    protocol = dataclasses.replace(config, seeds=list(config.ablation_seeds))
+    grid = protocol.grid(ablation_grid(claims), datasets=config.ablation_datasets)
+    return run_grid(grid, workers=config.workers)
 
 
-def claims_table(table: pd.DataFrame, *, claims: Sequence[Claim] = CLAIMS, metric: str = "R@1") -> pd.DataFrame:
-    """One row per claim × dataset: our mean difference of ``metric`` (points), its standard error, the seeds
-    behind it, the paper's gain and the verdict; claims whose methods did not run say so."""
+def claims_frame(
+    frame: pd.DataFrame, *parts: Sequence[tuple[str, RunResult]] | Sequence[Mapping[str, Any]]
+) -> pd.DataFrame:
+    """The comparison's run rows plus further runs (``(name, result)`` pairs) or rows (mappings): one row per
+    (variant, dataset, seed), the first kept where a run appears twice."""
+    frames = [frame]
+    for part in parts:
+        if part and isinstance(part[0], tuple):
+            frames.append(results_frame(list(part)))
+        elif part:
+            frames.append(pd.DataFrame(list(part)))
+    return pd.concat(frames, ignore_index=True).drop_duplicates(["variant", "dataset", "seed"]).reset_index(drop=True)
+
+
+def _selection(frame: pd.DataFrame, dataset: str, names: Sequence[str]) -> str:
+    """How the runs' reported checkpoint was chosen (their ``selection`` record without the epoch numbers)."""
+    rows = frame[(frame["dataset"] == dataset) & frame["variant"].isin(names)]
+    if "selection" not in rows or rows["selection"].isna().all():
+        return NO_SELECTION
+    texts = rows["selection"].dropna().astype(str).str.split(", epoch ").str[0]
+    return "; ".join(dict.fromkeys(texts))
+
+
+CLAIM_COLUMNS = [
+    "claim",
+    "kind",
+    "claimed",
+    "dataset",
+    "Δ",
+    "CI low",
+    "CI high",
+    "unit",
+    "seeds",
+    "margin",
+    "verdict",
+    "seeds to decide",
+    "paper Δ",
+    "paper",
+    "checkpoint",
+]
+
+
+def claims_table(
+    frame: pd.DataFrame,
+    *,
+    claims: Sequence[Claim] = CLAIMS,
+    margin: float = kit.MARGIN,
+    ablation_datasets: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """One row per claim × dataset (claims on ``ablation`` runs: ``ablation_datasets`` only, all datasets when
+    None): Δ, its t-interval, the paired seeds, the margin, the verdict (:func:`kit.judge`), the seeds that
+    would decide an undecided claim, the paper's Δ and how the checkpoints were chosen.
+
+    ``frame``: one row per run (:func:`claims_frame`). Only the seeds both sides ran pair; a claim whose side
+    has no run (or no value of the claim's metric) is "not evaluated" and says why."""
+    datasets = list(dict.fromkeys(frame["dataset"]))
     rows = []
     for claim in claims:
-        for dataset in dict.fromkeys(table["dataset"]):
-            better, worse = _stats(table, dataset, claim.better, metric), _stats(table, dataset, claim.worse, metric)
-            paper_gain = claim.paper_gain.get(PAPER_DATASET.get(dataset, ""))
+        here = (
+            datasets
+            if claim.runs == "protocol" or ablation_datasets is None
+            else [d for d in datasets if d in ablation_datasets]
+        )
+        claim_margin = margin if claim.margin is None else claim.margin
+        for dataset in here:
+            paper_delta = claim.paper_difference(dataset)
             row = {
                 "claim": claim.name,
+                "kind": claim.kind,
+                "claimed": f"A {claim.claimed} B",
                 "dataset": dataset,
-                "paper": claim.paper,
-                f"paper Δ{metric}": paper_gain if paper_gain is not None else "–",
+                "unit": claim.unit,
+                "margin": claim_margin,
+                "paper Δ": "–" if paper_delta is None else paper_delta,
+                "paper": claim.source,
+                "checkpoint": _selection(frame, dataset, [claim.a, claim.b]),
             }
-            if better is None or worse is None:
-                missing = [name for name, stats in ((claim.better, better), (claim.worse, worse)) if stats is None]
+            try:
+                paired = kit.paired_differences(
+                    frame,
+                    dataset,
+                    claim.a,
+                    claim.b,
+                    claim.metric,
+                    first_scale=claim.a_scale,
+                    second_scale=claim.b_scale,
+                )
+            except KeyError:
+                missing = [
+                    v
+                    for v in (claim.a, claim.b)
+                    if frame[(frame["dataset"] == dataset) & (frame["variant"] == v)].empty
+                ]
+                reason = f"no {' / '.join(missing)} runs" if missing else f"no {claim.metric} in the runs' records"
                 rows.append(
                     {
                         **row,
-                        f"ours Δ{metric}": math.nan,
-                        "s.e.": math.nan,
+                        "Δ": math.nan,
+                        "CI low": math.nan,
+                        "CI high": math.nan,
                         "seeds": 0,
-                        "verdict": f"not evaluated (no {' / '.join(missing)} runs)",
+                        "verdict": f"not evaluated ({reason})",
+                        "seeds to decide": "–",
                     }
                 )
                 continue
-            difference = better[0] - worse[0]
-            error = math.sqrt(better[1] ** 2 / better[2] + worse[1] ** 2 / worse[2])
-            seeds = min(better[2], worse[2])
+            verdict = kit.judge(paired.differences, margin=claim_margin)
             rows.append(
                 {
                     **row,
-                    f"ours Δ{metric}": round(difference, 2),
-                    "s.e.": round(error, 2) if seeds >= 2 else math.nan,
-                    "seeds": seeds,
-                    "verdict": kit.claim_verdict(difference, error, seeds),
+                    "Δ": round(verdict.mean, 2),
+                    "CI low": round(verdict.low, 2),
+                    "CI high": round(verdict.high, 2),
+                    "seeds": verdict.seeds,
+                    "verdict": verdict.text,
+                    "outcome": verdict.outcome,
+                    "seeds to decide": verdict.seeds_to_decide if verdict.seeds_to_decide else "–",
                 }
             )
-    columns = ["claim", "dataset", f"ours Δ{metric}", "s.e.", "seeds", f"paper Δ{metric}", "paper", "verdict"]
-    return pd.DataFrame(rows, columns=columns)
+    table = pd.DataFrame(rows, columns=[*CLAIM_COLUMNS, "outcome"])
+    table["outcome"] = table["outcome"].fillna("not evaluated")
+    return table
 
 
-def claim_sentences(claims: pd.DataFrame, *, metric: str = "R@1") -> list[str]:
+def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
+    """``results/claims.md``: the rule, the protocol, then every claim × dataset."""
+    shown = claims[CLAIM_COLUMNS].copy()
+    shown["claim"] = [f"{name} ({kind})" for name, kind in zip(shown["claim"], shown["kind"])]
+    lines = [
+        "# Every claim, headline and ablation",
+        "",
+        f"Protocol: {config.protocol_text()}; headline claims on {', '.join(config.datasets)} (seeds {_seed_text(config.seeds)}, "
+        f"classic baselines {_seed_text(config.classic_seeds) if config.classic_methods else '–'}), ablation claims on "
+        f"{', '.join(config.ablation_datasets) or '–'} (seeds {_seed_text(config.ablation_seeds) or '–'}).",
+        "",
+        f"Rule (declared before the runs, `dmlstudy.experiments.kit.judge`): Δ = mean of the per-seed paired differences "
+        f"A_s − B_s (same seed: same backbone initialisation and batch sequence; only seeds both sides ran pair), "
+        f"{round(100 * kit.CONFIDENCE)} % t-interval Δ ± t·sd/√n. **held**: interval above 0; **reversed**: below 0; "
+        f"**equivalent**: inside ±margin ({config.margin:g} R@1 points unless the row says otherwise); **undecided**: otherwise, "
+        "with the seeds the observed spread says would decide it; fewer than 2 paired seeds: no verdict. "
+        'A claim "A ≈ B" is supported by *equivalent*. Paper Δ: the paper\'s own difference (its backbone and data), for scale.',
+        "",
+        shown.drop(columns="kind").to_markdown(index=False),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_claims(claims: pd.DataFrame, config: CompareStudy, *, folder: str | Path | None = None) -> list[Path]:
+    """``claims.csv`` (every column) and ``claims.md`` (:func:`claims_markdown`) under ``folder`` (default
+    :meth:`CompareStudy.results_folder`)."""
+    folder = Path(folder) if folder else config.results_folder()
+    csv_path, md_path = write_table(claims[[*CLAIM_COLUMNS, "outcome"]], folder / "claims")
+    md_path.write_text(claims_markdown(claims, config))
+    return [csv_path, md_path]
+
+
+def claim_sentences(claims: pd.DataFrame) -> list[str]:
     """One sentence per evaluated claim and dataset, then one summary sentence, all from the numbers."""
-    sentences = []
-    for row in claims.itertuples(index=False):
-        values = dict(zip(claims.columns, row))
-        if not values["verdict"].startswith("not evaluated"):
-            sentences.append(_claim_sentence(values, metric=metric))
-    evaluated = claims[~claims["verdict"].str.startswith("not evaluated")]
+    evaluated = claims[claims["outcome"] != "not evaluated"]
     if evaluated.empty:
         return ["No claim could be evaluated: the methods it compares did not run."]
-    counts = {
-        kind: int(evaluated["verdict"].str.startswith(kind).sum())
-        for kind in ("held", "did not hold", "inconclusive", "no difference")
-    }
-    skipped = sorted(set(claims.loc[claims["verdict"].str.startswith("not evaluated"), "claim"]))
+    sentences = [_claim_sentence(dict(row)) for _, row in evaluated.iterrows()]
+    counts = evaluated["outcome"].value_counts()
+    decided = int(sum(counts.get(v, 0) for v in ("held", "reversed", "equivalent")))
+    skipped = sorted(set(claims.loc[claims["outcome"] == "not evaluated", "claim"]))
     summary = (
-        f"Of {len(evaluated)} claim × dataset comparisons, {counts['held']} held, {counts['did not hold']} did not hold, "
-        f"{counts['inconclusive']} were within seed noise"
-        + (f" and {counts['no difference']} showed no difference" if counts["no difference"] else "")
-        + "."
-        + (f" Not evaluated (methods not run): {', '.join(skipped)}." if skipped else "")
+        f"Of {len(evaluated)} claim × dataset comparisons, {decided} were decided: "
+        + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in ("held", "reversed", "equivalent"))
+        + f"; {int(counts.get('undecided', 0))} undecided and {int(counts.get('no verdict', 0))} without a verdict (fewer than 2 paired seeds)."
+        + (f" Not evaluated (runs missing): {', '.join(skipped)}." if skipped else "")
     )
+    headline = evaluated[evaluated["kind"] == "headline"]
+    if len(headline):
+        summary += f" Headline: {int(headline['outcome'].isin(['held', 'reversed', 'equivalent']).sum())} of {len(headline)} decided."
     return [*sentences, summary]
 
 
-def _claim_sentence(row: Mapping[str, Any], *, metric: str) -> str:
-    difference, error, seeds = row[f"ours Δ{metric}"], row["s.e."], row["seeds"]
-    noise = f" ± {error:.2f} s.e." if seeds >= 2 else ""
-    paper = row[f"paper Δ{metric}"]
+def _claim_sentence(row: Mapping[str, Any]) -> str:
+    interval = (
+        f", {round(100 * kit.CONFIDENCE)} % CI [{row['CI low']:+.2f}, {row['CI high']:+.2f}]"
+        if row["seeds"] >= 2
+        else ""
+    )
+    paper = row["paper Δ"]
     paper_text = (
         f"the paper reports {paper:+.2f} ({row['paper']})"
         if paper != "–"
         else f"the paper gives no number ({row['paper']})"
     )
-    return f"{row['dataset']}: {row['claim']}: ours {difference:+.2f} {metric} points{noise} over {seeds} seed(s); {paper_text} → {row['verdict']}."
+    return (
+        f"{row['dataset']}: {row['claim']}: ours {row['Δ']:+.2f} {row['unit']}{interval} over {row['seeds']} paired seed(s); "
+        f"{paper_text} → {row['verdict']}."
+    )
+
+
+def forest_figure(claims: pd.DataFrame) -> plt.Figure:
+    """Δ with its t-interval per claim × dataset (top to bottom in table order, headline claims above the
+    dashed line, ablation claims below), each row's ±margin band shaded, the verdict as the marker's colour
+    (hollow: no verdict); claims not evaluated are left out."""
+    rows = claims[claims["outcome"] != "not evaluated"].reset_index(drop=True)
+    figure, axis = plt.subplots(figsize=(9.5, 0.34 * max(len(rows), 1) + 1.6))
+    for y, row in rows.iterrows():
+        y = len(rows) - 1 - y
+        axis.add_patch(plt.Rectangle((-row["margin"], y - 0.4), 2 * row["margin"], 0.8, color="0.92", linewidth=0))
+        colour = VERDICT_COLOURS.get(row["outcome"], "k")
+        if row["seeds"] >= 2:
+            axis.plot([row["CI low"], row["CI high"]], [y, y], color=colour, linewidth=2)
+        axis.plot(row["Δ"], y, "o", color=colour, markerfacecolor=colour if row["seeds"] >= 2 else "white")
+    axis.axvline(0, color="0.3", linewidth=0.8)
+    headline = int((rows["kind"] == "headline").sum())
+    if 0 < headline < len(rows):  # headline claims above, ablation claims below
+        axis.axhline(len(rows) - headline - 0.5, color="0.5", linestyle="--", linewidth=0.8)
+    labels = [
+        f"{r['claim']} — {r['dataset']}" + ("" if r["unit"] == "R@1 points" else f" [{r['unit']}]")
+        for _, r in rows.iterrows()
+    ]
+    axis.set_yticks(range(len(rows)), labels[::-1], fontsize=7)
+    axis.set_ylim(-0.6, len(rows) - 0.4)
+    axis.set_xlabel(
+        f"Δ = mean paired difference A − B (R@1 points unless marked), {round(100 * kit.CONFIDENCE)} % t-interval"
+    )
+    handles = [plt.Line2D([], [], marker="o", color=c, linestyle="none", label=v) for v, c in VERDICT_COLOURS.items()]
+    handles.append(plt.Rectangle((0, 0), 1, 1, color="0.92", label="±margin (equivalence)"))
+    axis.legend(handles=handles, fontsize=7, loc="lower right")
+    axis.grid(axis="x", alpha=0.3)
+    axis.set_title("Every claim: paired Δ per seed, its interval and the verdict")
+    figure.tight_layout()
+    return figure
 
 
 def caveats(config: CompareStudy, frame: pd.DataFrame) -> list[str]:
@@ -624,7 +834,8 @@ def caveats(config: CompareStudy, frame: pd.DataFrame) -> list[str]:
         "and which several of the methods (prototypes, attention, local matching) build on.",
         f"Short training at low resolution: {config.epochs} epochs × {config.steps_per_epoch or 'full'} steps, {config.image_size} px, "
         f"d = {config.embedding_dim}, batch {config.classes_per_batch}×{config.samples_per_class}; the papers train for up to 100+ epochs at 224–227 px.",
-        f"Seeds: {len(set(config.seeds))} for the main methods{classic}; differences under two standard errors are noise.",
+        f"Seeds: {len(set(config.seeds))} for the main methods{classic}; a claim is decided only when the {round(100 * kit.CONFIDENCE)} % "
+        f"t-interval of its per-seed paired differences excludes 0 or fits inside ±{config.margin:g} points.",
         "One protocol for every method (same backbone, size, batch, epochs, seeds): the papers each used their own, so their gains are not "
         "comparable with each other or with ours; the paper columns show only the direction and size each paper claims.",
         "Training seconds come from each run's records; on a shared machine they vary with the load at the time the run trained.",
@@ -731,6 +942,7 @@ FIGURE_PREFIXES = {  # file-name prefix → the notebook that writes figures wit
     "cross_attention_": "30_cross_attention.ipynb",
     "dgcrl_": "40_dgcrl.ipynb",
     "compare_": "90_compare.ipynb",
+    "claims_": "90_compare.ipynb",
     "explore_": "95_explore.ipynb",
 }
 

@@ -48,9 +48,9 @@ from dmlstudy.experiments.kit import (
     as_grid,
     box,
     device_of,
-    difference,
     effect_sentence,
     lookup,
+    paired_differences,
     paper_column,
     paper_dataset,
     run_variants,
@@ -213,7 +213,7 @@ def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list
     for dataset in dict.fromkeys(table["dataset"]):
         paper = PAPER_TABLE1.get(paper_dataset(dataset), {})
         for metric, index in (("R@1", 0), ("NMI", 2)):
-            ours, seeds = difference(table, dataset, "cross_attention", "ms", metric)
+            ours = paired_differences(frame, dataset, "cross_attention", "ms", metric)
             values = [paper.get(v, (None,) * 3)[index] for v in ("cross_attention", "ms")] if paper else [None, None]
             gain = values[0] - values[1] if None not in values else None
             sentences.append(
@@ -221,15 +221,14 @@ def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list
                     f"{dataset}: cross-attention − MS, {metric}",
                     ours=ours,
                     paper=gain,
-                    seeds=seeds,
                     unit=f"{metric} points",
                 )
             )
-        (slow, _), _ = difference(table, dataset, "cross_attention", "ms", "seconds_per_epoch")
+        slow = lookup(table, dataset, "cross_attention", "seconds_per_epoch")[0]
         base = lookup(table, dataset, "ms", "seconds_per_epoch")[0]
         sentences.append(
             f"{dataset}: training seconds per epoch (data loading included) with the blocks / without = "
-            f"{(base + slow) / base:.2f} (the paper: {PAPER_OVERHEAD_AT_128:.2f} per batch of 128 with a ResNet-50, "
+            f"{slow / base:.2f} (the paper: {PAPER_OVERHEAD_AT_128:.2f} per batch of 128 with a ResNet-50, "
             f"whose backbone dominates the step; ours is small and the machine may be shared)."
         )
     shown = paper_column(
@@ -353,15 +352,16 @@ def options_table(
 ) -> tuple[pd.DataFrame, list[str]]:
     """The options at N = 6 against the default (R@1, NMI; mean ± std), one sentence per option."""
     labels = {name: label for label, (name, _) in variants.items()}
-    table = mean_std_table(results_frame(results), metrics=["R@1", "NMI"])
+    frame = results_frame(results)
+    table = mean_std_table(frame, metrics=["R@1", "NMI"])
     table.insert(1, "setting", [labels.get(v, v) for v in table["variant"]])
     sentences = []
     default = variant()[0]
     for dataset in dict.fromkeys(table["dataset"]):
         for label, (name, _) in variants.items():
             if name != default:
-                ours, seeds = difference(table, dataset, name, default)
-                sentences.append(effect_sentence(f"{dataset}: {label} − default", ours=ours, paper=None, seeds=seeds))
+                ours = paired_differences(frame, dataset, name, default)
+                sentences.append(effect_sentence(f"{dataset}: {label} − default", ours=ours, paper=None))
     return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]], sentences
 
 
@@ -396,7 +396,6 @@ def parameter_table(results: list[tuple[str, RunResult]], *, larger: str) -> tup
     if len(rows) == 3:
         ca_params, big_params = rows[1]["parameters (training)"], rows[2]["parameters (training)"]
         for dataset in dict.fromkeys(table["dataset"]):
-            (gain, error), seeds = difference(table, dataset, "cross_attention", larger)
             paper = (
                 PAPER_PARAMETERS["ResNet-50 + 6 blocks"][1 if paper_dataset(dataset) == "CUB" else 2]
                 - PAPER_PARAMETERS["ResNet-101, MS, no blocks"][1 if paper_dataset(dataset) == "CUB" else 2]
@@ -404,9 +403,8 @@ def parameter_table(results: list[tuple[str, RunResult]], *, larger: str) -> tup
             sentences.append(
                 effect_sentence(
                     f"{dataset}: MS + blocks ({ca_params / 1e6:.2f}M) − larger backbone ({big_params / 1e6:.2f}M)",
-                    ours=(gain, error),
+                    ours=paired_differences(frame, dataset, "cross_attention", larger),
                     paper=paper,
-                    seeds=seeds,
                 )
             )
     return shown, sentences

@@ -43,10 +43,11 @@ from dmlstudy.data import build_dataset, build_transforms, evaluation_protocol
 from dmlstudy.experiments.kit import (
     box,
     device_of,
-    difference,
     effect_sentence,
+    judge,
     link,
     lookup,
+    paired_differences,
     paper_column,
     paper_dataset,
     projection_figure,
@@ -251,15 +252,13 @@ def _display(
 
 def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
     """MS vs +CRT per dataset (mean ± std), the paper's MiT-B1 numbers beside, and one sentence per dataset."""
-    table = summary(results)
+    table, frame = summary(results), results_frame(results)
     sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
         paper = PAPER_BASELINE_VS_CRT.get(paper_dataset(dataset), {})
-        ours, seeds = difference(table, dataset, "crt", "ms")
+        ours = paired_differences(frame, dataset, "crt", "ms")
         sentences.append(
-            effect_sentence(
-                f"{dataset}: +CRT − MS", ours=ours, paper=paper["crt"] - paper["ms"] if paper else None, seeds=seeds
-            )
+            effect_sentence(f"{dataset}: +CRT − MS", ours=ours, paper=paper["crt"] - paper["ms"] if paper else None)
         )
     shown = paper_column(table, PAPER_BASELINE_VS_CRT, label=lambda name: f"paper R@1 ({name}, MiT-B1)")
     return without_numbers(shown), sentences
@@ -267,27 +266,23 @@ def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list
 
 def components_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
     """Full / −CRT / −CRT−Consistency (paper's component table)."""
-    table = summary(results)
+    table, frame = summary(results), results_frame(results)
     names = dict([crt_variant(), crt_variant(use_crt=False), ms_variant()])
     full, minus_crt, plain = list(names)
     labels = {full: "crt", minus_crt: "−CRT", plain: "−CRT−Consistency"}
     sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
-        ours, seeds = difference(table, dataset, full, minus_crt)
         sentences.append(
             effect_sentence(
                 f"{dataset}: full − (−CRT) (the coded residual transform)",
-                ours=ours,
-                seeds=seeds,
+                ours=paired_differences(frame, dataset, full, minus_crt),
                 paper=PAPER_COMPONENTS["crt"] - PAPER_COMPONENTS["−CRT"],
             )
         )
-        ours, seeds = difference(table, dataset, minus_crt, plain)
         sentences.append(
             effect_sentence(
                 f"{dataset}: (−CRT) − (−CRT−Consistency) (two branches + L_CON)",
-                ours=ours,
-                seeds=seeds,
+                ours=paired_differences(frame, dataset, minus_crt, plain),
                 paper=PAPER_COMPONENTS["−CRT"] - PAPER_COMPONENTS["−CRT−Consistency"],
             )
         )
@@ -298,15 +293,13 @@ def pair_table(
     results: list[tuple[str, RunResult]], *, labels: Mapping[str, str], paper: Mapping[str, float], what: str
 ) -> tuple[pd.DataFrame, list[str]]:
     """A two-setting table (``labels``: variant → label, the paper's preferred setting listed first)."""
-    table = summary(results)
+    table, frame = summary(results), results_frame(results)
     (first, first_label), (second, second_label) = list(labels.items())
     sentences = []
     for dataset in dict.fromkeys(table["dataset"]):
-        ours, seeds = difference(table, dataset, first, second)
+        ours = paired_differences(frame, dataset, first, second)
         sentences.append(
-            effect_sentence(
-                f"{dataset}: {what}", ours=ours, seeds=seeds, paper=paper[first_label] - paper[second_label]
-            )
+            effect_sentence(f"{dataset}: {what}", ours=ours, paper=paper[first_label] - paper[second_label])
         )
     return _display(table, labels, paper), sentences
 
@@ -320,7 +313,7 @@ def sweep_table(
 ) -> tuple[pd.DataFrame, list[str]]:
     """A one-parameter sweep: ours per value beside the paper's; the sentence contrasts the two swept values
     the paper ranks best and worst (among those we ran)."""
-    table = summary(results)
+    table, frame = summary(results), results_frame(results)
     labels = {variant: value for value, (variant, _) in variants.items()}
     shown = _display(table, labels, paper, label=name)
     sentences = []
@@ -332,12 +325,10 @@ def sweep_table(
             )
             continue
         best, worst = max(common, key=paper.get), min(common, key=paper.get)
-        ours, seeds = difference(table, dataset, variants[best][0], variants[worst][0])
         sentences.append(
             effect_sentence(
                 f"{dataset}: {name} = {best} − {name} = {worst} (the paper's best − worst of ours)",
-                ours=ours,
-                seeds=seeds,
+                ours=paired_differences(frame, dataset, variants[best][0], variants[worst][0]),
                 paper=paper[best] - paper[worst],
             )
         )
@@ -421,13 +412,13 @@ def dims_table(
             high = next(row for row in rows_here if row["d"] == ds[-1])
             paper_low, paper_high = PAPER_DIMS.get((low["d"], low["D"])), PAPER_DIMS.get((high["d"], high["D"]))
             paper_diff = paper_high[0] - paper_low[0] if paper_low and paper_high else None
+            branch_1 = frame[frame["branch"] == 1]
+            variant_of = {(d, big): name for (d, big), (name, _) in variants.items()}
+            ours = paired_differences(
+                branch_1, dataset, variant_of[(high["d"], high["D"])], variant_of[(low["d"], low["D"])]
+            )
             sentences.append(
-                effect_sentence(
-                    f"{dataset}: branch 1 at d = {ds[-1]} − d = {ds[0]}",
-                    ours=(high["_b1"] - low["_b1"], 0.0),
-                    paper=paper_diff,
-                    seeds=1,
-                )
+                effect_sentence(f"{dataset}: branch 1 at d = {ds[-1]} − d = {ds[0]}", ours=ours, paper=paper_diff)
             )
     table = pd.DataFrame(out)
     return table[[c for c in table.columns if not c.startswith("_")]], sentences
@@ -436,15 +427,16 @@ def dims_table(
 def backbone_table(
     results: list[tuple[str, RunResult]], variants: Mapping[str, Mapping[str, tuple[str, dict]]]
 ) -> tuple[pd.DataFrame, list[str]]:
-    """MS vs +CRT per backbone (ours) and the paper's per-backbone gains (CUB, Cars)."""
-    table = summary(results)
+    """MS vs +CRT per backbone (ours, with the study's verdict on "+CRT > MS", :func:`kit.judge`) and the
+    paper's per-backbone gains (CUB, Cars)."""
+    table, frame = summary(results), results_frame(results)
     rows, sentences = [], []
     for dataset in dict.fromkeys(table["dataset"]):
-        wins = 0
+        outcomes = []
         for backbone, pair in variants.items():
             ms_stats, crt_stats = lookup(table, dataset, pair["ms"][0]), lookup(table, dataset, pair["crt"][0])
-            (gain, error), _ = difference(table, dataset, pair["crt"][0], pair["ms"][0])
-            wins += gain > 0
+            verdict = judge(paired_differences(frame, dataset, pair["crt"][0], pair["ms"][0]).differences)
+            outcomes.append(verdict.outcome)
             rows.append(
                 {
                     "dataset": dataset,
@@ -452,15 +444,18 @@ def backbone_table(
                     "runs": ms_stats[2],
                     "MS R@1": mean_std_text(*ms_stats),
                     "+CRT R@1": mean_std_text(*crt_stats),
-                    "gain": f"{gain:+.2f}",
+                    "gain": f"{verdict.mean:+.2f}",
+                    "verdict": verdict.text,
                 }
             )
         stand_in = paper_dataset(dataset, "CUB")
         paper_wins = sum(values[stand_in][1] > values[stand_in][0] for values in PAPER_BACKBONES.values())
+        counts = ", ".join(
+            f"{outcomes.count(o)} {o}" for o in ("held", "reversed", "equivalent", "undecided", "no verdict")
+        )
         sentences.append(
-            f"{dataset}: +CRT beat MS on {wins}/{len(variants)} of our backbones; the paper's +CRT beat MS on "
-            f"{paper_wins}/{len(PAPER_BACKBONES)} backbones ({stand_in}) → "
-            f"{'direction held' if wins == len(variants) else 'direction held on some backbones only' if wins else 'direction NOT reproduced'}."
+            f"{dataset}: +CRT > MS on our {len(variants)} backbones (paired seeds): {counts}; the paper's +CRT beat MS "
+            f"on {paper_wins}/{len(PAPER_BACKBONES)} backbones ({stand_in})."
         )
     return pd.DataFrame(rows), sentences
 

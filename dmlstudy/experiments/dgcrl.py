@@ -47,9 +47,10 @@ from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.experiments.kit import (
     SHARED_VARIANTS,
+    Verdict,
     first_seed_embeddings,
     judge,
-    lookup,
+    paired_differences,
     paper_dataset,
     projection_figure,
     variant_name,
@@ -321,7 +322,7 @@ def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list
     table = mean_std_table(frame, metrics=metrics)
     table["paper R@1"] = [_paper_r1(dataset, variant) for dataset, variant in zip(table["dataset"], table["variant"])]
     table.insert(2, "setting", [VARIANT_LABELS.get(v, v) for v in table["variant"]])
-    return without_numbers(table), [main_sentence(table, dataset) for dataset in table["dataset"].unique()]
+    return without_numbers(table), [main_sentence(frame, dataset) for dataset in table["dataset"].unique()]
 
 
 def _paper_r1(dataset: str, variant: str) -> str:
@@ -330,72 +331,60 @@ def _paper_r1(dataset: str, variant: str) -> str:
     return f"{values[0]:.1f} ({paper})" if values else "–"
 
 
-def _mean_std(table: pd.DataFrame, dataset: str, variant: str, metric: str = "R@1") -> tuple[float, float, int] | None:
+def _verdict(frame: pd.DataFrame, dataset: str, first: str, second: str) -> Verdict | None:
+    """:func:`~dmlstudy.experiments.kit.judge` of "``first`` > ``second``" in R@1 from per-seed paired runs
+    (None when either has no run on ``dataset``)."""
     try:
-        return lookup(table, dataset, variant, metric)
+        return judge(paired_differences(frame, dataset, first, second).differences)
     except KeyError:
         return None
 
 
-def _judged(a: tuple[float, float, int], b: tuple[float, float, int]):
-    """:func:`~dmlstudy.experiments.kit.judge` of mean ``a`` − mean ``b``, and that difference and its standard error."""
-    change, error = a[0] - b[0], float(np.sqrt(a[1] ** 2 / a[2] + b[1] ** 2 / b[2]))
-    return judge(change, error, min(a[2], b[2])), change, error
+def _compare(name_a: str, name_b: str, verdict: Verdict) -> str:
+    """ "A − B: Δ R@1 points, CI, seeds → verdict" for the claim "A > B"."""
+    return f"{name_a} − {name_b}: {verdict.interval_text()} → {verdict.text}"
 
 
-def _compare(name_a: str, a: tuple[float, float, int], name_b: str, b: tuple[float, float, int]) -> str:
-    """ "A beats B by Δ points" / "within seed noise" (the study's verdict rule, :func:`~dmlstudy.experiments.kit.judge`)."""
-    verdict, change, error = _judged(a, b)
-    if verdict.within_noise:
-        return f"{name_a} and {name_b} are within seed noise ({change:+.1f} points, s.e. {error:.1f})"
-    verb = "beats" if change > 0 else "trails"
-    return f"{name_a} {verb} {name_b} by {abs(change):.1f} points" + (" (1 seed)" if verdict.one_seed else "")
-
-
-def main_sentence(table: pd.DataFrame, dataset: str) -> str:
+def main_sentence(frame: pd.DataFrame, dataset: str) -> str:
     """Did DGCRL beat the plain softmax (the N-S + margin + decorrelation effect) and MS on ``dataset``?
-    The paper's direction holds only when DGCRL is above the softmax beyond seed noise (:func:`~dmlstudy.experiments.kit.judge`)."""
-    dgcrl, softmax, ms = (_mean_std(table, dataset, v) for v in ("dgcrl", "softmax", "ms"))
-    if dgcrl is None:
+    ``frame``: one row per run (:func:`results_frame`). The paper's direction is read by the study's rule
+    (:func:`~dmlstudy.experiments.kit.judge` of the per-seed paired differences)."""
+    if frame[(frame["dataset"] == dataset) & (frame["variant"] == "dgcrl")].empty:
         return f"{dataset}: no dgcrl run, nothing to compare."
+    verdicts = {other: _verdict(frame, dataset, "dgcrl", other) for other in ("softmax", "ms")}
     parts = [
-        _compare("DGCRL", dgcrl, other_label, other)
-        for other_label, other in (("softmax without N-S", softmax), ("MS", ms))
-        if other
+        _compare("DGCRL", label, verdicts[other])
+        for other, label in (("softmax", "softmax without N-S"), ("ms", "MS"))
+        if verdicts[other] is not None
     ]
-    if softmax is None:
-        verdict = "cannot be checked (no softmax run)"
-    else:
-        judged, _, _ = _judged(dgcrl, softmax)
-        verdict = (
-            "is not separable from seed noise"
-            if judged.within_noise or not judged.direction
-            else "held"
-            if judged.direction > 0
-            else "did not hold"
-        )
+    softmax = verdicts["softmax"]
+    verdict = "cannot be checked (no softmax run)" if softmax is None else softmax.text
     return (
         f"{dataset}: R@1 "
         + "; ".join(parts)
         + f". The paper's direction (N-S layer and centre loss above a plain softmax "
-        f"pipeline) {verdict} here."
+        f"pipeline): {verdict}."
     )
 
 
 # ----------------------------------------------------------------------------------------------
 # α sweep (Fig. 3)
 # ----------------------------------------------------------------------------------------------
-def alpha_frame(
+def alpha_runs(
     results: list[tuple[str, RunResult]], variants: Mapping[float, tuple[str, dict]], *, ks: Sequence[int], items: int
 ) -> pd.DataFrame:
     """One row per (dataset, α, seed): test Recall@K and the centres' accuracy on training images."""
     alpha_of = {name: alpha for alpha, (name, _) in variants.items()}
-    frame = _rows(
+    return _rows(
         results,
         ks,
         lambda variant, result: {"alpha": alpha_of[variant], "train accuracy": training_accuracy(result, items=items)},
     )
-    return frame.groupby(["dataset", "alpha"], sort=True).mean(numeric_only=True).drop(columns="seed").reset_index()
+
+
+def alpha_means(runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`alpha_runs` averaged over seeds: one row per (dataset, α)."""
+    return runs.groupby(["dataset", "alpha"], sort=True).mean(numeric_only=True).drop(columns="seed").reset_index()
 
 
 def alpha_figure(frame: pd.DataFrame) -> plt.Figure:
@@ -442,24 +431,34 @@ def alpha_figure(frame: pd.DataFrame) -> plt.Figure:
     return figure
 
 
-def alpha_sentence(frame: pd.DataFrame) -> list[str]:
-    """Paper: poor for small α, stable for α ≥ 16. Checked per dataset: R@1 at the smallest α vs the best, spread for α ≥ 16."""
+def alpha_sentence(runs: pd.DataFrame, *, reference: float = 128.0) -> list[str]:
+    """Paper: poor for small α, stable for α ≥ 16. Checked per dataset by the study's rule
+    (:func:`~dmlstudy.experiments.kit.judge`) on :func:`alpha_runs`' per-seed R@1: "α = ``reference`` (the
+    default) > the smallest α" (poor at small α: held), and "α = ``reference`` ≈ α" for every other α ≥ 16
+    (stable: equivalent)."""
     sentences = []
-    for dataset, group in frame.groupby("dataset"):
-        r1 = dict(zip(group["alpha"], 100 * group["R@1"]))
-        if len(r1) < 2:
-            sentences.append(f"{dataset}: one α only, no direction to check.")
+    runs = runs.assign(variant=runs["alpha"].map(lambda alpha: f"{alpha:g}"))
+    for dataset, group in runs.groupby("dataset"):
+        alphas = sorted(set(group["alpha"]))
+        if len(alphas) < 2 or reference not in alphas:
+            sentences.append(f"{dataset}: fewer than two α or no α = {reference:g}, no direction to check.")
             continue
-        smallest, best = min(r1), max(r1, key=r1.get)
-        large = [value for alpha, value in r1.items() if alpha >= 16]
-        spread = max(large) - min(large) if len(large) > 1 else float("nan")
-        poor = r1[smallest] < r1[best] - 2.0
+
+        def verdict(alpha: float, group: pd.DataFrame = group, dataset: str = dataset) -> Verdict:
+            return judge(paired_differences(group, dataset, f"{reference:g}", f"{alpha:g}").differences)
+
+        smallest = alphas[0]
+        small = verdict(smallest)
         text = (
-            f"{dataset}: R@1 {r1[smallest]:.1f} at α = {smallest:g} vs {r1[best]:.1f} at the best α = {best:g} "
-            f"({'poor at small α, as the paper says' if poor else 'not poor at small α (within 2 points of the best), unlike the paper'})"
+            f"{dataset}: R@1 at α = {reference:g} − α = {smallest:g}: {small.interval_text()} → {small.text} "
+            f"(the paper: poor at small α, i.e. held)"
         )
-        if len(large) > 1:
-            text += f"; for α ≥ 16 R@1 spans {spread:.1f} points ({'stable' if spread <= 3.0 else 'not stable'} by a 3-point criterion)"
+        stable = [alpha for alpha in alphas if alpha >= 16 and alpha != reference]
+        if stable:
+            text += f"; α = {reference:g} − α ≥ 16: " + "; ".join(
+                f"α = {alpha:g} {verdict(alpha).interval_text()} → {verdict(alpha).text}" for alpha in stable
+            )
+            text += " (the paper: stable, i.e. equivalent)"
         sentences.append(text + ".")
     return sentences
 
@@ -579,12 +578,14 @@ def loss_table(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     table.insert(2, "loss", [VARIANT_LABELS.get(v, v) for v in table["variant"]])
     table["paper epochs"] = [PAPER_LOSSES[v][0] if v in PAPER_LOSSES else "–" for v in table["variant"]]
     table["paper R@1"] = [PAPER_LOSSES[v][1][0] if v in PAPER_LOSSES else "–" for v in table["variant"]]
-    sentences = [loss_sentence(table, dataset) for dataset in table["dataset"].unique()]
+    sentences = [loss_sentence(table, dataset, frame=frame) for dataset in table["dataset"].unique()]
     return without_numbers(table), sentences
 
 
-def loss_sentence(table: pd.DataFrame, dataset: str) -> str:
-    """The paper's "20 epochs vs 100" and "5× faster than triplet", measured on ``dataset``."""
+def loss_sentence(table: pd.DataFrame, dataset: str, *, frame: pd.DataFrame) -> str:
+    """The paper's "20 epochs vs 100" and "5× faster than triplet", measured on ``dataset``: the claim
+    "DGCRL's best epoch ≤ 1/5 of triplet's" is judged by the study's rule on the per-seed paired differences
+    triplet best epoch / 5 − DGCRL best epoch (epochs; ``frame`` from :func:`loss_frame`), margin 1 epoch."""
     here = table[table["dataset"] == dataset].set_index("variant")
     if "dgcrl" not in here.index:
         return f"{dataset}: no dgcrl run."
@@ -597,7 +598,15 @@ def loss_sentence(table: pd.DataFrame, dataset: str) -> str:
     )
     if "triplet-ns" in here.index:
         epoch_ratio = here.loc["triplet-ns", "best epoch_mean"] / here.loc["dgcrl", "best epoch_mean"]
-        text += f". Triplet needs {epoch_ratio:.1f}× the epochs of DGCRL (paper 100/20 = 5.0×)"
+        speed = judge(
+            paired_differences(
+                frame, dataset, "triplet-ns", "dgcrl", "best epoch", first_scale=1 / PAPER_SPEEDUP_OVER_TRIPLET
+            ).differences
+        )
+        text += (
+            f". Triplet needs {epoch_ratio:.1f}× the epochs of DGCRL (paper 100/20 = 5.0×); triplet's best epoch / "
+            f"{PAPER_SPEEDUP_OVER_TRIPLET:.0f} − DGCRL's: {speed.interval_text('epochs')} → {speed.text}"
+        )
         if "s to best_mean" in here.columns and np.isfinite(here.loc["dgcrl", "s to best_mean"]):
             time_ratio = here.loc["triplet-ns", "s to best_mean"] / here.loc["dgcrl", "s to best_mean"]
             per_epoch = (
@@ -605,8 +614,7 @@ def loss_sentence(table: pd.DataFrame, dataset: str) -> str:
             )
             text += (
                 f"; with side-by-side step times (triplet/DGCRL per epoch {per_epoch:.2f}×) training time to the best "
-                f"epoch is {time_ratio:.1f}× (the paper claims {PAPER_SPEEDUP_OVER_TRIPLET:.0f}×): the claim "
-                f"{'held' if time_ratio >= 0.8 * PAPER_SPEEDUP_OVER_TRIPLET else 'did not hold'} here"
+                f"epoch is {time_ratio:.1f}× (the paper claims {PAPER_SPEEDUP_OVER_TRIPLET:.0f}×)"
             )
     best = max(here.index, key=lambda v: here.loc[v, "R@1_mean"])
     return text + f". Highest R@1: {VARIANT_LABELS.get(best, best)} (paper: DGCRL)."

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dmlstudy.experiments.kit import cache_key, evaluation_sets
+from dmlstudy.experiments.kit import cache_key, effect_sentence, evaluation_sets, paired_differences
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, run_grid
 from dmlstudy.methods.diml import (
@@ -294,31 +294,27 @@ def _paper_gain(table: Mapping, base: str, low: int, high: int, dataset: str, me
 
 
 def sweep_readings(
-    table: pd.DataFrame, *, sweep: str, low: int, high: int, paper_dataset: str = "CUB-200", metric: str = "P@1"
+    frame: pd.DataFrame, *, sweep: str, low: int, high: int, paper_dataset: str = "CUB-200", metric: str = "P@1"
 ) -> list[str]:
     """One sentence per (dataset, base loss, training): the change of ``metric`` from ``low`` to ``high`` (K or
-    G), the paper's change for the same base loss, and whether the direction held — computed from the numbers."""
+    G), paired per seed, with the study's verdict (:func:`~dmlstudy.experiments.kit.effect_sentence`) against
+    the paper's change for the same base loss. ``frame``: the per-run rows of :func:`sweep_frame`."""
     column = "K" if sweep == "K" else "G"
     paper = PAPER_TRUNCATION if sweep == "K" else PAPER_GRID
+    rows = frame[frame["sweep"] == sweep].assign(variant=lambda f: column + "=" + f[column].astype(int).astype(str))
     sentences = []
-    for (dataset, base, training), group in table.groupby(["dataset", "base_loss", "training"], sort=False):
-        values = dict(zip(group[column].astype(int), group[f"{metric}_mean"]))
-        if low not in values or high not in values:
+    for (dataset, base, training), group in rows.groupby(["dataset", "base_loss", "training"], sort=False):
+        if not {low, high} <= set(group[column].astype(int)):
             continue
-        ours = values[high] - values[low]
+        ours = paired_differences(group, dataset, f"{column}={high}", f"{column}={low}", metric)
         gain = _paper_gain(paper, base, low, high, paper_dataset, metric) if training == "baseline" else None
         label = f"{dataset}, {BASE_LOSS_NAMES.get(base, base)} {'baseline re-ranked' if training == 'baseline' else 'DIML-trained'}"
-        if gain is None:
-            sentences.append(
-                f"{label}: {metric} {values[low]:.1f} → {values[high]:.1f} ({ours:+.1f} points) from {column} = {low} to {column} = {high}; "
-                f"the paper has no number for this row."
-            )
-            continue
-        held = "held" if np.sign(round(ours, 1)) == np.sign(gain) and round(ours, 1) != 0 else "did not hold"
-        sentences.append(
-            f"{label}: {metric} {values[low]:.1f} → {values[high]:.1f} ({ours:+.1f} points) from {column} = {low} to {column} = {high}; "
-            f"the paper's {paper_dataset} row changes by {gain:+.1f}: the direction {held}."
+        sentence = effect_sentence(
+            f"{label}, {column} = {high} − {column} = {low}", ours=ours, paper=gain, unit=f"{metric} points"
         )
+        if gain is not None:
+            sentence = sentence.replace(f"; paper {gain:+.2f}", f"; the paper's {paper_dataset} row {gain:+.2f}")
+        sentences.append(sentence)
     return sentences
 
 
@@ -328,18 +324,24 @@ def training_table(frame: pd.DataFrame, *, top_k: int) -> pd.DataFrame:
     return summarize(rows, by=["dataset", "base_loss", "K", "training"], metrics=METRICS)
 
 
-def training_readings(table: pd.DataFrame, *, metric: str = "P@1") -> list[str]:
-    """Per dataset, base loss and ranking: the change of ``metric`` from the baseline to DIML training."""
+def training_readings(frame: pd.DataFrame, *, top_k: int, metric: str = "P@1") -> list[str]:
+    """Per dataset, base loss and ranking (cosine, K = 0, and re-ranked, K = ``top_k``): DIML training −
+    the baseline in ``metric``, paired per seed, with the study's verdict on "DIML training > baseline"
+    (:func:`~dmlstudy.experiments.kit.effect_sentence`; the supplement gives no number). ``frame``: the
+    per-run rows of :func:`sweep_frame`."""
+    rows = frame[(frame["sweep"] == "K") & frame["K"].isin([0, top_k])].assign(variant=lambda f: f["training"])
     sentences = []
-    for (dataset, base, k), group in table.groupby(["dataset", "base_loss", "K"], sort=False):
-        values = dict(zip(group["training"], group[f"{metric}_mean"]))
-        if {"baseline", "DIML"} <= set(values):
-            change = values["DIML"] - values["baseline"]
-            verdict = "helped" if round(change, 1) > 0 else ("hurt" if round(change, 1) < 0 else "made no difference")
+    for (dataset, base, k), group in rows.groupby(["dataset", "base_loss", "K"], sort=False):
+        if {"baseline", "DIML"} <= set(group["training"]):
             ranking = "cosine ranking" if int(k) == 0 else f"re-ranked top {int(k)}"
+            ours = paired_differences(group, dataset, "DIML", "baseline", metric)
             sentences.append(
-                f"{dataset}, {BASE_LOSS_NAMES.get(base, base)}, {ranking}: {metric} {values['baseline']:.1f} (baseline) → "
-                f"{values['DIML']:.1f} (DIML training), {change:+.1f} points: DIML training {verdict} (the supplement gives no number for this comparison)."
+                effect_sentence(
+                    f"{dataset}, {BASE_LOSS_NAMES.get(base, base)}, {ranking}: DIML training − baseline",
+                    ours=ours,
+                    paper=None,
+                    unit=f"{metric} points",
+                )
             )
     return sentences
 

@@ -4,10 +4,10 @@ the method registry and :mod:`dmlstudy.plots`, never a paper module.
 
 * variant grids: ``{key: (name, spec)}`` sweeps → ``{name: spec}`` grids → runs (:func:`as_grid`,
   :func:`run_variants`, :func:`with_reference`, :func:`variant_name`, :func:`find_run`);
-* mean ± std tables and their lookups (:func:`summary`, :func:`lookup`, :func:`difference`);
-* **the verdict rule** (:func:`judge`) and its two phrasings (:func:`effect_sentence` against a paper's
-  number, :func:`claim_verdict` for a claimed positive effect) — swap :func:`judge` to change the rule
-  everywhere;
+* mean ± std tables and their lookups (:func:`summary`, :func:`lookup`);
+* **the verdict rule** (:func:`judge` of per-seed paired differences, :func:`paired_differences`) and its
+  phrasings (:attr:`Verdict.text` for a claim "A > B", :func:`effect_sentence` against a paper's
+  number) — swap :func:`judge` to change the rule everywhere;
 * the papers' numbers as table columns (:func:`paper_column`, :data:`PAPER_DATASET`);
 * the embedding geometry table, projections (t-SNE / UMAP) and the diagram boxes and arrows.
 """
@@ -26,11 +26,12 @@ import numpy as np
 import pandas as pd
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from scipy import stats
 
 from dmlstudy.experiments.papers import PAPER_DATASET
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
 from dmlstudy.methods import MethodInfo
-from dmlstudy.study import mean_std_text
+from dmlstudy.study import PERCENT_METRICS, mean_std_text
 from dmlstudy.train import RunResult, load_datasets, resolve_device
 
 Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
@@ -168,18 +169,6 @@ def lookup(table: pd.DataFrame, dataset: str, variant: str, metric: str = "R@1")
     return float(row[f"{metric}_mean"]), float(row[f"{metric}_std"]), int(row["runs"])
 
 
-def difference(
-    table: pd.DataFrame, dataset: str, first: str, second: str, metric: str = "R@1"
-) -> tuple[tuple[float, float], int]:
-    """(mean of ``first`` − mean of ``second``, its standard error) and the smaller seed count.
-
-    The standard error treats the two variants' seeds as independent samples (``√(s₁²/n₁ + s₂²/n₂)``).
-    """
-    m1, s1, n1 = lookup(table, dataset, first, metric)
-    m2, s2, n2 = lookup(table, dataset, second, metric)
-    return (m1 - m2, math.sqrt(s1**2 / n1 + s2**2 / n2)), min(n1, n2)
-
-
 def without_numbers(table: pd.DataFrame) -> pd.DataFrame:
     """The display columns of a mean ± std table (``_mean`` / ``_std`` number columns dropped)."""
     return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
@@ -196,72 +185,167 @@ def report(protocol: ProtocolConfig, table: pd.DataFrame, sentences: Sequence[st
 
 
 # ----------------------------------------------------------------------------------------------
-# The verdict rule
+# The verdict rule: paired seeds, a t-interval, four verdicts declared before the runs
 # ----------------------------------------------------------------------------------------------
-NO_EFFECT = 0.25  # a paper difference below this many points is read as "no effect"
+MARGIN = 1.0  # equivalence margin in the claim's unit (R@1 points); the plans set it as `margin`
+CONFIDENCE = 0.95  # two-sided t-interval of the mean paired difference
+NO_EFFECT = 0.25  # a paper difference below this many points is read as "no effect" (an equivalence claim)
+MAX_SEEDS = 10_000  # seeds-to-decide searches no further ("more than 10000")
+VERDICTS = ("held", "reversed", "equivalent", "undecided")
+
+
+def metric_scale(metric: str) -> float:
+    """100 for retrieval metrics stored as fractions (shown and judged in points), 1 for the others."""
+    return 100.0 if metric in PERCENT_METRICS else 1.0
 
 
 @dataclass(frozen=True)
-class Judgement:
-    """What :func:`judge` says about one difference: its direction against the expected one (+1 agrees, −1
-    opposes, 0 no difference), whether it is within seed noise, and whether there was a noise estimate."""
+class Paired:
+    """Per-seed paired differences ``d_s = A_s − B_s`` of one metric, in points (or the metric's own unit)."""
 
-    direction: int
-    within_noise: bool
-    one_seed: bool
+    seeds: tuple[int, ...]
+    differences: tuple[float, ...]
 
 
-def judge(difference: float, error: float, seeds: int, *, expected: float = 1.0) -> Judgement:
-    """THE verdict rule of the study, used by every notebook's readings.
+def paired_differences(
+    frame: pd.DataFrame,
+    dataset: str,
+    first: str,
+    second: str,
+    metric: str = "R@1",
+    *,
+    first_scale: float = 1.0,
+    second_scale: float = 1.0,
+) -> Paired:
+    """``first_scale·A_s − second_scale·B_s`` for every seed ``s`` that both variants ran on ``dataset``.
 
-    Our mean difference ``difference`` (standard error ``error`` over ``seeds`` seeds per side) agrees with a
-    claimed effect of sign ``expected`` when it is non-zero with that sign; it is *within seed noise* when
-    there are ≥ 2 seeds and |Δ| < 2 s.e. With one seed there is no noise estimate and only the sign counts.
+    ``frame`` has one row per run (``variant``, ``dataset``, ``seed``, ``metric``: :func:`results_frame`);
+    retrieval metrics are turned into points (:func:`metric_scale`). Seed s gives both runs the same
+    backbone initialisation and batch sequence, so only seeds present on both sides pair; runs with a
+    missing value of ``metric`` do not count. A variant with no runs at all raises ``KeyError``.
     """
-    sign = int(np.sign(difference))
-    direction = 0 if sign == 0 else (1 if sign == int(np.sign(expected)) else -1)
-    return Judgement(direction=direction, within_noise=seeds >= 2 and abs(difference) < 2 * error, one_seed=seeds < 2)
+    if metric not in frame.columns:
+        raise KeyError(f"paired_differences: no column {metric!r} among {sorted(frame.columns)}")
+    here = frame[frame["dataset"] == dataset]
+    sides = []
+    for variant in (first, second):
+        rows = here[here["variant"] == variant]
+        if rows.empty:
+            raise KeyError(f"no runs of variant {variant!r} on {dataset!r}")
+        rows = rows.dropna(subset=[metric])
+        sides.append(rows.groupby("seed")[metric].mean() * metric_scale(metric))
+    common = sides[0].index.intersection(sides[1].index).sort_values()
+    differences = first_scale * sides[0].loc[common] - second_scale * sides[1].loc[common]
+    return Paired(tuple(int(s) for s in common), tuple(float(d) for d in differences))
 
 
-def claim_verdict(difference: float, error: float, seeds: int) -> str:
-    """held / did not hold / inconclusive for a claimed positive difference (:func:`judge`)."""
-    verdict = judge(difference, error, seeds)
-    if verdict.within_noise:
-        return "inconclusive (|Δ| < 2 s.e.)"
-    suffix = " (1 seed, no noise estimate)" if verdict.one_seed else ""
-    return {1: "held", -1: "did not hold", 0: "no difference"}[verdict.direction] + suffix
+def t_half_width(sd: float, seeds: int | np.ndarray, *, confidence: float = CONFIDENCE) -> float | np.ndarray:
+    """``t_{(1+confidence)/2, n−1} · sd / √n``: the half-width of the t-interval of a mean of ``n`` values."""
+    seeds = np.asarray(seeds, dtype=float)
+    return stats.t.ppf((1 + confidence) / 2, seeds - 1) * sd / np.sqrt(seeds)
+
+
+def seeds_to_decide(mean: float, sd: float, *, margin: float = MARGIN, confidence: float = CONFIDENCE) -> int | None:
+    """The smallest number of paired seeds n ≥ 2 at which, if the mean ``mean`` and the standard deviation
+    ``sd`` of the differences stayed as observed, the t-interval would decide:
+
+        n* = min{ n : h(n) < |Δ| }  ∪  { n : |Δ| + h(n) < margin },   h(n) = t_{(1+c)/2, n−1} · sd / √n
+
+    (the first set excludes 0: held or reversed; the second fits inside ±margin: equivalent). None when
+    neither happens up to :data:`MAX_SEEDS` seeds (Δ = 0 exactly and no margin, or an effect at the margin).
+    """
+    n = np.arange(2, MAX_SEEDS + 1)
+    width = t_half_width(sd, n, confidence=confidence)
+    decided = (width < abs(mean)) | (abs(mean) + width < margin)
+    return int(n[np.argmax(decided)]) if decided.any() else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`judge` says about a claim "A > B" from its paired differences."""
+
+    outcome: str  # held / reversed / equivalent / undecided / no verdict
+    mean: float  # Δ = mean of d_s
+    low: float  # the t-interval of Δ (NaN below 2 seeds)
+    high: float
+    seeds: int
+    margin: float
+    seeds_to_decide: int | None = None  # undecided only: see seeds_to_decide()
+
+    @property
+    def text(self) -> str:
+        """The verdict as the tables print it."""
+        if self.outcome == "no verdict":
+            return f"no verdict ({self.seeds} seed{'s' if self.seeds != 1 else ''})"
+        if self.outcome == "undecided":
+            needed = f"≈ {self.seeds_to_decide}" if self.seeds_to_decide else f"more than {MAX_SEEDS}"
+            return f"undecided ({needed} seeds would decide)"
+        return self.outcome
+
+    def interval_text(self, unit: str = "R@1 points") -> str:
+        """``+1.20 R@1 points, 95 % CI [+0.31, +2.09], 5 paired seeds`` (no interval below 2 seeds)."""
+        text = f"{self.mean:+.2f} {unit}"
+        if self.seeds >= 2:
+            text += f", {round(100 * CONFIDENCE)} % CI [{self.low:+.2f}, {self.high:+.2f}]"
+        return text + f", {self.seeds} paired seed{'s' if self.seeds != 1 else ''}"
+
+
+def judge(differences: Sequence[float], *, margin: float = MARGIN, confidence: float = CONFIDENCE) -> Verdict:
+    """THE verdict rule of the study, used by every reading of every notebook.
+
+    ``differences`` are the per-seed paired differences d_s = A_s − B_s of a claim "A > B" (seed s: the same
+    backbone initialisation and batch sequence for A and B). Δ = mean(d), and its two-sided t-interval
+    Δ ± t_{(1+c)/2, n−1} · sd(d) / √n (``scipy.stats.t``, c = ``confidence``). Declared before the runs, in
+    this order: **held** when the interval lies above 0, **reversed** when it lies below 0, **equivalent**
+    when it lies inside (−margin, +margin), **undecided** otherwise, with the seeds that would decide it
+    (:func:`seeds_to_decide`). Fewer than 2 paired seeds: no verdict (there is no spread to judge by).
+    """
+    values = np.asarray(differences, dtype=float)
+    n = len(values)
+    mean = float(values.mean()) if n else math.nan
+    if n < 2:
+        return Verdict("no verdict", mean, math.nan, math.nan, n, margin)
+    sd = float(values.std(ddof=1))
+    width = float(t_half_width(sd, n, confidence=confidence))
+    low, high = mean - width, mean + width
+    if low > 0:
+        outcome = "held"
+    elif high < 0:
+        outcome = "reversed"
+    elif -margin < low and high < margin:
+        outcome = "equivalent"
+    else:
+        return Verdict(
+            "undecided", mean, low, high, n, margin, seeds_to_decide(mean, sd, margin=margin, confidence=confidence)
+        )
+    return Verdict(outcome, mean, low, high, n, margin)
 
 
 def effect_sentence(
-    what: str, *, ours: tuple[float, float], paper: float | None, seeds: int, unit: str = "R@1 points"
+    what: str, *, ours: Paired, paper: float | None, margin: float = MARGIN, unit: str = "R@1 points"
 ) -> str:
-    """One sentence comparing our difference (mean, standard error) with the paper's difference (:func:`judge`).
+    """One sentence: our paired difference ``what`` (A − B) with its interval and :func:`judge`'s verdict on
+    the paper's claim, whose direction is the sign of the paper's own difference ``paper``.
 
-    "direction held" / "direction NOT reproduced" (the paper's sign is the expected one), flagged "within seed
-    noise"; where the paper's own difference is below :data:`NO_EFFECT` points, the question is whether ours
-    is consistent with no effect; a missing paper number (None or NaN) is said.
+    A paper difference below :data:`NO_EFFECT` points claims no effect: the verdict is then read as
+    "consistent" (equivalent), "NOT consistent" (held or reversed) or undecided. A missing paper number
+    (None or NaN) claims nothing: the verdict is that of "A > B" and the sentence says the paper has no number.
     """
-    change, error = ours
-    noise = f" ± {error:.2f} s.e." if seeds >= 2 else " (1 seed: no noise estimate)"
-    text = f"{what}: ours {change:+.2f} {unit}{noise}"
-    if paper is None or (isinstance(paper, float) and math.isnan(paper)):
-        return text + "; the paper reports no number for this."
-    verdict = judge(change, error, seeds, expected=paper)
+    missing = paper is None or (isinstance(paper, float) and math.isnan(paper))
+    sign = -1.0 if not missing and paper < 0 and abs(paper) >= NO_EFFECT else 1.0
+    verdict = judge([sign * d for d in ours.differences], margin=margin)
+    measured = judge(ours.differences, margin=margin)  # A − B as measured, for the numbers
+    text = f"{what}: ours {measured.interval_text(unit)}"
+    if missing:
+        return text + f" → {verdict.text} (A > B); the paper reports no number for this."
     if abs(paper) < NO_EFFECT:
-        if verdict.one_seed:
-            return (
-                text
-                + f"; the paper found no effect ({paper:+.2f}) → with one seed we cannot tell whether ours is noise."
-            )
-        return (
-            text
-            + f"; the paper found no effect ({paper:+.2f}) → "
-            + ("consistent (within seed noise)." if verdict.within_noise else "NOT consistent (|Δ| ≥ 2 s.e.).")
-        )
-    words = "direction held" if verdict.direction == 1 else "direction NOT reproduced"
-    if verdict.within_noise:
-        words += " (but within seed noise, |Δ| < 2 s.e.)"
-    return text + f"; paper {paper:+.2f} → {words}."
+        reading = {
+            "equivalent": f"consistent (equivalent within ±{margin:g})",
+            "held": "NOT consistent",
+            "reversed": "NOT consistent",
+        }.get(verdict.outcome, verdict.text)
+        return text + f"; the paper found no effect ({paper:+.2f}) → {reading}."
+    return text + f"; paper {paper:+.2f} → {verdict.text}."
 
 
 # ----------------------------------------------------------------------------------------------
