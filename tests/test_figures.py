@@ -244,9 +244,7 @@ def test_same_and_other_class_are_not_red_and_green():
 def test_attention_maps_have_colourbars_and_class_colours(tiny_config):
     from dmlstudy.train import load_datasets
 
-    method = build_method(
-        "cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2
-    ).eval()
+    method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2).eval()
     dataset = load_datasets(tiny_config())["query"]
     labels = np.asarray(dataset.labels)
     other = int(np.flatnonzero(labels != labels[0])[0])
