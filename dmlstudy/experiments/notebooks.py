@@ -96,13 +96,13 @@ def with_parameters(source: str, stem: str) -> str:
     return source[: match.start("body")] + parameters_source(stem) + source[match.end("body") :]
 
 
-def build(source: str) -> str:
-    """The ``.ipynb`` text of a py:percent ``source``: cells ``cell-NN``, no outputs, python3 kernel."""
-    parsed = jupytext.reads(source, fmt="py:percent")
+def _clean_notebook(cells, *, where: str) -> str:
+    """The ``.ipynb`` text of ``cells`` as the project commits notebooks: python3 kernel metadata, cells
+    ``cell-NN`` (or their own id), markdown and code only, code cells with their tags and no outputs."""
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     notebook.metadata["language_info"] = {"name": "python"}
-    for index, cell in enumerate(parsed.cells):
+    for index, cell in enumerate(cells):
         if cell.cell_type == "markdown":
             new = nbformat.v4.new_markdown_cell(cell.source)
         elif cell.cell_type == "code":
@@ -111,32 +111,27 @@ def build(source: str) -> str:
             if tags:
                 new.metadata["tags"] = list(tags)
         else:
-            raise ValueError(f"unexpected {cell.cell_type} cell {index}: the sources hold markdown and code cells only")
-        new["id"] = f"cell-{index:02d}"
+            raise ValueError(
+                f"{where}: unexpected {cell.cell_type} cell {index}: notebooks hold markdown and code cells only"
+            )
+        new["id"] = cell.get("id") or f"cell-{index:02d}"
         notebook.cells.append(new)
     nbformat.validate(notebook)
     return nbformat.writes(notebook) + "\n"
 
 
+def build(source: str) -> str:
+    """The ``.ipynb`` text of a py:percent ``source``: cells ``cell-NN``, no outputs, python3 kernel."""
+    cells = jupytext.reads(source, fmt="py:percent").cells
+    for cell in cells:
+        cell.pop("id", None)  # jupytext's own ids: the committed notebook numbers its cells
+    return _clean_notebook(cells, where="source")
+
+
 def strip(text: str) -> str:
     """``text`` (an ``.ipynb``) as :func:`build` writes it: outputs and execution counts removed, only the cell
     tags and the notebook's kernel metadata kept. An unchanged built notebook strips to itself."""
-    notebook = nbformat.reads(text, as_version=4)
-    clean = nbformat.v4.new_notebook()
-    clean.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    clean.metadata["language_info"] = {"name": "python"}
-    for index, cell in enumerate(notebook.cells):
-        if cell.cell_type == "code":
-            new = nbformat.v4.new_code_cell(cell.source)
-            if cell.metadata.get("tags"):
-                new.metadata["tags"] = list(cell.metadata["tags"])
-        elif cell.cell_type == "markdown":
-            new = nbformat.v4.new_markdown_cell(cell.source)
-        else:
-            new = nbformat.v4.new_raw_cell(cell.source)
-        new["id"] = cell.get("id") or f"cell-{index:02d}"
-        clean.cells.append(new)
-    return nbformat.writes(clean) + "\n"
+    return _clean_notebook(nbformat.reads(text, as_version=4).cells, where="notebook")
 
 
 def stems(folder: Path | None = None) -> list[str]:
