@@ -194,7 +194,9 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{name:<{width}}  {line}".rstrip())
     if args.what == "plans":
         print(
-            "\nrun a study plan: dmlstudy study run plans/<plan>.yaml; train one paper config: dmlstudy train --config plans/papers/<config>.yaml"
+            "\nrun a study plan: dmlstudy study run plans/<plan>.yaml; train one paper config: dmlstudy train --config "
+            "plans/papers/<config>.yaml; tune: dmlstudy tune plans/tune.yaml (writes plans/tuned/<dataset>.yaml, "
+            "which the study reads)"
         )
     return 0
 
