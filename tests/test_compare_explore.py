@@ -182,7 +182,7 @@ def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
     variants = compare.claim_variants()
     assert {name: trained[name] for name in variants} == variants
     needed = compare.ablation_grid()
-    assert set(needed) == {"crt", "ms", *variants, "cross_attention", "dgcrl"}
+    assert set(needed) == {"crt", "ms", *variants}
     assert all(needed[name] == trained[name] for name in needed if name in trained)
     assert len([c for c in compare.CLAIMS if c.kind == "headline"]) == 8  # × 2 datasets: the 16 headline claims
     compared = {c.a for c in compare.CLAIMS} | {c.b for c in compare.CLAIMS}

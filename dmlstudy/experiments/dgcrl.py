@@ -166,17 +166,19 @@ def _format(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def dgcrl_variant(**method_kwargs: Any) -> tuple[str, dict[str, Any]]:
+def dgcrl_variant(*, explicit: Sequence[str] = (), **method_kwargs: Any) -> tuple[str, dict[str, Any]]:
     """``(name, spec)`` of a DGCRL variant, named from what differs from the defaults.
 
     ``dgcrl_variant()`` is ``("dgcrl", {"method": "dgcrl"})``; ``dgcrl_variant(alpha=1.0)`` is
     ``("dgcrl-alpha=1", …)``; ``decorrelation_weight`` is shown as ``lambda``, ``decorrelation`` as ``decor``.
+    Arguments named in ``explicit`` stay in the spec and the name even at their default: the α sweep's points
+    say their α (``dgcrl-alpha=128``), since the plain ``dgcrl`` row takes the study's tuned values.
     """
     defaults = dgcrl_defaults()
     unknown = sorted(set(method_kwargs) - set(defaults))
     if unknown:
         raise KeyError(f"dgcrl_variant: unknown DGCRL arguments {unknown}; valid: {sorted(defaults)}")
-    kwargs = {key: value for key, value in sorted(method_kwargs.items()) if defaults[key] != value}
+    kwargs = {key: value for key, value in sorted(method_kwargs.items()) if defaults[key] != value or key in explicit}
     spec: dict[str, Any] = {"method": "dgcrl"}
     if kwargs:
         spec["method_kwargs"] = kwargs
@@ -192,7 +194,10 @@ def named_variants(names: Iterable[str]) -> dict[str, dict[str, Any]]:
 
 
 def alpha_variants(alphas: Sequence[float]) -> dict[float, tuple[str, dict]]:
-    return {alpha: dgcrl_variant(alpha=float(alpha)) for alpha in with_reference([float(a) for a in alphas], 128.0)}
+    return {
+        alpha: dgcrl_variant(alpha=float(alpha), explicit=("alpha",))
+        for alpha in with_reference([float(a) for a in alphas], 128.0)
+    }
 
 
 def lambda_variants(lambdas: Sequence[float]) -> dict[float, tuple[str, dict]]:
