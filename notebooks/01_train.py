@@ -80,7 +80,7 @@ from dmlstudy.train import TrainConfig, load_datasets, run
 config = TrainConfig.from_namespace(globals())
 seed_everything(config.seed)
 result = run(config)
-{name: round(value, 4) for name, value in result.metrics.items()}
+{name: round(value, 4) if isinstance(value, float) else value for name, value in result.metrics.items()}
 
 # %% [markdown]
 # ## Training curves
