@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dmlstudy  # noqa: E402  (the code under test: its project holds the plan notebooks)
+from dmlstudy.cli import config_options
 
 PROJECT = Path(dmlstudy.__file__).resolve().parent.parent
 WORK = Path(tempfile.mkdtemp(prefix="fault-battery-"))
@@ -91,16 +92,7 @@ def copy_data(name: str) -> Path:
 
 
 def options(fields: dict) -> list[str]:
-    arguments = []
-    for key, value in fields.items():
-        option = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            arguments.append(option if value else "--no-" + option[2:])
-        elif isinstance(value, (dict, list)):
-            arguments += [option, json.dumps(value)]
-        else:
-            arguments += [option, str(value)]
-    return arguments
+    return config_options(fields)
 
 
 API_PRELUDE = """

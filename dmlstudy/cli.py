@@ -17,12 +17,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import os
 import re
 import sys
 import typing
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dmlstudy.config import load_yaml
 
@@ -78,6 +81,22 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
             )
         else:
             parser.add_argument(option, dest=spec.name, type=kind, default=argparse.SUPPRESS, help=text)
+
+
+def config_options(fields: Mapping[str, Any]) -> list[str]:
+    """The ``dmlstudy train`` options that set ``fields`` (TrainConfig field → value), the inverse of
+    :func:`_add_config_options`: ``--name value``, ``--flag``/``--no-flag`` for booleans, JSON (which YAML
+    reads) for dicts and lists."""
+    arguments: list[str] = []
+    for name, value in fields.items():
+        option = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            arguments.append(option if value else "--no-" + option[2:])
+        elif isinstance(value, (dict, list)):
+            arguments += [option, json.dumps(value)]
+        else:
+            arguments += [option, str(value)]
+    return arguments
 
 
 def _train(args: argparse.Namespace) -> int:

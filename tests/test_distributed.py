@@ -10,20 +10,12 @@ import pandas as pd
 import pytest
 import torch
 
+from dmlstudy.cli import config_options
 from dmlstudy.train import run
 
 
 def cli_arguments(config) -> list[str]:
-    arguments = []
-    for name, value in config.to_dict().items():
-        option = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            arguments.append(option if value else "--no-" + option[2:])
-        elif isinstance(value, (dict, list)):
-            arguments += [option, json.dumps(value)]
-        else:
-            arguments += [option, str(value)]
-    return arguments
+    return config_options(config.to_dict())
 
 
 @pytest.mark.parametrize("method", ["ms", "proxyanchor"])

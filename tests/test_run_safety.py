@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from dmlstudy import records
-from dmlstudy.cli import build_parser, main
+from dmlstudy.cli import build_parser, config_options, main
 from dmlstudy.config import load_yaml
 from dmlstudy.runs import HOLDER_FILE, RunConflictError, RunWarning, identity_hash
 from dmlstudy.train import TrainConfig, run
@@ -25,16 +25,7 @@ from dmlstudy.train import TrainConfig, run
 
 def cli_arguments(config: TrainConfig) -> list[str]:
     """``python -m dmlstudy train`` with every field of ``config`` as an option."""
-    arguments = [sys.executable, "-m", "dmlstudy", "train"]
-    for name, value in config.to_dict().items():
-        option = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            arguments.append(option if value else "--no-" + option[2:])
-        elif isinstance(value, (dict, list)):
-            arguments += [option, json.dumps(value)]
-        else:
-            arguments += [option, str(value)]
-    return arguments
+    return [sys.executable, "-m", "dmlstudy", "train", *config_options(config.to_dict())]
 
 
 def wait_for(path, process, seconds=180):

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from dmlstudy.cli import config_options
 from dmlstudy.runs import identity_hash
 from dmlstudy.train import TrainConfig, run
 
@@ -61,15 +62,7 @@ def test_complete_run_is_loaded_not_retrained(tiny_config):
 def test_killed_run_resumes_to_the_same_metrics(tiny_config, tmp_path):
     reference = run(tiny_config(run_name="uninterrupted", epochs=5, steps_per_epoch=3))
     killed = tiny_config(run_name="killed", epochs=5, steps_per_epoch=3)
-    arguments = [sys.executable, "-m", "dmlstudy", "train"]
-    for name, value in killed.to_dict().items():
-        option = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            arguments.append(option if value else "--no-" + option[2:])
-        elif isinstance(value, (dict, list)):
-            arguments += [option, json.dumps(value)]
-        else:
-            arguments += [option, str(value)]
+    arguments = [sys.executable, "-m", "dmlstudy", "train", *config_options(killed.to_dict())]
     process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoint = killed.run_dir / "checkpoint.pt"
     deadline = time.time() + 120
