@@ -280,13 +280,27 @@ def run_tasks(
             bar.update()
     finally:
         bar.close()
-        for future in futures:  # interrupted: stop what is still queued
-            future.cancel()
+        stop_tasks(client, futures)  # interrupted: nothing of this grid goes on training behind the caller's back
     if failures:
         raise GridRunError(
             f"{len(failures)} of {len(submissions)} {what} failed (finished ones are kept):\n" + "\n".join(failures)
         )
     return results
+
+
+def stop_tasks(client, futures) -> None:
+    """Cancel ``futures`` and restart the workers already running one of them (their nannies start fresh
+    processes): a running task cannot be interrupted, and one left running after its caller was interrupted
+    would keep its run folder locked, so that calling again in the same session fails with RunLockedError.
+    The killed runs keep their last checkpoint and resume when submitted again."""
+    keys = {future.key for future in futures}
+    if not keys:
+        return
+    addresses = [address for address, processing in client.processing().items() if keys.intersection(processing)]
+    for future in futures:
+        future.cancel()
+    if addresses:
+        client.restart_workers(addresses, raise_for_error=False)  # a slow restart must not hide the interruption
 
 
 def _running(client, futures) -> int:

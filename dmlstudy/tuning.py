@@ -31,7 +31,8 @@ Decisions:
 * **Intermediate values** reach the driver through the run's ``history.csv`` (written after every epoch on the
   shared runs root), which the driver reads every ``poll_seconds``: the task needs no channel back to the
   driver, and the storage is written by the driver alone. A pruned trial is told ``PRUNED`` at once, its
-  task cancelled, and (``train.run`` has no per-epoch stop) the worker training it restarted by its nanny.
+  task cancelled, and (``train.run`` has no per-epoch stop) the worker training it restarted by its nanny
+  (:func:`dmlstudy.engine.stop_tasks`); an interrupted driver stops its running trials the same way.
 * **Resuming**: re-running :func:`tune` with the same name continues the study: finished trials (complete,
   pruned, failed) count towards ``n_trials`` and are never repeated; a trial left running by an interrupted
   driver is marked failed and its parameters are queued again, so it resumes its run folder from the last
@@ -217,20 +218,10 @@ def tune(
                         reported[trial.number] = epoch
                 if reported.get(trial.number) and trial.should_prune():
                     del in_flight[future]
-                    _stop(client, future)
+                    engine.stop_tasks(client, [future])
                     tell(trial, optuna.trial.TrialState.PRUNED)
     finally:
-        for future in in_flight:  # interrupted: the trials stay RUNNING in storage and are recovered next time
-            future.cancel()
-
-
-def _stop(client, future) -> None:
-    """Cancel a trial's task; if a worker is already training it, restart that worker (its nanny starts a
-    fresh process), since a running task cannot be interrupted."""
-    addresses = [address for address, keys in client.processing().items() if future.key in keys]
-    future.cancel()
-    if addresses:  # the nanny starts a fresh worker; do not fail the search if that is slow
-        client.restart_workers(addresses, raise_for_error=False)
+        engine.stop_tasks(client, list(in_flight))  # interrupted: its trials stay RUNNING in storage, recovered next time
 
 
 # ----------------------------------------------------------------------------------------------

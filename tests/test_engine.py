@@ -129,23 +129,26 @@ def test_a_long_lived_worker_gives_the_same_run_first_and_third(tiny_config, one
 
 
 def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, tmp_path, one_thread_tasks):
-    short = tiny_config(run_name="short", resume=True)
-    long = tiny_config(run_name="long", resume=True, epochs=8, steps_per_epoch=8)
+    short = tiny_config(run_name="short", resume=True, epochs=1, steps_per_epoch=1)
+    long = tiny_config(run_name="long", resume=True, epochs=30, steps_per_epoch=8)  # far longer than short
     client = engine.get_client(2)
     outcome = {}
     grid = threading.Thread(
         target=lambda: outcome.update(results=run_grid([("short", short), ("long", long)], workers=2))
     )
     grid.start()
-    checkpoint = long.run_dir / "checkpoint.pt"
+    checkpoint, key = long.run_dir / "checkpoint.pt", engine.run_task_key(long)
     deadline = time.monotonic() + 600
-    while not ((short.run_dir / "metrics.json").is_file() and checkpoint.is_file()):
+
+    def long_worker():
+        return next((worker for worker, keys in client.processing().items() if key in keys), None)
+
+    while not ((short.run_dir / "metrics.json").is_file() and checkpoint.is_file() and long_worker()):
         assert time.monotonic() < deadline and grid.is_alive(), (
             "the grid ended before the long run saved its first epoch"
         )
         time.sleep(0.02)
-    key = engine.run_task_key(long)
-    address = next(worker for worker, keys in client.processing().items() if key in keys)
+    address = long_worker()
     pid = client.run(os.getpid, workers=[address])[address]
     kept = pd.DataFrame(torch.load(checkpoint, weights_only=False)["history"])  # checkpoints are replaced atomically
     assert not (long.run_dir / "metrics.json").is_file(), "the long run finished before it could be killed"
@@ -161,11 +164,32 @@ def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, 
     )  # finished epochs kept, not retrained
     assert (short.run_dir / "metrics.json").stat().st_mtime_ns == short_stamp  # the other run was not retrained
     reference = tiny_config(
-        run_name="long", resume=True, epochs=8, steps_per_epoch=8, runs_root=str(tmp_path / "reference")
+        run_name="long", resume=True, epochs=30, steps_per_epoch=8, runs_root=str(tmp_path / "reference")
     )
     with engine.task_state():
         run_grid([("long", reference)], workers=1)
     assert_same_records(long.run_dir, reference.run_dir)
+
+
+def test_stopping_a_running_task_frees_its_run_folder_at_once(tiny_config, one_thread_tasks):
+    """What an interrupted grid or search does to its tasks: without the worker restart the cancelled run
+    trains on, and submitting it again in the same session fails with RunLockedError."""
+    from dmlstudy.runs import RunLock
+
+    long = tiny_config(run_name="long", resume=True, epochs=200, steps_per_epoch=8)
+    client = engine.get_client(1)
+    key = engine.run_task_key(long)
+    future = client.submit(engine.train_task, engine.task_values(long), key=key, pure=False)
+    deadline = time.monotonic() + 600
+    while not ((long.run_dir / "checkpoint.pt").is_file() and any(key in keys for keys in client.processing().values())):
+        assert time.monotonic() < deadline and not future.done(), "the run ended before it saved its first epoch"
+        time.sleep(0.02)
+    engine.stop_tasks(client, [future])
+    lock = RunLock(long.run_dir)
+    with pytest.warns(UserWarning, match="took over the stale lock"):
+        lock.acquire()  # raises RunLockedError while the cancelled task still trains
+    lock.release()
+    assert not (long.run_dir / "metrics.json").is_file()
 
 
 def test_the_slurm_example_books_one_run_per_worker_and_a_gpu_per_job():
