@@ -45,7 +45,7 @@ lint: $(STAMP)
 
 ## the whole test suite: lint, unit tests and every notebook under nbval (CI-sized defaults)
 test: $(STAMP) lint
-	$(BIN)/python -m pytest --nbval-lax tests notebooks
+	$(BIN)/python -m pytest --nbval-lax --durations=25 tests notebooks
 
 smoke: $(STAMP)
 	$(BIN)/dmlstudy study run plans/smoke.yaml

@@ -221,7 +221,9 @@ def tune(
                     engine.stop_tasks(client, [future])
                     tell(trial, optuna.trial.TrialState.PRUNED)
     finally:
-        engine.stop_tasks(client, list(in_flight))  # interrupted: its trials stay RUNNING in storage, recovered next time
+        engine.stop_tasks(
+            client, list(in_flight)
+        )  # interrupted: its trials stay RUNNING in storage, recovered next time
 
 
 # ----------------------------------------------------------------------------------------------

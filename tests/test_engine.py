@@ -181,7 +181,9 @@ def test_stopping_a_running_task_frees_its_run_folder_at_once(tiny_config, one_t
     key = engine.run_task_key(long)
     future = client.submit(engine.train_task, engine.task_values(long), key=key, pure=False)
     deadline = time.monotonic() + 600
-    while not ((long.run_dir / "checkpoint.pt").is_file() and any(key in keys for keys in client.processing().values())):
+    while not (
+        (long.run_dir / "checkpoint.pt").is_file() and any(key in keys for keys in client.processing().values())
+    ):
         assert time.monotonic() < deadline and not future.done(), "the run ended before it saved its first epoch"
         time.sleep(0.02)
     engine.stop_tasks(client, [future])
