@@ -130,6 +130,39 @@ def test_strip_gives_back_the_built_notebook():
     assert notebook_sources.strip(built) == built
 
 
+def test_the_recorded_revision_runs_the_notebook_filter_once_per_changed_file(tmp_path):
+    """Every run records the git revision; with a filter on notebooks, a call that re-filtered every file whose
+    stat is newer than the index (all of a fresh clone) cost seconds per run and made CI 5× slower."""
+    import os
+    import subprocess
+
+    from dmlstudy.records import git_revision
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    calls = tmp_path.parent / f"{tmp_path.name}-filter-calls"
+    git("init", "-q")
+    git("config", "user.email", "test@example.com")
+    git("config", "user.name", "test")
+    git("config", "filter.notebook-outputs.clean", f"sh -c 'echo x >> {calls}; cat'")
+    (tmp_path / ".gitattributes").write_text("*.ipynb filter=notebook-outputs\n")
+    notebooks = [tmp_path / f"{index}.ipynb" for index in range(3)]
+    for path in notebooks:
+        path.write_text("{}\n")
+    git("add", ".")
+    git("commit", "-qm", "notebooks")
+    earlier = notebooks[0].stat().st_mtime - 100
+    for path in notebooks:
+        os.utime(path, (earlier, earlier))  # content unchanged, stat not the index's (as after a fresh clone)
+    calls.unlink(missing_ok=True)
+    assert [git_revision(tmp_path).endswith("+dirty") for _ in range(3)] == [False] * 3
+    assert len(calls.read_text().splitlines()) == len(notebooks)
+
+
 def test_git_sees_a_run_notebook_without_its_outputs(tmp_path):
     """The `.gitattributes` filter, registered as `make install` does: a notebook saved with outputs is not a
     change, and what gets committed has none."""
