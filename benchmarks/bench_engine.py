@@ -4,7 +4,9 @@ The same grid of MS runs (the default plan's protocol: SynBirds, dml_convnet, 64
 AdamW lr 4e-3, cosine schedule; shortened to ``--epochs`` × ``--steps-per-epoch`` so that per-task overhead is
 visible) is trained with ``run_grid(configs, workers=2)`` by
 
-* ``pool``: the code of a base-commit worktree (``--base``, the ``ProcessPoolExecutor`` pool), and
+* ``pool``: the code of a base-commit worktree (``--base``, the ``ProcessPoolExecutor`` pool) or, without
+  ``--base``, this worktree's ``engine.train_task`` mapped over a ``ProcessPoolExecutor`` of 2 spawned
+  one-thread processes — the same training code on both sides, so the difference is the executor alone, and
 * ``dask``: this worktree (``dmlstudy.engine``, a LocalCluster of 2 worker processes, one thread each),
 
 each in a fresh subprocess and a fresh runs folder, alternating pool/dask ``--repeats`` times, so both see the
@@ -13,8 +15,9 @@ the results), not the interpreter's imports. Overhead = (dask − pool) / pool p
 
 Also: the per-task cost of the engine alone (trivial tasks through ``engine.run_tasks`` on a warm cluster).
 
-Usage (from the worktree, with a base worktree made by ``git worktree add ../dask-base <base commit>``)::
+Usage (from the worktree; ``--base`` a worktree made by ``git worktree add ../dask-base <base commit>``)::
 
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_engine.py --repeats 2 --epochs 3 --steps-per-epoch 40
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_engine.py --base /work/wt/dask-base --repeats 2
 """
 
@@ -48,13 +51,34 @@ print("RESULT " + json.dumps({"seconds": seconds, "R@1": [r.metrics["R@1"] for _
 """
 
 
-def grid_once(source: Path, spec: dict) -> dict:
+POOL = r"""
+import json, os, sys, time
+os.environ["DMLSTUDY_TASK_THREADS"] = "1"  # what the LocalCluster gives each of its 2 workers on 2 cores
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from dmlstudy import engine
+from dmlstudy.experiments.protocol import ProtocolConfig
+spec = json.loads(sys.argv[1])
+protocol = ProtocolConfig(study="bench", runs_root=spec["runs_root"], data_root=spec["data_root"], datasets=["synbirds"],
+                          seeds=list(range(spec["runs"])), epochs=spec["epochs"], steps_per_epoch=spec["steps"],
+                          eval_every=spec["epochs"], train_classes=0, test_classes=spec["test_classes"], workers=2)
+configs = protocol.grid({"ms": {"method": "ms"}})
+started = time.perf_counter()
+with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+    metrics = list(pool.map(engine.train_task, [engine.task_values(config) for _, config in configs]))
+seconds = time.perf_counter() - started
+print("RESULT " + json.dumps({"seconds": seconds, "R@1": [m["R@1"] for m in metrics],
+                              "train_seconds": sum(m["train_seconds"] for m in metrics)}))
+"""
+
+
+def grid_once(source: Path, spec: dict, script: str = GRID) -> dict:
     environment = {**os.environ, "PYTHONPATH": str(source), "KMP_DUPLICATE_LIB_OK": "TRUE"}
     environment.pop("DMLSTUDY_SCHEDULER", None)
     environment.pop("DMLSTUDY_TASK_THREADS", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     completed = subprocess.run(
-        [sys.executable, "-c", GRID, json.dumps(spec)],
+        [sys.executable, "-c", script, json.dumps(spec)],
         env=environment,
         cwd=source,
         capture_output=True,
@@ -87,7 +111,13 @@ def task_overhead(tasks: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path, required=True, help="worktree of the base commit (the process pool)")
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="worktree of the base commit (its process pool); without it, the pool side runs this tree's "
+        "engine.train_task in a ProcessPoolExecutor of 2 one-thread processes (same training code on both sides)",
+    )
     parser.add_argument("--data-root", default=str(HERE / "data"))
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
@@ -102,7 +132,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as scratch:
         for repeat in range(args.repeats):
             pair = {}
-            for name, source in (("pool", args.base.resolve()), ("dask", HERE)):
+            pool_side = (args.base.resolve(), GRID) if args.base else (HERE, POOL)
+            for name, source, script in (("pool", *pool_side), ("dask", HERE, GRID)):
                 spec = {
                     "runs_root": f"{scratch}/{name}{repeat}",
                     "data_root": args.data_root,
@@ -111,7 +142,7 @@ def main() -> None:
                     "steps": args.steps_per_epoch,
                     "test_classes": args.test_classes,
                 }
-                pair[name] = grid_once(source, spec)
+                pair[name] = grid_once(source, spec, script)
                 print(
                     f"repeat {repeat} {name}: {pair[name]['seconds']:.1f} s wall, {pair[name]['cpu']:.1f} s CPU, R@1 {pair[name]['R@1']}",
                     flush=True,

@@ -122,23 +122,30 @@ def start_local_cluster(
     workers: int, *, threads: int | None = None, gpus: int | None = None, dashboard_address: str = ":0"
 ):
     """A ``LocalCluster`` of ``workers`` processes with one Dask thread each, and its client. Each worker's
-    device and torch thread count (:func:`local_worker_plans`) are set through its environment."""
+    device and torch thread count (:func:`local_worker_plans`) are set through its environment.
+
+    The workers start without Dask's default ``MALLOC_TRIM_THRESHOLD_=65536``: an explicit trim threshold
+    turns off glibc's dynamic mmap threshold, so every tensor over 128 KiB is mmap-ed and unmapped again;
+    a training run in such a worker took 1.7× the wall time of the same run in a plain process
+    (``benchmarks/bench_engine.py``). Runs hold no Dask data, so trimming buys nothing here."""
+    import dask
     from distributed import Client, LocalCluster
 
     plans = local_worker_plans(workers, cores=available_cores(), gpus=gpu_count() if gpus is None else gpus)
     if threads:
         plans = [WorkerPlan(plan.name, plan.device, threads) for plan in plans]
-    cluster = LocalCluster(
-        n_workers=0, threads_per_worker=1, processes=True, dashboard_address=dashboard_address, memory_limit=0
-    )  # runs hold no Dask data: no memory-based pausing; the OS decides
-    template = cluster.new_spec
-    for plan in plans:  # one spec per worker: the template with this worker's environment
-        environment = {DEVICE_VARIABLE: plan.device, THREADS_VARIABLE: str(plan.threads), **QUIET_WORKER}
-        options = {**template["options"], "env": environment, "name": plan.name}
-        cluster.worker_spec[plan.name] = {"cls": template["cls"], "options": options}
-    cluster.scale(len(plans))
-    client = Client(cluster, set_as_default=False)
-    client.wait_for_workers(len(plans), timeout=120)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        cluster = LocalCluster(
+            n_workers=0, threads_per_worker=1, processes=True, dashboard_address=dashboard_address, memory_limit=0
+        )  # runs hold no Dask data: no memory-based pausing; the OS decides
+        template = cluster.new_spec
+        for plan in plans:  # one spec per worker: the template with this worker's environment
+            environment = {DEVICE_VARIABLE: plan.device, THREADS_VARIABLE: str(plan.threads), **QUIET_WORKER}
+            options = {**template["options"], "env": environment, "name": plan.name}
+            cluster.worker_spec[plan.name] = {"cls": template["cls"], "options": options}
+        cluster.scale(len(plans))
+        client = Client(cluster, set_as_default=False)
+        client.wait_for_workers(len(plans), timeout=120)
     return cluster, client
 
 
