@@ -35,28 +35,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 
-GRID = r"""
-import json, sys, time
-from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
-spec = json.loads(sys.argv[1])
-protocol = ProtocolConfig(study="bench", runs_root=spec["runs_root"], data_root=spec["data_root"], datasets=["synbirds"],
-                          seeds=list(range(spec["runs"])), epochs=spec["epochs"], steps_per_epoch=spec["steps"],
-                          eval_every=spec["epochs"], train_classes=0, test_classes=spec["test_classes"], workers=2)
-configs = protocol.grid({"ms": {"method": "ms"}})
-started = time.perf_counter()
-results = run_grid(configs, workers=2)
-seconds = time.perf_counter() - started
-print("RESULT " + json.dumps({"seconds": seconds, "R@1": [r.metrics["R@1"] for _, r in results],
-                              "train_seconds": sum(r.metrics["train_seconds"] for _, r in results)}))
-"""
-
-
-POOL = r"""
+SETUP = r"""
 import json, os, sys, time
-os.environ["DMLSTUDY_TASK_THREADS"] = "1"  # what the LocalCluster gives each of its 2 workers on 2 cores
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
-from dmlstudy import engine
 from dmlstudy.experiments.protocol import ProtocolConfig
 spec = json.loads(sys.argv[1])
 protocol = ProtocolConfig(study="bench", runs_root=spec["runs_root"], data_root=spec["data_root"], datasets=["synbirds"],
@@ -64,12 +44,35 @@ protocol = ProtocolConfig(study="bench", runs_root=spec["runs_root"], data_root=
                           eval_every=spec["epochs"], train_classes=0, test_classes=spec["test_classes"], workers=2)
 configs = protocol.grid({"ms": {"method": "ms"}})
 started = time.perf_counter()
-with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
-    metrics = list(pool.map(engine.train_task, [engine.task_values(config) for _, config in configs]))
+"""
+
+REPORT = r"""
 seconds = time.perf_counter() - started
 print("RESULT " + json.dumps({"seconds": seconds, "R@1": [m["R@1"] for m in metrics],
                               "train_seconds": sum(m["train_seconds"] for m in metrics)}))
 """
+
+GRID = (
+    SETUP
+    + r"""
+from dmlstudy.experiments.protocol import run_grid
+metrics = [result.metrics for _, result in run_grid(configs, workers=2)]
+"""
+    + REPORT
+)
+
+POOL = (
+    SETUP
+    + r"""
+os.environ["DMLSTUDY_TASK_THREADS"] = "1"  # what the LocalCluster gives each of its 2 workers on 2 cores
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from dmlstudy import engine
+with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+    metrics = list(pool.map(engine.train_task, [engine.task_values(config) for _, config in configs]))
+"""
+    + REPORT
+)
 
 
 def grid_once(source: Path, spec: dict, script: str = GRID) -> dict:
