@@ -23,6 +23,16 @@ def project_root() -> Path:
     return here
 
 
+def project_file(path: str | Path) -> Path:
+    """``path`` as given when it is absolute or exists from the working directory, else from the project root:
+    a plan or the pretrained regime names ``weights/…`` once, and a notebook run from ``notebooks/``, a Dask
+    worker and the CLI all find the same file (and the run's recorded configuration stays machine-independent)."""
+    path = Path(path)
+    if path.is_absolute() or path.exists():
+        return path
+    return project_root() / path
+
+
 def data_root() -> Path:
     return project_root() / "data"
 

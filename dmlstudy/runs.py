@@ -8,7 +8,10 @@ Decisions (issue 16):
   device, progress bars, loader workers, the evaluation batch size and the resume/overwrite switches).
   :func:`identity_hash` is the first 8 hex digits of the SHA-256 of those fields as sorted JSON; a field
   added to ``TrainConfig`` later therefore changes every hash (old folders are left alone, never reused
-  by mistake), unless it is listed in :data:`NON_IDENTITY_FIELDS`.
+  by mistake), unless it is listed in :data:`NON_IDENTITY_FIELDS` or in :data:`HASHED_WHEN_SET`: a field
+  added with a default that computes exactly what the runs before it computed (the pretrained regime's
+  ``backbone_lr_scale`` = 1 and ``warmup_epochs`` = 0) enters the identity only when set to another value,
+  so the folders recorded before it existed keep their names and are reused.
 * **Folder name.** ``<label>-<hash8>``, where the label is ``run_name`` when given, else
   ``<dataset>-<method>-seed<seed>``. The hash is always appended, also to an explicit ``run_name``, so two
   configurations never share a folder whatever their names; a ``run_name`` that already ends in its own
@@ -56,6 +59,7 @@ from typing import Any
 
 from dmlstudy import records
 from dmlstudy.config import load_yaml
+from dmlstudy.paths import project_file, project_root
 
 NON_IDENTITY_FIELDS = (
     "study",
@@ -69,6 +73,10 @@ NON_IDENTITY_FIELDS = (
     "resume",
     "overwrite",
 )
+HASHED_WHEN_SET = {  # field → the value that reproduces the runs recorded before the field existed
+    "backbone_lr_scale": 1.0,
+    "warmup_epochs": 0,
+}
 RECORD_FILES = ("metrics.json", "checkpoint.pt", "history.csv", "embeddings.npz", "environment.json", "config.yaml")
 LOCK_FILE, HOLDER_FILE = ".run.lock", ".run.lock.json"
 
@@ -105,7 +113,11 @@ def warn(message: str) -> None:
 
 def identity(values: Mapping[str, Any]) -> dict[str, Any]:
     """The result-changing fields of a config dict (see the module docstring)."""
-    return {key: value for key, value in values.items() if key not in NON_IDENTITY_FIELDS}
+    return {
+        key: value
+        for key, value in values.items()
+        if key not in NON_IDENTITY_FIELDS and not (key in HASHED_WHEN_SET and value == HASHED_WHEN_SET[key])
+    }
 
 
 def identity_hash(values: Mapping[str, Any]) -> str:
@@ -123,7 +135,13 @@ def folder_name(values: Mapping[str, Any]) -> str:
 
 def differing_fields(stored: Mapping[str, Any], requested: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{field: (stored, requested)}`` for the identity fields whose values differ."""
-    return {key: (stored.get(key), value) for key, value in identity(requested).items() if stored.get(key) != value}
+    stored = {**HASHED_WHEN_SET, **stored}  # a record written before a field existed ran at its neutral value
+    requested = {**HASHED_WHEN_SET, **requested}
+    return {
+        key: (stored.get(key), value)
+        for key, value in requested.items()
+        if key not in NON_IDENTITY_FIELDS and stored.get(key) != value
+    }
 
 
 def describe_differences(differing: Mapping[str, tuple[Any, Any]]) -> str:
@@ -187,9 +205,10 @@ def check_before_loading(config) -> None:
             raise TypeError(
                 f"parameter 'method_kwargs': method {config.method!r} takes no {unknown}; it accepts {sorted(accepted)}"
             )
-    if config.checkpoint_path and not Path(config.checkpoint_path).is_file():
+    if config.checkpoint_path and not project_file(config.checkpoint_path).is_file():
         raise FileNotFoundError(
-            f"parameter 'checkpoint_path': backbone weights file not found: {config.checkpoint_path}"
+            f"parameter 'checkpoint_path': backbone weights file not found: {config.checkpoint_path} (looked in the "
+            f"working directory and in the project root {project_root()})"
         )
     if config.lr > 1.0 or config.head_lr > 10.0:
         warn(

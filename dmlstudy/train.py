@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from dmlstudy.data.tensor_cache import (
 )
 from dmlstudy.methods import Method, build_method
 from dmlstudy.models import build_backbone
-from dmlstudy.paths import data_root, runs_root
+from dmlstudy.paths import data_root, project_file, runs_root
 from dmlstudy.records import (
     environment_info,
     save_torch,
@@ -82,7 +82,7 @@ class TrainConfig(TypedConfig):
     method_kwargs: dict = field(default_factory=dict)  # keyword arguments of the method (e.g. {"K1": 16})
     backbone: str = "dml_convnet"  # any timm model name (dmlstudy list backbones)
     pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
-    checkpoint_path: str = ""  # local backbone weights file, loaded after construction
+    checkpoint_path: str = ""  # local backbone weights file, loaded after construction (relative: from the working directory, else the project root)
     freeze_bn: bool = False  # freeze BatchNorm statistics and affine parameters of the backbone
     output_stride: int = 0  # 0: the backbone's own; 8/16 for dilated ResNets (larger feature grid)
     embedding_dim: int = 128  # d, the inference embedding size
@@ -96,6 +96,8 @@ class TrainConfig(TypedConfig):
     optimizer: str = "adamw"  # adam, adamw or sgd
     lr: float = 4e-3  # learning rate of the backbone and embedding
     head_lr: float = 1e-2  # learning rate of proxies / class centres
+    backbone_lr_scale: float = 1.0  # the backbone trains at lr × this (< 1 when fine-tuning a pretrained backbone)
+    warmup_epochs: int = 0  # the first n epochs train only what the method adds to the backbone (backbone frozen)
     weight_decay: float = 1e-4  # weight decay of the backbone and embedding
     lr_schedule: str = "cosine"  # constant or cosine (per epoch, to 1 % of lr)
     eval_every: int = 1  # evaluate every n epochs (and after the last): validation classes, else the test classes
@@ -173,6 +175,12 @@ class TrainConfig(TypedConfig):
                 f"parameter 'patience' ({self.patience}) needs validation classes (validation_folds ≥ 2) and must be ≥ 0: "
                 "early stopping on the test classes would choose the epoch on the test set"
             )
+        if not (self.backbone_lr_scale > 0 and np.isfinite(self.backbone_lr_scale)):
+            raise ValueError(f"parameter 'backbone_lr_scale' must be finite and > 0, got {self.backbone_lr_scale}")
+        if not 0 <= self.warmup_epochs < self.epochs:
+            raise ValueError(
+                f"parameter 'warmup_epochs' must be in [0, epochs) = [0, {self.epochs}), got {self.warmup_epochs}"
+            )
         if not (self.lr > 0 and self.head_lr > 0 and self.weight_decay >= 0) or not all(
             map(np.isfinite, (self.lr, self.head_lr, self.weight_decay))
         ):
@@ -232,6 +240,16 @@ SCHEDULES = {
     "constant": lambda epoch, epochs: 1.0,
     "cosine": lambda epoch, epochs: 0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi * epoch / epochs)),
 }
+
+
+def group_learning_rates(
+    config: TrainConfig, base_lrs: Sequence[float], names: Sequence[str], epoch: int
+) -> list[float]:
+    """Each optimizer group's learning rate in ``epoch`` (0-based): its base rate × the schedule, and 0 for the
+    ``backbone`` group during the first ``warmup_epochs`` (only the layers the method adds train)."""
+    scale = SCHEDULES[config.lr_schedule](epoch, config.epochs)
+    warming_up = epoch < config.warmup_epochs
+    return [0.0 if warming_up and name == "backbone" else lr * scale for lr, name in zip(base_lrs, names)]
 
 
 @dataclass
@@ -578,7 +596,7 @@ def build_model(config: TrainConfig, num_classes: int) -> Method:
     backbone = build_backbone(
         config.backbone,
         pretrained=config.pretrained,
-        checkpoint_path=config.checkpoint_path or None,
+        checkpoint_path=project_file(config.checkpoint_path) if config.checkpoint_path else None,
         freeze_bn=config.freeze_bn,
         image_size=config.image_size,
         output_stride=config.output_stride or None,
@@ -872,9 +890,17 @@ def _train_and_evaluate(
         "channels_last": config.channels_last,
         "progress": config.progress and main_process,
     }
-    groups = method.parameter_groups(lr=config.lr, head_lr=config.head_lr, weight_decay=config.weight_decay)
+    groups = method.parameter_groups(
+        lr=config.lr,
+        head_lr=config.head_lr,
+        weight_decay=config.weight_decay,
+        backbone_lr=config.lr * config.backbone_lr_scale
+        if config.backbone_lr_scale != 1.0 or config.warmup_epochs
+        else None,
+    )
     optimizer = OPTIMIZERS[config.optimizer]([{k: v for k, v in g.items() if k != "name"} for g in groups])
     base_lrs = [group["lr"] for group in optimizer.param_groups]
+    group_names = [group["name"] for group in groups]
     sampler = ClassBalancedBatchSampler(
         train.labels,
         classes_per_batch=config.classes_per_batch,
@@ -916,8 +942,8 @@ def _train_and_evaluate(
         sampler.set_epoch(epoch)
         train.set_epoch(epoch)
         scale = SCHEDULES[config.lr_schedule](epoch, config.epochs)
-        for group, base_lr in zip(optimizer.param_groups, base_lrs):
-            group["lr"] = base_lr * scale
+        for group, lr in zip(optimizer.param_groups, group_learning_rates(config, base_lrs, group_names, epoch)):
+            group["lr"] = lr
         method.train()
         started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
         for images, labels in tqdm(

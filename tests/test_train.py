@@ -139,3 +139,38 @@ def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):
     finally:
         for path, target in zip(moved, paths):
             path.rename(target)
+
+
+def test_the_backbone_has_its_own_rate_and_stands_still_while_the_heads_warm_up():
+    from dmlstudy.train import TrainConfig, build_model, group_learning_rates
+
+    config = TrainConfig(method="proxyanchor", epochs=4, lr=1e-3, head_lr=1e-2, backbone_lr_scale=0.1, warmup_epochs=1)
+    method = build_model(config, num_classes=5)
+    groups = method.parameter_groups(lr=1e-3, head_lr=1e-2, weight_decay=0.0, backbone_lr=1e-4)
+    by_name = {g["name"]: g for g in groups}
+    assert {n: g["lr"] for n, g in by_name.items()} == {"model": 1e-3, "backbone": 1e-4, "head": 1e-2}
+    backbone = {id(p) for p in method.backbone.parameters()}
+    assert {id(p) for p in by_name["backbone"]["params"]} == {
+        id(p) for p in method.backbone.parameters() if p.requires_grad
+    }
+    assert not backbone & {id(p) for p in by_name["model"]["params"]}
+    names, base = [g["name"] for g in groups], [g["lr"] for g in groups]
+    assert group_learning_rates(config, base, names, 0) == [pytest.approx(1e-3), 0.0, pytest.approx(1e-2)]
+    later = group_learning_rates(config, base, names, 1)
+    assert later[1] > 0 and later[0] / later[1] == pytest.approx(10.0) and later[2] / later[0] == pytest.approx(10.0)
+    assert method.parameter_groups(lr=1e-3, head_lr=1e-2, weight_decay=0.0)[0]["name"] == "model"  # no split by default
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        TrainConfig(epochs=2, warmup_epochs=2)
+
+
+def test_fields_added_at_their_neutral_value_keep_the_run_folders_recorded_before_them():
+    from dmlstudy import runs
+    from dmlstudy.train import TrainConfig
+
+    values = TrainConfig().to_dict()
+    before = {k: v for k, v in values.items() if k not in runs.HASHED_WHEN_SET}  # a record written before the fields
+    assert runs.identity_hash(values) == runs.identity_hash(before)
+    assert runs.differing_fields(before, values) == {}
+    changed = {**values, "warmup_epochs": 1}
+    assert runs.identity_hash(changed) != runs.identity_hash(values)
+    assert runs.differing_fields(before, changed) == {"warmup_epochs": (0, 1)}

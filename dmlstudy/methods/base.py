@@ -59,11 +59,25 @@ class Method(nn.Module):
         """Parameters trained at ``head_lr`` (proxies, class centres); everything else uses ``lr``."""
         return []
 
-    def parameter_groups(self, *, lr: float, head_lr: float, weight_decay: float) -> list[dict]:
-        """Optimizer parameter groups: the model at ``lr``, :meth:`head_parameters` at ``head_lr``."""
+    def parameter_groups(
+        self, *, lr: float, head_lr: float, weight_decay: float, backbone_lr: float | None = None
+    ) -> list[dict]:
+        """Optimizer parameter groups: the model at ``lr``, :meth:`head_parameters` at ``head_lr``; with
+        ``backbone_lr``, the backbone's parameters form their own group ``"backbone"`` at that rate (fine-tuning
+        a pretrained backbone: the layers the method adds learn faster than the features they start from)."""
         head = {id(parameter) for parameter in self.head_parameters()}
-        body = [p for p in self.parameters() if p.requires_grad and id(p) not in head]
+        backbone = {id(parameter) for parameter in self.backbone.parameters()} if backbone_lr is not None else set()
+        body = [p for p in self.parameters() if p.requires_grad and id(p) not in head and id(p) not in backbone]
         groups = [{"params": body, "lr": lr, "weight_decay": weight_decay, "name": "model"}]
+        if backbone:
+            groups.append(
+                {
+                    "params": [p for p in self.backbone.parameters() if p.requires_grad],
+                    "lr": backbone_lr,
+                    "weight_decay": weight_decay,
+                    "name": "backbone",
+                }
+            )
         if head:
             groups.append(
                 {
