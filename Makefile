@@ -66,11 +66,11 @@ lab: $(STAMP)
 clean-runs:
 	rm -rf runs/
 
-## pretrain the default backbone on the fractals source set: weights/dml_convnet_fractals.safetensors + its card
+## pretrain the default backbone on the shapes source set: weights/dml_convnet_shapes.safetensors + its card
 .PHONY: pretrain pretrain-check
 pretrain: $(STAMP)
 	$(BIN)/dmlstudy pretrain
 
 ## rebuild the committed weights into a temporary folder and compare with their card (hash; else accuracy ± 0.02)
 pretrain-check: $(STAMP)
-	$(BIN)/dmlstudy pretrain --verify weights/dml_convnet_fractals.md
+	$(BIN)/dmlstudy pretrain --verify weights/dml_convnet_shapes.md

@@ -323,7 +323,7 @@ def _add_pretrain_parser(commands: argparse._SubParsersAction) -> None:
     from dmlstudy.pretrain import PretrainConfig
 
     parser = commands.add_parser(
-        "pretrain", help="pretrain a backbone on the fractals source set; writes weights/ + a model card"
+        "pretrain", help="pretrain a backbone on the shapes source set; writes weights/ + a model card"
     )
     hints, comments, defaults = typing.get_type_hints(PretrainConfig), PretrainConfig.field_help(), PretrainConfig()
     for name in PretrainConfig.field_names():

@@ -1,4 +1,4 @@
-"""The pretrained regime: the fractals source set, ``dmlstudy pretrain``, the committed weights and their card,
+"""The pretrained regime: the shapes source set (and the fractals set it replaced), ``dmlstudy pretrain``, the committed weights and their card,
 and the refusal of bad checkpoints by ``load_backbone_checkpoint``.
 
 The full-size rebuild (``make pretrain-check``: minutes) is not run here. What makes it reproduce the committed
@@ -19,7 +19,7 @@ import safetensors.torch
 import torch
 
 from dmlstudy import cli
-from dmlstudy.data import fractals, glyphs, synbirds
+from dmlstudy.data import fractals, glyphs, shapes, synbirds
 from dmlstudy.data.embedded import MARKER, GenerationMismatchError, ensure_generated
 from dmlstudy.models.backbones import CheckpointError, build_backbone, load_backbone_checkpoint
 from dmlstudy.models.cards import card_path, read_card, write_card
@@ -27,7 +27,7 @@ from dmlstudy.models.convnet import DMLConvNet
 from dmlstudy.pretrain import PretrainConfig, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
-COMMITTED = REPO / "weights" / "dml_convnet_fractals.safetensors"
+COMMITTED = REPO / "weights" / "dml_convnet_shapes.safetensors"
 TINY = {"num_classes": 6, "images_per_class": 4, "image_size": 32}
 
 
@@ -116,6 +116,41 @@ def test_fractals_registered_and_readable(tmp_path):
     assert train.load_image(0).size == (32, 32)
 
 
+def test_shape_classes_are_distinct_layouts_disjoint_from_the_study_sets():
+    classes = shapes.class_parameters(shapes.DEFAULT_CLASSES, seed=0)
+    for primitives in classes:
+        assert len(primitives) in shapes.PRIMITIVE_COUNTS
+        assert all(p["kind"] in shapes.KINDS and set(p) == set(shapes.FIELDS) for p in primitives)
+    for i, a in enumerate(classes):  # independent check of the distance filter
+        for b in classes[:i]:
+            if [(p["kind"], p["filled"]) for p in a] == [(p["kind"], p["filled"]) for p in b]:
+                gap = max(abs(p[k] - q[k]) for p, q in zip(a, b) for k in ("x", "y", "size", "aspect"))
+                assert gap >= shapes.MIN_CLASS_DISTANCE
+    tree = ast.parse(inspect.getsource(shapes))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    project = {name for name in imported if name and name.startswith("dmlstudy")}
+    assert project == {"dmlstudy.data.base", "dmlstudy.data.cub", "dmlstudy.data.embedded", "dmlstudy.data.fractals"}
+    assert "ImageFont" not in inspect.getsource(shapes)  # no font: no glyph
+    names = {shapes.class_name(c, p).lower() for c, p in enumerate(classes)}
+    assert len(names) == shapes.DEFAULT_CLASSES
+    bird_names = {cls["name"].lower() for cls in synbirds.class_attributes(200, seed=0)}
+    glyph_names = {glyphs.character_name(ch).lower() for ch in glyphs.glyph_classes()}
+    assert not names & bird_names and not names & glyph_names
+
+
+def test_shapes_generation_is_deterministic_and_readable(tmp_path):
+    from dmlstudy.data import build_dataset
+
+    one = ensure_generated(tmp_path / "a", shapes.ShapesGenerator(**TINY, workers=1), seed=3)
+    two = ensure_generated(tmp_path / "b", shapes.ShapesGenerator(**TINY, workers=2), seed=3)
+    other = ensure_generated(tmp_path / "c", shapes.ShapesGenerator(**TINY, workers=1), seed=4)
+    assert folder_bytes(one) == folder_bytes(two) and folder_bytes(one) != folder_bytes(other)
+    train = build_dataset("shapes", tmp_path / "a", "train", seed=3, **TINY)
+    assert (train.num_classes, len(train), train.load_image(0).size) == (3, 12, (32, 32))
+    image = np.asarray(train.load_image(0))
+    assert image.std() > 5  # a drawn image, not a flat canvas
+
+
 # ----------------------------------------------------------------------------------------------
 # dmlstudy pretrain
 # ----------------------------------------------------------------------------------------------
@@ -128,7 +163,7 @@ def tiny_pretrain_options(tmp_path: Path, out: str) -> dict:
         image_size=32,
         epochs=2,
         batch_size=12,
-        data_root=str(tmp_path / "fractals"),
+        data_root=str(tmp_path / "shapes"),
         out=str(tmp_path / out),
     )
 
@@ -145,8 +180,8 @@ def test_pretrain_writes_loadable_weights_and_card_bit_identically(tmp_path):
     assert sha256(first) == sha256(second.weights) == second.sha256
     card = read_card(card_path(first))
     assert card["sha256"] == sha256(first)
-    assert card["backbone"] == "dml_convnet" and card["source_dataset"] == "fractals"
-    assert card["source_generator_version"] == fractals.FractalsGenerator.version
+    assert card["backbone"] == "dml_convnet" and card["source_dataset"] == "shapes"
+    assert card["source_generator_version"] == shapes.ShapesGenerator.version
     assert (card["epochs"], card["image_size"], card["seed"], card["source_classes"]) == (2, 32, 0, 6)
     assert 0.0 <= card["source_accuracy"] <= 1.0 and card["torch_version"] == str(torch.__version__)
     assert card["command"].startswith("dmlstudy pretrain") and "--epochs 2" in card["command"]
@@ -249,9 +284,7 @@ def test_committed_weights_match_their_card_and_load():
     card = read_card(card_path(COMMITTED))
     assert card["sha256"] == sha256(COMMITTED)
     assert card["file"] == COMMITTED.name and card["backbone"] == "dml_convnet"
-    assert card["source_generator_version"] == fractals.FractalsGenerator.version, (
-        "generator changed: run make pretrain"
-    )
+    assert card["source_generator_version"] == shapes.ShapesGenerator.version, "generator changed: run make pretrain"
     assert PretrainConfig(**card["config"]).command() == card["command"]
     backbone = build_backbone("dml_convnet", checkpoint_path=COMMITTED)
     assert not torch.equal(backbone.model.features[0].weight, fresh_model().features[0].weight)
