@@ -56,6 +56,7 @@ data_root: str = ''  # default: <project>/data
 datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
 seeds: list = [0]  # one run per seed; tables report mean ± std
 backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
+regime: str = 'scratch'  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
 image_size: int = 64  # pixels
 embedding_dim: int = 128  # d of every method
 classes_per_batch: int = 16  # P

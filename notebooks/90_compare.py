@@ -41,6 +41,7 @@ data_root: str = ''  # default: <project>/data
 datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
 seeds: list = [0]  # one run per seed; tables report mean ± std
 backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
+regime: str = 'scratch'  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
 image_size: int = 64  # pixels
 embedding_dim: int = 128  # d of every method
 classes_per_batch: int = 16  # P
@@ -67,6 +68,7 @@ tsne: bool = True  # draw the t-SNE panels
 ablation_datasets: list = ['synbirds']  # datasets of the ablation claims (the paper notebooks' ablation_datasets)
 ablation_seeds: list = [0]  # seeds of the ablation claims (the paper notebooks' ablation_seeds; ≥ 2 for a verdict)
 margin: float = 1.0  # equivalence margin of the verdicts, R@1 points (declared in the plan before the runs)
+compared_regimes: list = []  # further regimes beside `regime` (dmlstudy/regimes.py): every row again, the claims judged in each
 
 # %%
 import matplotlib.pyplot as plt
@@ -94,13 +96,14 @@ display(Markdown(compare.rows_markdown(config)))
 # is computed from the trained `ms` models (their grid embeddings, re-ranking cached in the run folders).
 
 # %%
-main_results = compare.run_main(config)
-classic_results = compare.run_classic(config)
-rerank_rows = compare.rerank_results(main_results, config)
-frame = compare.comparison_frame(main_results, classic_results, rerank_rows, methods=config.methods)
-print(
-    f"{len(frame)} rows: {len(main_results)} main runs, {len(classic_results)} classic runs, {len(rerank_rows)} re-ranked ms runs"
-)
+comparisons = [compare.compare_regime(regime_config) for regime_config in config.regime_configs()]
+for comparison in comparisons:
+    print(
+        f"{comparison.config.regime} regime: {len(comparison.frame)} rows: {len(comparison.main)} main runs, "
+        f"{len(comparison.classic)} classic runs; {len(comparison.claims)} claim rows"
+    )
+headline = comparisons[0]  # the figures below are the headline regime's
+main_results, classic_results, frame = headline.main, headline.classic, headline.frame
 
 # %% [markdown]
 # ## The table
@@ -114,11 +117,11 @@ print(
 # moves Recall@K and MAP@R.
 
 # %%
-table = compare.comparison_table(frame)
-for dataset in config.datasets:
-    display(Markdown(compare.comparison_markdown(table, config, dataset=dataset)))
-written = compare.write_comparison(table, config)
-print("written:", *[str(p) for p in written], sep="\n  ")
+for comparison in comparisons:
+    for dataset in config.datasets:
+        display(Markdown(compare.comparison_markdown(comparison.table, comparison.config, dataset=dataset)))
+    written = compare.write_comparison(comparison.table, comparison.config)
+    print("written:", *[str(p) for p in written], sep="\n  ")
 
 # %% [markdown]
 # ## Did the papers' claims hold on our data?
@@ -139,14 +142,9 @@ print("written:", *[str(p) for p in written], sep="\n  ")
 # scale only.
 
 # %%
-extra_runs = compare.run_ablations(config)
-extra_rows = compare.claim_rerank_results(main_results, config)
-claims = compare.claims_table(
-    compare.claims_frame(frame, extra_runs, extra_rows),
-    margin=config.margin,
-    ablation_datasets=config.ablation_datasets,
-)
-print(f"protocol: {config.protocol_text()}; {len(extra_runs)} ablation runs, {len(extra_rows)} extra re-rankings")
+claims = compare.all_claims(comparisons)
+for comparison in comparisons:
+    print(f"protocol ({comparison.config.regime} regime): {comparison.config.protocol_text()}")
 display(Markdown(claims[compare.CLAIM_COLUMNS].to_markdown(index=False)))
 claims_written = compare.write_claims(claims, config)
 print("written:", *[str(p) for p in claims_written], sep="\n  ")

@@ -180,9 +180,12 @@ def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
         **kit.as_grid(dgcrl.alpha_variants([1, 16])),
     }
     variants = compare.claim_variants()
-    assert {name: trained[name] for name in variants} == variants
+    compare_only = {"cross_attention-residual=True"}  # trained by 90_compare itself, in both regimes
+    assert {name: trained[name] for name in variants if name not in compare_only} == {
+        name: spec for name, spec in variants.items() if name not in compare_only
+    }
     needed = compare.ablation_grid()
-    assert set(needed) == {"crt", "ms", *variants}
+    assert set(needed) == {"crt", "ms", "cross_attention", *variants}
     assert all(needed[name] == trained[name] for name in needed if name in trained)
     assert len([c for c in compare.CLAIMS if c.kind == "headline"]) == 8  # × 2 datasets: the 16 headline claims
     compared = {c.a for c in compare.CLAIMS} | {c.b for c in compare.CLAIMS}
@@ -421,3 +424,77 @@ def test_diml_rerank_rows_from_parallel_processes_equal_the_serial_ones(tiny_con
     for one, other in zip(serial, parallel):
         for metric in ("R@1", "R@2", "R@4", "R@8", "RP", "MAP@R"):
             assert one[metric] == pytest.approx(other[metric], abs=1e-6)
+
+
+def test_claims_are_judged_in_each_regime_they_belong_to_and_the_forest_plot_shows_both():
+    rows = seed_rows({("synbirds", "ms"): {0: 0.5, 1: 0.52, 2: 0.51}, ("synbirds", "crt"): {0: 0.6, 1: 0.6, 2: 0.7}})
+    frame = pd.DataFrame(rows)
+    residual = next(c for c in compare.CLAIMS if c.a == "cross_attention-residual=True")
+    components = next(c for c in compare.CLAIMS if c.b == "crt-use_crt=False")
+    assert residual.judged_in("pretrained") and residual.judged_in("scratch")
+    assert components.judged_in("scratch") and not components.judged_in("pretrained")
+    assert compare.CLAIMS[0].judged_in("pretrained")  # a headline claim: every regime
+    claims = [compare.CLAIMS[0], components]
+    scratch = compare.claims_table(frame, claims=claims, regime="scratch")
+    pretrained = compare.claims_table(frame, claims=claims, regime="pretrained")
+    assert list(scratch["regime"]) == ["scratch", "scratch"] and list(pretrained["regime"]) == ["pretrained"]
+    both = pd.concat([scratch, pretrained], ignore_index=True)
+    figure = compare.forest_figure(both[both["claim"] == compare.CLAIMS[0].name])
+    axis = figure.axes[0]
+    assert [t.get_text() for t in axis.get_yticklabels()] == ["CRT > MS baseline — synbirds"]  # one row, two markers
+    markers = [line for line in axis.lines if line.get_marker() in ("o", "s") and len(line.get_xdata()) == 1]
+    assert sorted(line.get_marker() for line in markers) == ["o", "s"]
+    assert len({line.get_ydata()[0] for line in markers}) == 2  # side by side, not on top of each other
+    plt.close(figure)
+
+
+def test_a_compare_config_names_each_regime_once():
+    config = compare.CompareStudy(regime="pretrained", compared_regimes=["scratch"])
+    assert [c.regime for c in config.regime_configs()] == ["pretrained", "scratch"]
+    assert [c.table_suffix() for c in config.regime_configs()] == ["_pretrained", ""]
+    with pytest.raises(ValueError, match="compared_regimes"):
+        compare.CompareStudy(regime="scratch", compared_regimes=["scratch"])
+    with pytest.raises(ValueError, match="unknown regime 'imagenet'"):
+        compare.CompareStudy(compared_regimes=["imagenet"])
+
+
+def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights(tiny_data_root, tmp_path):
+    import safetensors.torch
+    import torch
+
+    from dmlstudy.regimes import PRETRAINED_WEIGHTS
+
+    config = compare.CompareStudy(
+        study="test",
+        runs_root=str(tmp_path / "runs"),
+        data_root=str(tiny_data_root),
+        datasets=["cub200"],
+        seeds=[0, 1],
+        image_size=32,
+        classes_per_batch=4,
+        samples_per_class=3,
+        epochs=2,
+        steps_per_epoch=2,
+        train_classes=0,
+        test_classes=0,
+        methods=["ms", "crt"],
+        classic_methods=[],
+        ablation_seeds=[],
+        regime="pretrained",
+        compared_regimes=["scratch"],
+    )
+    pretrained, scratch = (compare.compare_regime(c) for c in config.regime_configs())
+    assert len(pretrained.main) == len(scratch.main) == 4
+    folders = {r.run_dir for _, r in pretrained.main} | {r.run_dir for _, r in scratch.main}
+    assert len(folders) == 8  # a regime never reuses the other's runs
+    weights = safetensors.torch.load_file(str(compare.project_root() / PRETRAINED_WEIGHTS))
+    for _, result in pretrained.main:
+        assert result.config.freeze_bn and result.config.warmup_epochs == 1 and result.config.backbone_lr_scale < 1
+        state = result.method.backbone.model.state_dict()  # frozen BatchNorm: the source set's statistics, untouched
+        assert torch.equal(state["features.1.running_mean"], weights["features.1.running_mean"])
+    for _, result in scratch.main:
+        state = result.method.backbone.model.state_dict()
+        assert not torch.equal(state["features.1.running_mean"], weights["features.1.running_mean"])
+    claims = compare.all_claims([pretrained, scratch])
+    headline = claims[claims["claim"] == "CRT > MS baseline"]
+    assert list(headline["regime"]) == ["pretrained", "scratch"] and (headline["seeds"] == 2).all()

@@ -108,3 +108,31 @@ def test_a_missing_tuned_file_is_named(tmp_path):
     protocol = ProtocolConfig(tuned=str(_tuned_folder(tmp_path)))
     with pytest.raises(FileNotFoundError, match=r"glyphs\.yaml does not exist; run `make tune`"):
         protocol.train_config(dataset="glyphs", method="ms", seed=0, name="ms")
+
+
+def test_a_regime_sets_the_start_and_schedule_of_every_run_and_keeps_scratch_folders():
+    from dmlstudy.experiments.protocol import ProtocolConfig
+    from dmlstudy.regimes import REGIMES
+
+    scratch = ProtocolConfig(epochs=3).train_config(dataset="synbirds", method="ms", seed=1, name="ms")
+    pretrained = ProtocolConfig(epochs=3, regime="pretrained").train_config(
+        dataset="synbirds", method="ms", seed=1, name="ms"
+    )
+    for key, value in REGIMES["pretrained"].overrides.items():
+        assert getattr(pretrained, key) == value
+    assert (scratch.checkpoint_path, scratch.freeze_bn, scratch.backbone_lr_scale, scratch.warmup_epochs) == (
+        "",
+        False,
+        1.0,
+        0,
+    )
+    assert pretrained.run_name == "pretrained-synbirds-ms-seed1" and scratch.run_name == "synbirds-ms-seed1"
+    # a run of one epoch cannot warm up for one: it warms up for none
+    one_epoch = ProtocolConfig(epochs=1, regime="pretrained").train_config(
+        dataset="synbirds", method="ms", seed=1, name="ms"
+    )
+    assert one_epoch.warmup_epochs == 0
+    with pytest.raises(ValueError, match="unknown regime 'imagenet'"):
+        ProtocolConfig(regime="imagenet")
+    with pytest.raises(ValueError, match="loads weights of backbone 'dml_convnet'.*'resnet18'"):
+        ProtocolConfig(regime="pretrained", backbone="resnet18")

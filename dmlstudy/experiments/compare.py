@@ -57,6 +57,7 @@ from dmlstudy.methods import MethodInfo, list_methods, method_info
 from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
 from dmlstudy.paths import project_root, study_outputs
 from dmlstudy.records import write_json
+from dmlstudy.regimes import regime
 from dmlstudy.study import summarize, write_table
 from dmlstudy.train import RunResult, TrainConfig, run
 
@@ -101,9 +102,19 @@ class CompareStudy(ProtocolConfig):
         default_factory=lambda: [0]
     )  # seeds of the ablation claims (the paper notebooks' ablation_seeds; ≥ 2 for a verdict)
     margin: float = 1.0  # equivalence margin of the verdicts, R@1 points (declared in the plan before the runs)
+    compared_regimes: list = field(
+        default_factory=list
+    )  # further regimes beside `regime` (dmlstudy/regimes.py): every row again, the claims judged in each
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for name in self.compared_regimes:
+            regime(name, backbone=self.backbone)
+        if self.regime in self.compared_regimes or len(set(self.compared_regimes)) < len(self.compared_regimes):
+            raise ValueError(
+                f"parameter 'compared_regimes': {self.compared_regimes} must list each regime once and not the "
+                f"headline regime {self.regime!r}"
+            )
         known = set(list_methods()) | set(EXTRA_ROWS)
         for name, values in (("methods", self.methods), ("classic_methods", self.classic_methods)):
             unknown = [m for m in values if m not in known]
@@ -129,9 +140,17 @@ class CompareStudy(ProtocolConfig):
         if not self.margin > 0:
             raise ValueError(f"parameter 'margin' must be > 0 (R@1 points), got {self.margin}")
 
+    def regime_configs(self) -> list[CompareStudy]:
+        """This config (the headline regime) and one per compared regime, in that order."""
+        return [self, *(dataclasses.replace(self, regime=name, compared_regimes=[]) for name in self.compared_regimes)]
+
     def classic_protocol(self) -> CompareStudy:
         """This protocol with the classic baselines' seeds."""
         return dataclasses.replace(self, seeds=list(self.classic_seeds))
+
+    def table_suffix(self) -> str:
+        """``""`` for the scratch regime (the study's first tables keep their names), else ``_<regime>``."""
+        return "" if self.regime == "scratch" else f"_{self.regime}"
 
     def results_folder(self) -> Path:
         """Where the notebook writes its tables (``<project>/results`` for the published study)."""
@@ -437,7 +456,7 @@ def comparison_markdown(table: pd.DataFrame, config: CompareStudy, *, dataset: s
     shown = bold_best(rows, metrics)[["method", "seeds", *metrics]]
     note = table_note(config)
     lines = [
-        f"### {dataset}: retrieval (%), mean ± std over seeds, best per column in bold",
+        f"### {dataset} ({config.regime} regime): retrieval (%), mean ± std over seeds, best per column in bold",
         "",
         f"Protocol: {config.protocol_text()}.",
         "",
@@ -454,12 +473,14 @@ def table_metrics_of(table: pd.DataFrame) -> list[str]:
 
 
 def write_comparison(table: pd.DataFrame, config: CompareStudy, *, folder: str | Path | None = None) -> list[Path]:
-    """``compare_main_<dataset>.csv`` (all columns, numbers included) and ``.md`` (protocol line, bold best,
-    notes) per dataset under ``folder`` (default :meth:`CompareStudy.results_folder`)."""
+    """``compare_main_<dataset>[_<regime>].csv`` (all columns, numbers included) and ``.md`` (protocol line, bold
+    best, notes) per dataset under ``folder`` (default :meth:`CompareStudy.results_folder`)."""
     folder = Path(folder) if folder else config.results_folder()
     paths = []
     for dataset in dict.fromkeys(table["dataset"]):
-        csv_path, md_path = write_table(table[table["dataset"] == dataset], folder / f"compare_main_{dataset}")
+        csv_path, md_path = write_table(
+            table[table["dataset"] == dataset], folder / f"compare_main_{dataset}{config.table_suffix()}"
+        )
         md_path.write_text(comparison_markdown(table, config, dataset=dataset))
         paths += [csv_path, md_path]
     return paths
@@ -482,12 +503,13 @@ CLAIM_FIELDS = {
     "claimed",
     "margin",
     "paper_delta",
+    "regimes",
 }
 NO_SELECTION = "last epoch (no validation classes: test classes evaluated during training)"
 VERDICT_COLOURS = {  # the forest plot's colour per verdict
-    "held": "#1a9850",
-    "reversed": "#d73027",
-    "equivalent": "#4575b4",
+    "held": "#009e73",  # Okabe–Ito bluish green, vermillion, blue: distinct for colour-blind readers
+    "reversed": "#d55e00",
+    "equivalent": "#0072b2",
     "undecided": "#7f7f7f",
     "no verdict": "#c8c8c8",
 }
@@ -510,6 +532,15 @@ class Claim:
     claimed: str = ">"
     margin: float | None = None  # None: the study's margin
     paper_delta: Mapping[str, Any] | None = None  # see claims.yaml
+    regimes: tuple[
+        str, ...
+    ] = ()  # ablation claims: the regimes they are judged in (default scratch); headline: every regime
+
+    def judged_in(self, regime_name: str) -> bool:
+        """Whether this claim is judged in ``regime_name``: a headline claim or one on the protocol runs in every
+        regime, an ablation claim on ablation runs in its ``regimes`` (default scratch, where the paper notebooks
+        train the ablations)."""
+        return self.kind == "headline" or self.runs == "protocol" or regime_name in (self.regimes or ("scratch",))
 
     @property
     def unit(self) -> str:
@@ -557,6 +588,10 @@ def load_claims(path: str | Path = CLAIMS_SOURCE) -> tuple[Claim, ...]:
         ):
             if key in entry and entry[key] not in allowed:
                 raise ValueError(f"{where}: {key} must be one of {allowed}, got {entry[key]!r}")
+        if "regimes" in entry:
+            entry = {**entry, "regimes": tuple(entry["regimes"])}
+            for name in entry["regimes"]:
+                regime(name)
         claims.append(Claim(**entry))
     return tuple(claims)
 
@@ -583,13 +618,51 @@ def ablation_grid(claims: Sequence[Claim] = CLAIMS) -> dict[str, dict[str, Any]]
 
 
 def run_ablations(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> list[tuple[str, RunResult]]:
-    """Train (or load: the paper notebooks trained them under the same names) the ablation claims' runs on
-    ``ablation_datasets`` with ``ablation_seeds``."""
-    if not config.ablation_seeds or not config.ablation_datasets:
+    """Train (or load: the paper notebooks trained them under the same names) the runs of the ablation claims
+    judged in ``config.regime`` on ``ablation_datasets`` with ``ablation_seeds``."""
+    claims = [claim for claim in claims if claim.judged_in(config.regime)]
+    if not config.ablation_seeds or not config.ablation_datasets or not claims:
         return []
     protocol = dataclasses.replace(config, seeds=list(config.ablation_seeds))
     grid = protocol.grid(ablation_grid(claims), datasets=config.ablation_datasets)
     return run_grid(grid, workers=config.workers)
+
+
+@dataclass
+class RegimeComparison:
+    """What the comparison computes in one regime: its config, runs, run rows, table and judged claims."""
+
+    config: CompareStudy
+    main: list
+    classic: list
+    frame: pd.DataFrame
+    table: pd.DataFrame
+    claims: pd.DataFrame
+
+
+def compare_regime(config: CompareStudy) -> RegimeComparison:
+    """Train (or load) every row of ``config`` in its regime, the DIML re-rankings, the ablation runs the claims
+    judged in this regime need, and judge those claims (:func:`claims_table`)."""
+    main, classic = run_main(config), run_classic(config)
+    frame = comparison_frame(main, classic, rerank_results(main, config), methods=config.methods)
+    extra_runs, extra_rows = run_ablations(config), claim_rerank_results(main, config)
+    claims = claims_table(
+        claims_frame(frame, extra_runs, extra_rows),
+        margin=config.margin,
+        ablation_datasets=config.ablation_datasets,
+        regime=config.regime,
+    )
+    return RegimeComparison(config, main, classic, frame, comparison_table(frame), claims)
+
+
+def all_claims(comparisons: Sequence[RegimeComparison]) -> pd.DataFrame:
+    """Every regime's claims in one table: claim by claim in ``claims.yaml`` order, the regimes side by side."""
+    table = pd.concat([c.claims for c in comparisons], ignore_index=True)
+    order = {name: i for i, name in enumerate(dict.fromkeys(table["claim"]))}
+    datasets = {name: i for i, name in enumerate(dict.fromkeys(table["dataset"]))}
+    regimes = {c.config.regime: i for i, c in enumerate(comparisons)}
+    keys = table["claim"].map(order) * 10_000 + table["dataset"].map(datasets) * 100 + table["regime"].map(regimes)
+    return table.iloc[keys.argsort(kind="stable")].reset_index(drop=True)
 
 
 def claims_frame(
@@ -620,6 +693,7 @@ CLAIM_COLUMNS = [
     "kind",
     "claimed",
     "dataset",
+    "regime",
     "Δ",
     "CI low",
     "CI high",
@@ -640,16 +714,20 @@ def claims_table(
     claims: Sequence[Claim] = CLAIMS,
     margin: float = kit.MARGIN,
     ablation_datasets: Sequence[str] | None = None,
+    regime: str = "scratch",
 ) -> pd.DataFrame:
-    """One row per claim × dataset (claims on ``ablation`` runs: ``ablation_datasets`` only, all datasets when
-    None): Δ, its t-interval, the paired seeds, the margin, the verdict (:func:`kit.judge`), the seeds that
-    would decide an undecided claim, the paper's Δ and how the checkpoints were chosen.
+    """One row per claim × dataset judged in ``regime`` (:meth:`Claim.judged_in`; the ``regime`` column;
+    claims on ``ablation`` runs: ``ablation_datasets`` only, all datasets when None): Δ, its t-interval, the
+    paired seeds, the margin, the verdict (:func:`kit.judge`), the seeds that would decide an undecided claim,
+    the paper's Δ and how the checkpoints were chosen.
 
     ``frame``: one row per run (:func:`claims_frame`). Only the seeds both sides ran pair; a claim whose side
     has no run (or no value of the claim's metric) is "not evaluated" and says why."""
     datasets = list(dict.fromkeys(frame["dataset"]))
     rows = []
     for claim in claims:
+        if not claim.judged_in(regime):
+            continue
         here = (
             datasets
             if claim.runs == "protocol" or ablation_datasets is None
@@ -663,6 +741,7 @@ def claims_table(
                 "kind": claim.kind,
                 "claimed": f"A {claim.claimed} B",
                 "dataset": dataset,
+                "regime": regime,
                 "unit": claim.unit,
                 "margin": claim_margin,
                 "paper Δ": "–" if paper_delta is None else paper_delta,
@@ -720,10 +799,13 @@ def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
     """``results/claims.md``: the rule, the protocol, then every claim × dataset."""
     shown = claims[CLAIM_COLUMNS].copy()
     shown["claim"] = [f"{name} ({kind})" for name, kind in zip(shown["claim"], shown["kind"])]
+    protocols = [f"Protocol ({c.regime} regime): {c.protocol_text()}." for c in config.regime_configs()]
     lines = [
         "# Every claim, headline and ablation",
         "",
-        f"Protocol: {config.protocol_text()}; headline claims on {', '.join(config.datasets)} (seeds {_seed_text(config.seeds)}, "
+        *protocols,
+        "",
+        f"Regimes: {', '.join(c.regime for c in config.regime_configs())}; headline claims on {', '.join(config.datasets)} (seeds {_seed_text(config.seeds)}, "
         f"classic baselines {_seed_text(config.classic_seeds) if config.classic_methods else '–'}), ablation claims on "
         f"{', '.join(config.ablation_datasets) or '–'} (seeds {_seed_text(config.ablation_seeds) or '–'}).",
         "",
@@ -758,15 +840,20 @@ def claim_sentences(claims: pd.DataFrame) -> list[str]:
     counts = evaluated["outcome"].value_counts()
     decided = int(sum(counts.get(v, 0) for v in ("held", "reversed", "equivalent")))
     skipped = sorted(set(claims.loc[claims["outcome"] == "not evaluated", "claim"]))
+    regimes = list(dict.fromkeys(evaluated["regime"])) if "regime" in evaluated else []
     summary = (
-        f"Of {len(evaluated)} claim × dataset comparisons, {decided} were decided: "
+        f"Of {len(evaluated)} claim × dataset{' × regime' if len(regimes) > 1 else ''} comparisons, {decided} were decided: "
         + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in ("held", "reversed", "equivalent"))
         + f"; {int(counts.get('undecided', 0))} undecided and {int(counts.get('no verdict', 0))} without a verdict (fewer than 2 paired seeds)."
         + (f" Not evaluated (runs missing): {', '.join(skipped)}." if skipped else "")
     )
-    headline = evaluated[evaluated["kind"] == "headline"]
-    if len(headline):
-        summary += f" Headline: {int(headline['outcome'].isin(['held', 'reversed', 'equivalent']).sum())} of {len(headline)} decided."
+    for regime_name in regimes or [None]:
+        headline = evaluated[evaluated["kind"] == "headline"]
+        if regime_name is not None:
+            headline = headline[headline["regime"] == regime_name]
+        if len(headline):
+            where = f" ({regime_name} regime)" if len(regimes) > 1 else ""
+            summary += f" Headline{where}: {int(headline['outcome'].isin(['held', 'reversed', 'equivalent']).sum())} of {len(headline)} decided."
     return [*sentences, summary]
 
 
@@ -782,8 +869,9 @@ def _claim_sentence(row: Mapping[str, Any]) -> str:
         if paper != "–"
         else f"the paper gives no number ({row['paper']})"
     )
+    regime_text = f" ({row['regime']})" if row.get("regime", "scratch") != "scratch" else ""
     return (
-        f"{row['dataset']}: {row['claim']}: ours {row['Δ']:+.2f} {row['unit']}{interval} over {row['seeds']} paired seed(s); "
+        f"{row['dataset']}{regime_text}: {row['claim']}: ours {row['Δ']:+.2f} {row['unit']}{interval} over {row['seeds']} paired seed(s); "
         f"{paper_text} → {row['verdict']}."
     )
 
@@ -791,34 +879,55 @@ def _claim_sentence(row: Mapping[str, Any]) -> str:
 def forest_figure(claims: pd.DataFrame) -> plt.Figure:
     """Δ with its t-interval per claim × dataset (top to bottom in table order, headline claims above the
     dashed line, ablation claims below), each row's ±margin band shaded, the verdict as the marker's colour
-    (hollow: no verdict); claims not evaluated are left out."""
+    (hollow: no verdict); claims not evaluated are left out. With several regimes (the ``regime`` column), each
+    claim × dataset is one row with one marker per regime, side by side (shape: regime)."""
     rows = claims[claims["outcome"] != "not evaluated"].reset_index(drop=True)
-    figure, axis = plt.subplots(figsize=(9.5, 0.34 * max(len(rows), 1) + 1.6))
-    for y, row in rows.iterrows():
-        y = len(rows) - 1 - y
-        axis.add_patch(plt.Rectangle((-row["margin"], y - 0.4), 2 * row["margin"], 0.8, color="0.92", linewidth=0))
+    if "regime" not in rows:
+        rows = rows.assign(regime="scratch")
+    regimes = list(dict.fromkeys(rows["regime"]))
+    keys = list(dict.fromkeys(zip(rows["claim"], rows["dataset"])))
+    figure, axis = plt.subplots(figsize=(9.5, 0.34 * max(len(keys), 1) * (1 + 0.35 * (len(regimes) - 1)) + 1.8))
+    position = {key: len(keys) - 1 - i for i, key in enumerate(keys)}
+    offsets = {r: (0.0 if len(regimes) == 1 else 0.22 - 0.44 * i / (len(regimes) - 1)) for i, r in enumerate(regimes)}
+    markers = dict(zip(regimes, ["o", "s", "^", "D"]))
+    for _, row in rows.iterrows():
+        y = position[(row["claim"], row["dataset"])]
+        if row["regime"] == regimes[0]:
+            axis.add_patch(plt.Rectangle((-row["margin"], y - 0.45), 2 * row["margin"], 0.9, color="0.92", linewidth=0))
+        y += offsets[row["regime"]]
         colour = VERDICT_COLOURS.get(row["outcome"], "k")
         if row["seeds"] >= 2:
             axis.plot([row["CI low"], row["CI high"]], [y, y], color=colour, linewidth=2)
-        axis.plot(row["Δ"], y, "o", color=colour, markerfacecolor=colour if row["seeds"] >= 2 else "white")
+        axis.plot(
+            row["Δ"], y, markers[row["regime"]], color=colour, markerfacecolor=colour if row["seeds"] >= 2 else "white"
+        )
     axis.axvline(0, color="0.3", linewidth=0.8)
-    headline = int((rows["kind"] == "headline").sum())
-    if 0 < headline < len(rows):  # headline claims above, ablation claims below
-        axis.axhline(len(rows) - headline - 0.5, color="0.5", linestyle="--", linewidth=0.8)
+    kinds = dict(zip(zip(rows["claim"], rows["dataset"]), rows["kind"]))
+    headline = sum(kinds[key] == "headline" for key in keys)
+    if 0 < headline < len(keys):  # headline claims above, ablation claims below
+        axis.axhline(len(keys) - headline - 0.5, color="0.5", linestyle="--", linewidth=0.8)
+    units = dict(zip(zip(rows["claim"], rows["dataset"]), rows["unit"]))
     labels = [
-        f"{r['claim']} — {r['dataset']}" + ("" if r["unit"] == "R@1 points" else f" [{r['unit']}]")
-        for _, r in rows.iterrows()
+        f"{claim} — {dataset}" + ("" if units[(claim, dataset)] == "R@1 points" else f" [{units[(claim, dataset)]}]")
+        for claim, dataset in keys
     ]
-    axis.set_yticks(range(len(rows)), labels[::-1], fontsize=7)
-    axis.set_ylim(-0.6, len(rows) - 0.4)
+    axis.set_yticks(range(len(keys)), labels[::-1], fontsize=7)
+    axis.set_ylim(-0.6, len(keys) - 0.4)
     axis.set_xlabel(
         f"Δ = mean paired difference A − B (R@1 points unless marked), {round(100 * kit.CONFIDENCE)} % t-interval"
     )
     handles = [plt.Line2D([], [], marker="o", color=c, linestyle="none", label=v) for v, c in VERDICT_COLOURS.items()]
+    if len(regimes) > 1:
+        handles += [
+            plt.Line2D([], [], marker=markers[r], color="0.3", linestyle="none", label=f"{r} regime") for r in regimes
+        ]
     handles.append(plt.Rectangle((0, 0), 1, 1, color="0.92", label="±margin (equivalence)"))
-    axis.legend(handles=handles, fontsize=7, loc="lower right")
+    axis.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     axis.grid(axis="x", alpha=0.3)
-    axis.set_title("Every claim: paired Δ per seed, its interval and the verdict")
+    axis.set_title(
+        "Every claim: paired Δ per seed, its interval and the verdict"
+        + (f" ({' vs '.join(regimes)})" if len(regimes) > 1 else "")
+    )
     figure.tight_layout()
     return figure
 

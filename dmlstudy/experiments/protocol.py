@@ -19,6 +19,7 @@ import pandas as pd
 from dmlstudy import distributed, engine
 from dmlstudy.config import TypedConfig
 from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
+from dmlstudy.regimes import REGIMES, regime, regime_overrides
 from dmlstudy.search_space import merged
 from dmlstudy.study import summarize
 from dmlstudy.train import RunResult, TrainConfig, is_complete, load_datasets, run
@@ -34,6 +35,7 @@ class ProtocolConfig(TypedConfig):
     datasets: list = field(default_factory=lambda: ["synbirds"])  # embedded sets: synbirds, glyphs
     seeds: list = field(default_factory=lambda: [0])  # one run per seed; tables report mean ± std
     backbone: str = "dml_convnet"  # timm model name, the same for every method of a table
+    regime: str = "scratch"  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
     image_size: int = 64  # pixels
     embedding_dim: int = 128  # d of every method
     classes_per_batch: int = 16  # P
@@ -49,6 +51,10 @@ class ProtocolConfig(TypedConfig):
     tuned: str = ""  # folder of tuned values (plans/tuned, written by `make tune`): each row's learning rates and hyperparameters; "" = defaults
     progress: bool = False  # tqdm bars inside the notebook
     workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        regime(self.regime, backbone=self.backbone)  # an unknown regime or a backbone its weights do not fit
 
     def protocol_text(self) -> str:
         """One line describing the protocol, printed above every table: sizes, learning rates, how each run's
@@ -69,7 +75,7 @@ class ProtocolConfig(TypedConfig):
         else:
             schedule = f"{self.epochs} epochs × {self.steps_per_epoch or 'full'} steps; checkpoint: the last epoch"
         return (
-            f"backbone {self.backbone} (random init), {self.image_size} px, d = {self.embedding_dim}, batch "
+            f"backbone {self.backbone} ({REGIMES[self.regime].summary}), {self.image_size} px, d = {self.embedding_dim}, batch "
             f"{self.classes_per_batch}×{self.samples_per_class}, {rates}, {sizes} train classes, {schedule}, "
             f"paired seeds {self.seeds}"
         )
@@ -117,9 +123,10 @@ class ProtocolConfig(TypedConfig):
             validation_folds=self.validation_folds,
             patience=self.patience,
             seed=seed,
-            run_name=f"{dataset}-{name}-seed{seed}",
+            run_name=("" if self.regime == "scratch" else f"{self.regime}-") + f"{dataset}-{name}-seed{seed}",
             resume=True,
             progress=self.progress,
+            **regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs),
         )
         values = merged(merged(values, self.tuned_values(dataset=dataset, name=name, method=method)), overrides)
         values["method_kwargs"] = merged(values["method_kwargs"], dict(method_kwargs or {}))  # the variant's own win

@@ -1,0 +1,85 @@
+"""Training regimes: how a run's backbone starts and how it is trained (issue 20).
+
+The four papers fine-tune ImageNet-pretrained backbones; the study's first regime trains from random
+initialisation. A regime is a named set of :class:`~dmlstudy.train.TrainConfig` overrides applied by the
+study protocol (:meth:`dmlstudy.experiments.protocol.ProtocolConfig.train_config`) before the tuned values,
+so every method of a table gets the same start and the same fine-tuning schedule.
+
+* ``scratch``: random initialisation, every parameter at the run's learning rate.
+* ``pretrained``: the backbone loaded from :data:`PRETRAINED_WEIGHTS` (``dml_convnet`` pretrained by softmax
+  classification on the shapes source set (:mod:`dmlstudy.data.shapes`), ``make pretrain``; its model card is checked at load), then
+  fine-tuned the way the DML codebases fine-tune an ImageNet backbone: BatchNorm frozen (statistics and
+  affine parameters), the backbone at :data:`BACKBONE_LR_SCALE` × the learning rate of the layers the method
+  adds, and :data:`WARMUP_EPOCHS` warm-up epoch(s) in which only those layers train.
+
+Decisions (the papers leave these open; none of the four describes a head warm-up, and each uses one
+learning rate for its whole network): the warm-up and the 10× lower backbone rate are the common practice of
+the DML codebases (e.g. Proxy-Anchor's warm-up of new layers), applied identically to every method so that
+no method gets a schedule of its own. The learning rates are the scratch regime's tuned values
+(``plans/tuned``): the same tuning budget for every method, spent once, not again per regime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dmlstudy.pretrain import DEFAULT_WEIGHTS, PretrainConfig
+
+PRETRAINED_WEIGHTS = DEFAULT_WEIGHTS  # relative to the project root; `make pretrain` writes it
+PRETRAINED_BACKBONE = PretrainConfig.backbone
+BACKBONE_LR_SCALE = 0.1
+WARMUP_EPOCHS = 1
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A named start-and-schedule for every run of a table; ``overrides`` are TrainConfig fields."""
+
+    name: str
+    summary: str  # how the protocol line of every table describes it
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    backbone: str = ""  # the only backbone the regime's weights fit ("" = any)
+
+
+REGIMES: dict[str, Regime] = {
+    "scratch": Regime("scratch", "random init"),
+    "pretrained": Regime(
+        "pretrained",
+        f"pretrained on shapes ({PRETRAINED_WEIGHTS}), BatchNorm frozen, backbone lr × {BACKBONE_LR_SCALE:g}, "
+        f"{WARMUP_EPOCHS} warm-up epoch with the backbone frozen",
+        {
+            "checkpoint_path": PRETRAINED_WEIGHTS,
+            "freeze_bn": True,
+            "backbone_lr_scale": BACKBONE_LR_SCALE,
+            "warmup_epochs": WARMUP_EPOCHS,
+        },
+        backbone=PRETRAINED_BACKBONE,
+    ),
+}
+
+
+def regime(name: str, *, backbone: str = "") -> Regime:
+    """The regime ``name``; a clear error for an unknown name or a backbone its weights do not fit."""
+    if name not in REGIMES:
+        raise ValueError(f"parameter 'regime': unknown regime {name!r}; valid: {sorted(REGIMES)}")
+    chosen = REGIMES[name]
+    if chosen.backbone and backbone and backbone != chosen.backbone:
+        raise ValueError(
+            f"parameter 'regime': {name!r} loads weights of backbone {chosen.backbone!r} "
+            f"({chosen.overrides.get('checkpoint_path')}), but the protocol's backbone is {backbone!r}; "
+            f"use backbone {chosen.backbone!r}, or regime 'scratch' (or pretrain {backbone!r} with `dmlstudy pretrain --backbone {backbone}`)"
+        )
+    return chosen
+
+
+def regime_overrides(name: str, *, backbone: str = "", epochs: int | None = None) -> dict[str, Any]:
+    """The TrainConfig overrides of regime ``name`` (a run shorter than its warm-up warms up for epochs − 1)."""
+    overrides = dict(regime(name, backbone=backbone).overrides)
+    if epochs is not None and overrides.get("warmup_epochs", 0) >= epochs:
+        overrides["warmup_epochs"] = max(0, epochs - 1)
+    return overrides
+
+
+__all__ = ["REGIMES", "Regime", "regime", "regime_overrides"]
