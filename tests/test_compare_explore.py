@@ -498,3 +498,17 @@ def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights
     claims = compare.all_claims([pretrained, scratch])
     headline = claims[claims["claim"] == "CRT > MS baseline"]
     assert list(headline["regime"]) == ["pretrained", "scratch"] and (headline["seeds"] == 2).all()
+
+
+def test_a_claim_of_no_difference_reads_an_interval_outside_the_margin_as_not_equivalent():
+    similar = next(c for c in compare.CLAIMS if c.claimed == "≈")
+    rows = seed_rows(
+        {("synbirds", similar.a): {0: 0.60, 1: 0.61, 2: 0.62}, ("synbirds", similar.b): {0: 0.50, 1: 0.50, 2: 0.51}}
+    )
+    table = compare.claims_table(pd.DataFrame(rows), claims=[similar])
+    assert table["verdict"].tolist() == ["not equivalent (A > B)"] and table["outcome"].tolist() == ["held"]
+    rows = seed_rows(
+        {("synbirds", similar.a): {0: 0.50, 1: 0.501, 2: 0.50}, ("synbirds", similar.b): {0: 0.50, 1: 0.50, 2: 0.501}}
+    )
+    table = compare.claims_table(pd.DataFrame(rows), claims=[similar])
+    assert table["verdict"].tolist() == ["equivalent (the claim holds)"]

@@ -785,7 +785,7 @@ def claims_table(
                     "CI low": round(verdict.low, 2),
                     "CI high": round(verdict.high, 2),
                     "seeds": verdict.seeds,
-                    "verdict": verdict.text,
+                    "verdict": verdict_text(claim, verdict),
                     "outcome": verdict.outcome,
                     "seeds to decide": verdict.seeds_to_decide if verdict.seeds_to_decide else "–",
                 }
@@ -793,6 +793,18 @@ def claims_table(
     table = pd.DataFrame(rows, columns=[*CLAIM_COLUMNS, "outcome"])
     table["outcome"] = table["outcome"].fillna("not evaluated")
     return table
+
+
+def verdict_text(claim: Claim, verdict: kit.Verdict) -> str:
+    """The verdict as the claim reads it: for a claim of no difference ("A ≈ B") an interval outside the margin
+    says the equivalence did *not* hold, whichever side it lies on."""
+    if claim.claimed != "≈":
+        return verdict.text
+    return {
+        "held": "not equivalent (A > B)",
+        "reversed": "not equivalent (A < B)",
+        "equivalent": "equivalent (the claim holds)",
+    }.get(verdict.outcome, verdict.text)
 
 
 def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
