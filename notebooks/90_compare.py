@@ -124,6 +124,19 @@ for comparison in comparisons:
     print("written:", *[str(p) for p in written], sep="\n  ")
 
 # %% [markdown]
+# ## What the regime changes
+#
+# With `compared_regimes`, every row ran in each regime. Per row and dataset: Δ R@1 = headline regime − compared
+# regime over the paired seeds (same batches; only the backbone's start differs). The `ms` row is the transfer
+# check: does the pretrained backbone beat random initialisation at all?
+
+# %%
+if len(comparisons) > 1:
+    regime_table = compare.regime_differences(comparisons, margin=config.margin)
+    display(Markdown(regime_table.drop(columns=["variant", "outcome"]).to_markdown(index=False)))
+    print("written:", *[str(p) for p in compare.write_regime_differences(regime_table, config)], sep="\n  ")
+
+# %% [markdown]
 # ## Did the papers' claims hold on our data?
 #
 # Every claim of `dmlstudy/experiments/claims.yaml`, one row per claim and dataset: the eight headline

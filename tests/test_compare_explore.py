@@ -495,6 +495,19 @@ def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights
     for _, result in scratch.main:
         state = result.method.backbone.model.state_dict()
         assert not torch.equal(state["features.1.running_mean"], weights["features.1.running_mean"])
+    transfer = compare.regime_differences([pretrained, scratch])
+    assert set(transfer["variant"]) == {"ms", "crt"} and (transfer["seeds"] == 2).all()
+    ms = transfer[transfer["variant"] == "ms"].iloc[0]
+    by_regime = {c.config.regime: c.frame for c in (pretrained, scratch)}
+    expected = [
+        100
+        * (
+            by_regime["pretrained"].query("variant == 'ms' and seed == @s")["R@1"].item()
+            - by_regime["scratch"].query("variant == 'ms' and seed == @s")["R@1"].item()
+        )
+        for s in (0, 1)
+    ]
+    assert ms["Δ"] == pytest.approx(np.mean(expected), abs=0.006) and (ms["A"], ms["B"]) == ("pretrained", "scratch")
     claims = compare.all_claims([pretrained, scratch])
     headline = claims[claims["claim"] == "CRT > MS baseline"]
     assert list(headline["regime"]) == ["pretrained", "scratch"] and (headline["seeds"] == 2).all()
