@@ -72,9 +72,10 @@ class DatasetGenerator(Protocol):
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SquareImagesGenerator:
-    """The fields and checks that SynBirds and the fractals source set share: ``num_classes`` classes of
+    """The fields, checks and writing that SynBirds and the fractals and shapes source sets share: ``num_classes`` classes of
     ``images_per_class`` square images of ``image_size`` pixels; ``workers`` only changes the speed, never the
-    output (per-image random streams). A subclass sets ``name``, ``version``, its defaults and ``generate``."""
+    output (per-image random streams). A subclass sets ``name``, ``version``, its defaults and ``generate`` (which draws the classes and calls
+    :meth:`write_classes`)."""
 
     num_classes: int = 200
     images_per_class: int = 40
@@ -93,6 +94,41 @@ class SquareImagesGenerator:
             "num_classes": self.num_classes,
             "images_per_class": self.images_per_class,
             "image_size": self.image_size,
+        }
+
+    @property
+    def train_classes(self) -> int:
+        """The first half of the classes are the ``train`` split, the rest ``test``."""
+        return self.num_classes // 2
+
+    def write_classes(
+        self,
+        folder: Path,
+        *,
+        seed: int,
+        specs: Sequence[Any],
+        names: Sequence[str],
+        render_job: Callable[[tuple], bytes],
+        records_file: str,
+        records: Sequence[dict[str, Any]],
+    ) -> dict[str, int]:
+        """What every square-image generator's ``generate`` does once its classes are drawn: render
+        ``images_per_class`` images of every class (class-major order; ``render_job`` gets
+        ``(spec, seed, class, index, image_size)`` and returns PNG bytes), write the CUB layout (the first
+        :attr:`train_classes` classes train) and the class ``records`` as JSON to ``records_file``, and return
+        the marker's counts."""
+        jobs = [
+            (spec, seed, c, i, self.image_size) for c, spec in enumerate(specs) for i in range(self.images_per_class)
+        ]
+        images = parallel_map(render_job, jobs, workers=self.workers, progress=f"generating {self.name}")
+        labels = [c for c in range(self.num_classes) for _ in range(self.images_per_class)]
+        write_cub_layout(folder, images, labels, list(names), train_classes=range(self.train_classes))
+        (folder / records_file).write_text(json.dumps(list(records), indent=1) + "\n", encoding="utf-8")
+        return {
+            "classes": self.num_classes,
+            "images": len(images),
+            "train_classes": self.train_classes,
+            "test_classes": self.num_classes - self.train_classes,
         }
 
 

@@ -34,7 +34,6 @@ written to ``ifs_parameters.json``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +48,6 @@ from dmlstudy.data.embedded import (
     encode_png,
     ensure_generated,
     image_rng,
-    parallel_map,
-    write_cub_layout,
 )
 
 PARAMETERS_FILE = "ifs_parameters.json"
@@ -200,32 +197,18 @@ class FractalsGenerator(SquareImagesGenerator):
     def generate(self, folder: Path, *, seed: int) -> dict[str, int]:
         """Draw the classes, render every image (class-major order), write the CUB layout and ``ifs_parameters.json``."""
         classes = class_parameters(self.num_classes, seed)
-        jobs = [
-            (maps.tolist(), seed, c, i, self.image_size)
-            for c, maps in enumerate(classes)
-            for i in range(self.images_per_class)
-        ]
-        images = parallel_map(render_job, jobs, workers=self.workers, chunksize=32)
-        labels = [c for c in range(self.num_classes) for _ in range(self.images_per_class)]
-        n_train = self.num_classes // 2
-        write_cub_layout(
+        names = [class_name(c, maps) for c, maps in enumerate(classes)]
+        return self.write_classes(
             folder,
-            images,
-            labels,
-            [class_name(c, maps) for c, maps in enumerate(classes)],
-            train_classes=range(n_train),
+            seed=seed,
+            specs=[maps.tolist() for maps in classes],
+            names=names,
+            render_job=render_job,
+            records_file=PARAMETERS_FILE,
+            records=[
+                {"class_id": c + 1, "name": names[c], "maps": maps.round(12).tolist()} for c, maps in enumerate(classes)
+            ],
         )
-        records = [
-            {"class_id": c + 1, "name": class_name(c, maps), "maps": maps.round(12).tolist()}
-            for c, maps in enumerate(classes)
-        ]
-        (folder / PARAMETERS_FILE).write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
-        return {
-            "classes": self.num_classes,
-            "images": len(images),
-            "train_classes": n_train,
-            "test_classes": self.num_classes - n_train,
-        }
 
 
 @register_dataset("fractals")

@@ -34,7 +34,6 @@ parameters are written to ``shape_parameters.json``.
 from __future__ import annotations
 
 import colorsys
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +49,6 @@ from dmlstudy.data.embedded import (
     encode_png,
     ensure_generated,
     image_rng,
-    parallel_map,
-    write_cub_layout,
 )
 from dmlstudy.data.fractals import NOISE_STD, background
 
@@ -201,24 +198,16 @@ class ShapesGenerator(SquareImagesGenerator):
     def generate(self, folder: Path, *, seed: int) -> dict[str, int]:
         """Draw the classes, render every image (class-major order), write the CUB layout and the parameters."""
         classes = class_parameters(self.num_classes, seed)
-        jobs = [
-            (primitives, seed, c, i, self.image_size)
-            for c, primitives in enumerate(classes)
-            for i in range(self.images_per_class)
-        ]
-        images = parallel_map(render_job, jobs, workers=self.workers, chunksize=64)
-        labels = [c for c in range(self.num_classes) for _ in range(self.images_per_class)]
-        n_train = self.num_classes // 2
         names = [class_name(c, primitives) for c, primitives in enumerate(classes)]
-        write_cub_layout(folder, images, labels, names, train_classes=range(n_train))
-        records = [{"class_id": c + 1, "name": names[c], "primitives": p} for c, p in enumerate(classes)]
-        (folder / PARAMETERS_FILE).write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
-        return {
-            "classes": self.num_classes,
-            "images": len(images),
-            "train_classes": n_train,
-            "test_classes": self.num_classes - n_train,
-        }
+        return self.write_classes(
+            folder,
+            seed=seed,
+            specs=classes,
+            names=names,
+            render_job=render_job,
+            records_file=PARAMETERS_FILE,
+            records=[{"class_id": c + 1, "name": names[c], "primitives": p} for c, p in enumerate(classes)],
+        )
 
 
 @register_dataset("shapes")

@@ -38,8 +38,6 @@ from dmlstudy.data.embedded import (
     encode_png,
     ensure_generated,
     image_rng,
-    parallel_map,
-    write_cub_layout,
 )
 
 ATTRIBUTES_FILE = "class_attributes.json"
@@ -566,25 +564,18 @@ class SynBirdsGenerator(SquareImagesGenerator):
     def generate(self, folder: Path, *, seed: int) -> dict[str, int]:
         """Render all images (class-major order) and write the CUB layout and ``class_attributes.json``."""
         classes = class_attributes(self.num_classes, seed)
-        jobs = [
-            (cls["attributes"], seed, c, i, self.image_size)
-            for c, cls in enumerate(classes)
-            for i in range(self.images_per_class)
-        ]
-        images = parallel_map(render_job, jobs, workers=self.workers, progress=f"generating {self.name}")
-        labels = [c for c in range(self.num_classes) for _ in range(self.images_per_class)]
-        n_train = self.num_classes // 2
-        write_cub_layout(folder, images, labels, [cls["name"] for cls in classes], train_classes=range(n_train))
-        records = [
-            {"class_id": c + 1, "split": "train" if c < n_train else "test"} | cls for c, cls in enumerate(classes)
-        ]
-        (folder / ATTRIBUTES_FILE).write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
-        return {
-            "classes": self.num_classes,
-            "images": len(images),
-            "train_classes": n_train,
-            "test_classes": self.num_classes - n_train,
-        }
+        return self.write_classes(
+            folder,
+            seed=seed,
+            specs=[cls["attributes"] for cls in classes],
+            names=[cls["name"] for cls in classes],
+            render_job=render_job,
+            records_file=ATTRIBUTES_FILE,
+            records=[
+                {"class_id": c + 1, "split": "train" if c < self.train_classes else "test"} | cls
+                for c, cls in enumerate(classes)
+            ],
+        )
 
 
 def load_class_attributes(root: str | Path) -> list[dict[str, Any]]:
