@@ -941,8 +941,8 @@ def _train_and_evaluate(
         seed_everything(_epoch_seed(config.seed, epoch))
         sampler.set_epoch(epoch)
         train.set_epoch(epoch)
-        scale = SCHEDULES[config.lr_schedule](epoch, config.epochs)
-        for group, lr in zip(optimizer.param_groups, group_learning_rates(config, base_lrs, group_names, epoch)):
+        learning_rates = group_learning_rates(config, base_lrs, group_names, epoch)
+        for group, lr in zip(optimizer.param_groups, learning_rates):
             group["lr"] = lr
         method.train()
         started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
@@ -964,7 +964,7 @@ def _train_and_evaluate(
         row = {
             "epoch": epoch + 1,
             **{name: float(value) / max(steps, 1) for name, value in totals.items()},
-            "lr": base_lrs[0] * scale,
+            "lr": learning_rates[0],  # the "model" group: never frozen
             "train_seconds": time.perf_counter() - started,
             "train_cpu_seconds": time.process_time() - started_cpu,
         }

@@ -658,11 +658,13 @@ def compare_regime(config: CompareStudy) -> RegimeComparison:
 def all_claims(comparisons: Sequence[RegimeComparison]) -> pd.DataFrame:
     """Every regime's claims in one table: claim by claim in ``claims.yaml`` order, the regimes side by side."""
     table = pd.concat([c.claims for c in comparisons], ignore_index=True)
-    order = {name: i for i, name in enumerate(dict.fromkeys(table["claim"]))}
-    datasets = {name: i for i, name in enumerate(dict.fromkeys(table["dataset"]))}
-    regimes = {c.config.regime: i for i, c in enumerate(comparisons)}
-    keys = table["claim"].map(order) * 10_000 + table["dataset"].map(datasets) * 100 + table["regime"].map(regimes)
-    return table.iloc[keys.argsort(kind="stable")].reset_index(drop=True)
+    order = {
+        column: {value: i for i, value in enumerate(dict.fromkeys(table[column]))}
+        for column in ("claim", "dataset", "regime")
+    }
+    return table.sort_values(list(order), key=lambda column: column.map(order[column.name]), kind="stable").reset_index(
+        drop=True
+    )
 
 
 REGIME_COLUMNS = ["method", "variant", "dataset", "A", "B", "Δ", "CI low", "CI high", "seeds", "verdict", "outcome"]
