@@ -4,6 +4,10 @@ One typed config (whose fields the ``parameters`` cell of ``notebooks/01_train.i
 class-balanced batches, any registered method, evaluation on the test classes every ``eval_every``
 epochs, and a run folder ``runs/<study>/<run name>-<config hash>/`` with ``config.yaml``, ``history.csv``,
 ``metrics.json``, ``embeddings.npz``, ``environment.json`` and an atomically written ``checkpoint.pt``.
+While a run trains, ``checkpoint.pt`` is the last epoch's (weights, optimizer state, history, the validation
+choice so far); once ``metrics.json`` is written it is replaced by the finished run's record: the reported
+weights (the state chosen on validation, else the last epoch's), history and config. The optimizer state,
+needed only to resume, is dropped, so a finished run keeps a quarter of the bytes with AdamW.
 
 Determinism: every epoch re-seeds all generators from ``(seed, epoch)``, so a run resumed from the
 checkpoint of epoch e continues exactly as the uninterrupted run (on CPU).
@@ -610,12 +614,19 @@ def build_model(config: TrainConfig, num_classes: int) -> Method:
     )
 
 
+def load_reported_state(method: Method, run_dir: Path, device: torch.device) -> Method:
+    """Load into ``method`` the weights a finished run reports: its ``checkpoint.pt``'s ``method`` state, or,
+    in a last-epoch checkpoint that also carries a validation choice (a run finished before finished runs
+    were slimmed, or one whose records were cut short), the chosen state."""
+    checkpoint = _read_checkpoint(Path(run_dir) / "checkpoint.pt", device)
+    chosen = checkpoint.get("selection", {}).get("state")
+    method.load_state_dict(chosen if chosen is not None else checkpoint["method"])
+    return method
+
+
 def _load_complete(config: TrainConfig, datasets: Mapping[str, Any], device: torch.device) -> RunResult:
     run_dir = config.run_dir
-    method = build_model(config, datasets["train"].num_classes).to(device)
-    checkpoint = _read_checkpoint(run_dir / "checkpoint.pt", device)
-    chosen = checkpoint.get("selection", {}).get("state")  # a validated run reports its best-validation state
-    method.load_state_dict(chosen if chosen is not None else checkpoint["method"])
+    method = load_reported_state(build_model(config, datasets["train"].num_classes).to(device), run_dir, device)
     with np.load(run_dir / "embeddings.npz") as stored:
         embeddings = dict(stored)
     return RunResult(
@@ -1032,4 +1043,14 @@ def _train_and_evaluate(
     if main_process:
         write_npz(run_dir / "embeddings.npz", arrays)
         write_json(run_dir / "metrics.json", summary)
+        # metrics.json first: a crash between the two leaves a finished run with its full last checkpoint
+        save_torch(
+            checkpoint_path,
+            {
+                "epoch": epochs_trained - 1,
+                "method": method.state_dict(),
+                "history": history,
+                "config": config.to_dict(),
+            },
+        )
     return RunResult(config, run_dir, summary, frame, method, arrays)

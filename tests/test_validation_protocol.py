@@ -105,6 +105,21 @@ def test_final_run_reports_the_best_validation_state_once(tiny_config, monkeypat
     reloaded = run(config)  # the finished run, loaded: the reported (best) state, not the last epoch's
     for name, tensor in result.method.state_dict().items():
         torch.testing.assert_close(reloaded.method.state_dict()[name], tensor)
+    stored = torch.load(result.run_dir / "checkpoint.pt", weights_only=False)
+    assert not {"optimizer", "selection"} & set(stored), "a finished run keeps the reported weights only"
+    assert len(stored["history"]) == stored["epoch"] + 1 == len(history)
+
+
+def test_a_last_epoch_checkpoint_with_a_validation_choice_reports_the_chosen_state(tiny_config, tmp_path):
+    result = run(tiny_config(validation_folds=4, epochs=2, steps_per_epoch=2, input_pipeline="files"))
+    chosen = result.method.state_dict()
+    last = {name: torch.zeros_like(tensor) for name, tensor in chosen.items()}
+    torch.save({"epoch": 1, "method": last, "selection": {"state": chosen}}, tmp_path / "checkpoint.pt")
+    loaded = train_module.load_reported_state(
+        train_module.build_model(result.config, 12), tmp_path, torch.device("cpu")
+    )
+    for name, tensor in chosen.items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor)
 
 
 def test_selection_keeps_the_best_and_stops_after_patience():

@@ -37,7 +37,6 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import torch
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
@@ -46,7 +45,7 @@ from dmlstudy.experiments.kit import evaluation_sets
 from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
 from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
-from dmlstudy.train import RunResult, TrainConfig, build_model, load_datasets, resolve_device
+from dmlstudy.train import RunResult, TrainConfig, build_model, load_datasets, load_reported_state, resolve_device
 
 RUN_RECORDS = ("metrics.json", "config.yaml", "embeddings.npz", "checkpoint.pt")
 NO_EXPLANATION = "no explanation for this method"
@@ -223,9 +222,7 @@ def load_run(run_dir: str | Path, *, data_root: str = "") -> LoadedRun:
         )
     device = resolve_device(config.device)
     method = build_model(config, datasets["train"].num_classes).to(device)
-    checkpoint = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
-    method.load_state_dict(checkpoint["method"])
-    method.eval()
+    load_reported_state(method, run_dir, device).eval()
     with np.load(run_dir / "embeddings.npz") as stored_arrays:
         arrays = dict(stored_arrays)
     history = pd.read_csv(run_dir / "history.csv") if (run_dir / "history.csv").is_file() else pd.DataFrame()
