@@ -697,12 +697,7 @@ def regime_differences(comparisons: Sequence[RegimeComparison], *, margin: float
                         "dataset": dataset,
                         "A": first.config.regime,
                         "B": other.config.regime,
-                        "Δ": round(verdict.mean, 2),
-                        "CI low": round(verdict.low, 2),
-                        "CI high": round(verdict.high, 2),
-                        "seeds": verdict.seeds,
-                        "verdict": verdict.text,
-                        "outcome": verdict.outcome,
+                        **verdict.columns(),
                     }
                 )
     return pd.DataFrame(rows, columns=REGIME_COLUMNS)
@@ -837,12 +832,8 @@ def claims_table(
             rows.append(
                 {
                     **row,
-                    "Δ": round(verdict.mean, 2),
-                    "CI low": round(verdict.low, 2),
-                    "CI high": round(verdict.high, 2),
-                    "seeds": verdict.seeds,
+                    **verdict.columns(),
                     "verdict": verdict_text(claim, verdict),
-                    "outcome": verdict.outcome,
                     "seeds to decide": verdict.seeds_to_decide if verdict.seeds_to_decide else "–",
                 }
             )

@@ -282,6 +282,17 @@ class Verdict:
             return f"undecided ({needed} seeds would decide)"
         return self.outcome
 
+    def columns(self) -> dict[str, Any]:
+        """The verdict's columns in the results tables (Δ and its interval rounded to 0.01 R@1 point)."""
+        return {
+            "Δ": round(self.mean, 2),
+            "CI low": round(self.low, 2),
+            "CI high": round(self.high, 2),
+            "seeds": self.seeds,
+            "verdict": self.text,
+            "outcome": self.outcome,
+        }
+
     def interval_text(self, unit: str = "R@1 points") -> str:
         """``+1.20 R@1 points, 95 % CI [+0.31, +2.09], 5 paired seeds`` (no interval below 2 seeds)."""
         text = f"{self.mean:+.2f} {unit}"
