@@ -9,14 +9,20 @@ so every method of a table gets the same start and the same fine-tuning schedule
 * ``pretrained``: the backbone loaded from :data:`PRETRAINED_WEIGHTS` (``dml_convnet`` pretrained by softmax
   classification on the shapes source set (:mod:`dmlstudy.data.shapes`), ``make pretrain``; its model card is checked at load), then
   fine-tuned the way the DML codebases fine-tune an ImageNet backbone: BatchNorm frozen (statistics and
-  affine parameters), the backbone at :data:`BACKBONE_LR_SCALE` × the learning rate of the layers the method
-  adds, and :data:`WARMUP_EPOCHS` warm-up epoch(s) in which only those layers train.
+  affine parameters), :data:`WARMUP_EPOCHS` warm-up epoch(s) in which only the layers the method adds train,
+  then the backbone at :data:`BACKBONE_LR_SCALE` × the run's learning rate (``lr``; a method's own layers keep
+  their ``head_lr`` where tuned).
 
 Decisions (the papers leave these open; none of the four describes a head warm-up, and each uses one
-learning rate for its whole network): the warm-up and the 10× lower backbone rate are the common practice of
-the DML codebases (e.g. Proxy-Anchor's warm-up of new layers), applied identically to every method so that
-no method gets a schedule of its own. The learning rates are the scratch regime's tuned values
-(``plans/tuned``): the same tuning budget for every method, spent once, not again per regime.
+learning rate for its whole network): the frozen BatchNorm and the warm-up are the common practice of the DML
+codebases (e.g. Proxy-Anchor's warm-up of new layers), applied identically to every method so that no method
+gets a schedule of its own. :data:`BACKBONE_LR_SCALE` was chosen on the **validation** classes (MS, seeds 0
+and 1, both embedded datasets, ``final_test=False``: the test classes unread), from {0.1, 0.3, 1, 3}: mean
+best validation R@1 over the four runs 64.1 / 69.9 / 76.1 for 0.1 / 0.3 / 1 — the codebases' 10× lower rate
+starves a small backbone whose source set is far from the target — and, in a second probe, 77.5 for 3
+against 77.4 for 1 (a tie within thread-count and seed noise); 1 was kept, the backbone at the rate its
+tuning explored. The learning rates are the scratch regime's tuned values (``plans/tuned``): the same tuning
+budget for every method, spent once, not again per regime.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dmlstudy.pretrain import DEFAULT_WEIGHTS, PretrainConfig
 
 PRETRAINED_WEIGHTS = DEFAULT_WEIGHTS  # relative to the project root; `make pretrain` writes it
 PRETRAINED_BACKBONE = PretrainConfig.backbone
-BACKBONE_LR_SCALE = 0.1
+BACKBONE_LR_SCALE = 1.0  # × lr; chosen on validation classes (module docstring)
 WARMUP_EPOCHS = 1
 
 
@@ -47,8 +53,8 @@ REGIMES: dict[str, Regime] = {
     "scratch": Regime("scratch", "random init"),
     "pretrained": Regime(
         "pretrained",
-        f"pretrained on shapes ({PRETRAINED_WEIGHTS}), BatchNorm frozen, backbone lr × {BACKBONE_LR_SCALE:g}, "
-        f"{WARMUP_EPOCHS} warm-up epoch with the backbone frozen",
+        f"pretrained on shapes ({PRETRAINED_WEIGHTS}), BatchNorm frozen, "
+        f"{WARMUP_EPOCHS} warm-up epoch with the backbone frozen, then backbone lr × {BACKBONE_LR_SCALE:g}",
         {
             "checkpoint_path": PRETRAINED_WEIGHTS,
             "freeze_bn": True,
