@@ -731,11 +731,12 @@ def claims_frame(
 
 
 def _selection(frame: pd.DataFrame, dataset: str, names: Sequence[str]) -> str:
-    """How the runs' reported checkpoint was chosen (their ``selection`` record without the epoch numbers)."""
+    """How the runs' reported checkpoint was chosen: their ``selection`` records
+    (:meth:`~dmlstudy.train.TrainConfig.selection_text`) without the per-run epoch numbers, each rule once."""
     rows = frame[(frame["dataset"] == dataset) & frame["variant"].isin(names)]
     if "selection" not in rows or rows["selection"].isna().all():
         return NO_SELECTION
-    texts = rows["selection"].dropna().astype(str).str.split(", epoch ").str[0]
+    texts = rows["selection"].dropna().astype(str).str.replace(r":? epoch \d+ of \d+ trained", "", regex=True)
     return "; ".join(dict.fromkeys(texts))
 
 
