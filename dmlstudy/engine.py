@@ -15,6 +15,10 @@ Decisions:
   nanny and the scheduler reschedules the task (up to ``distributed.scheduler.allowed-failures`` times), which
   then resumes from the checkpoint: at most the unfinished epoch is lost. ``retries`` re-runs tasks that
   *raised*; it is 0 by default because a run that raises (bad config, NaN loss) raises again.
+* Stopping: a running task cannot be interrupted from outside its thread, so a cancelled training task
+  stops itself at its next training step (:func:`stop_tasks`, :func:`dmlstudy.runs.stop_when`) with its
+  last epoch checkpoint kept; restarting the worker (its nanny lets a busy worker finish for 4 s before
+  killing it) is only the fallback for a task that does not stop within ``STOP_SECONDS``.
 * Workers live across tasks, so every task starts from the same state (:func:`task_state`): torch and faiss
   thread counts set, the worker's device chosen, and ``train.run`` seeds everything itself.
 * GPUs: worker ``i`` of a local cluster on a machine with ``g`` GPUs trains on ``cuda:(i mod g)``
@@ -28,6 +32,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -38,6 +43,7 @@ SCHEDULER_VARIABLE = "DMLSTUDY_SCHEDULER"  # address of an existing scheduler: a
 DEVICE_VARIABLE = "DMLSTUDY_DEVICE"  # the device resolve_device("auto") picks on a worker
 THREADS_VARIABLE = "DMLSTUDY_TASK_THREADS"  # torch/faiss threads of each task on a worker
 CONNECT_SECONDS = 5  # how long to try an address before reporting it unreachable
+STOP_SECONDS = 60  # how long a cancelled task may take to reach its next training step before its worker restarts
 # Dask's statistical profiler samples every running task's stack every 10 ms: CPU taken from the training
 # (benchmarks/README.md, "Execution engine"); the dashboard's profile tab stays empty without it.
 QUIET_WORKER = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
@@ -233,13 +239,33 @@ def train_task(values: dict[str, Any]) -> dict[str, float]:
     """Train (or resume, or just load the metrics of) the run of TrainConfig ``values``: idempotent."""
     import json
 
+    from dmlstudy import runs
     from dmlstudy.train import TrainConfig, is_complete, run
 
     config = TrainConfig(**{**values, "resume": True, "progress": False})
     if is_complete(config):
         return json.loads((config.run_dir / "metrics.json").read_text())
-    with task_state():
+    with task_state(), runs.stop_when(_cancelled_test()):
         return run(config).metrics
+
+
+def _cancelled_test() -> Callable[[], bool]:
+    """In a Dask task: whether the worker has since been told to drop it (its future cancelled). The same key
+    submitted again while the task still runs puts it back to executing: the run then goes on, as wanted.
+    Outside a worker (a direct call): never."""
+    from distributed import get_worker
+    from distributed.worker import thread_state
+
+    try:
+        worker, key = get_worker(), thread_state.key
+    except (ValueError, AttributeError):
+        return lambda: False
+
+    def cancelled() -> bool:
+        task = worker.state.tasks.get(key)
+        return task is None or task.state not in ("executing", "long-running")
+
+    return cancelled
 
 
 def call_task(function: Callable[..., Any], *args: Any) -> Any:
@@ -295,19 +321,30 @@ def run_tasks(
     return results
 
 
-def stop_tasks(client, futures) -> None:
-    """Cancel ``futures`` and restart the workers already running one of them (their nannies start fresh
-    processes): a running task cannot be interrupted, and one left running after its caller was interrupted
-    would keep its run folder locked, so that calling again in the same session fails with RunLockedError.
-    The killed runs keep their last checkpoint and resume when submitted again."""
+def stop_tasks(client, futures, *, timeout: float = STOP_SECONDS, poll_seconds: float = 0.05) -> None:
+    """Cancel ``futures`` and return once no worker executes one of them any more. A training task that was
+    running sees its cancellation at its next training step (:func:`train_task` runs under
+    :func:`dmlstudy.runs.stop_when`), keeps its last epoch checkpoint and releases its run folder, so the
+    same session can submit the run again (it resumes). A task still executing after ``timeout`` seconds
+    (one that does not check, a step that hangs) has its worker restarted by its nanny."""
     keys = {future.key for future in futures}
     if not keys:
         return
-    addresses = [address for address, processing in client.processing().items() if keys.intersection(processing)]
     for future in futures:
         future.cancel()
-    if addresses:
-        client.restart_workers(addresses, raise_for_error=False)  # a slow restart must not hide the interruption
+    deadline, quiet = time.monotonic() + timeout, 0
+    while quiet < 2:  # twice: a task sent to a worker just before its cancellation shows up on the second look
+        time.sleep(poll_seconds)
+        busy = [address for address, found in client.run(_executing, keys, on_error="ignore").items() if found]
+        quiet = 0 if busy else quiet + 1
+        if busy and time.monotonic() > deadline:
+            client.restart_workers(busy, raise_for_error=False)  # a slow restart must not hide the interruption
+            return
+
+
+def _executing(keys: set[str], dask_worker=None) -> list[str]:
+    """On a worker: which of ``keys`` its threads are executing (cancelled ones included until they return)."""
+    return [task.key for task in dask_worker.state.executing if task.key in keys]
 
 
 def _running(client, futures) -> int:

@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,11 @@ class RunConflictError(RuntimeError):
 
 class RunLockedError(RuntimeError):
     """Another process is writing the run folder."""
+
+
+class RunStopped(RuntimeError):
+    """A run stopped because the code that started it asked it to (:func:`stop_when`): a pruned trial, an
+    interrupted grid. Like an interruption it keeps the last finished epoch's checkpoint."""
 
 
 class RunInterrupted(SystemExit):
@@ -347,6 +352,36 @@ class RunLock:
 # ---------------------------------------------------------------------------------------------- session
 
 
+def kept_checkpoint(run_dir: Path, epochs: int) -> str:
+    """What an interrupted run leaves: ``the checkpoint of epoch k/N is kept`` (or that none had finished)."""
+    history = Path(run_dir) / "history.csv"
+    done = max(0, len(history.read_text().splitlines()) - 1) if history.is_file() else 0
+    return f"the checkpoint of epoch {done}/{epochs} is kept" if done else "no epoch had finished"
+
+
+_stop_requests = threading.local()
+
+
+@contextlib.contextmanager
+def stop_when(requested: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, in this thread, :func:`check_stop` raises :class:`RunStopped` once ``requested()``
+    is true. The engine runs each training task under the worker's "this task was cancelled" test: a
+    thread cannot be interrupted from outside, so a run checks between two training steps instead."""
+    previous = getattr(_stop_requests, "check", None)
+    _stop_requests.check = requested
+    try:
+        yield
+    finally:
+        _stop_requests.check = previous
+
+
+def check_stop(run_dir: Path, epochs: int) -> None:
+    """Raise :class:`RunStopped` when the enclosing :func:`stop_when` says so (call it between record writes)."""
+    requested = getattr(_stop_requests, "check", None)
+    if requested is not None and requested():
+        raise RunStopped(f"stopped on request: {kept_checkpoint(run_dir, epochs)} in {run_dir}")
+
+
 @contextlib.contextmanager
 def interruptible(run_dir: Path, epochs: int) -> Iterator[None]:
     """SIGTERM/SIGINT → :class:`RunInterrupted` after any record write in progress (main thread only)."""
@@ -356,12 +391,9 @@ def interruptible(run_dir: Path, epochs: int) -> Iterator[None]:
 
     def handler(signum, frame) -> None:
         def stop() -> None:
-            history = Path(run_dir) / "history.csv"
-            done = max(0, len(history.read_text().splitlines()) - 1) if history.is_file() else 0
-            kept = f"the checkpoint of epoch {done}/{epochs} is kept" if done else "no epoch had finished"
             raise RunInterrupted(
                 signum,
-                f"interrupted by {signal.Signals(signum).name}: {kept} in {run_dir}; "
+                f"interrupted by {signal.Signals(signum).name}: {kept_checkpoint(run_dir, epochs)} in {run_dir}; "
                 f"continue with: {resume_command(run_dir)} (Python: resume=True)",
             )
 
@@ -397,6 +429,7 @@ class RunSession:
     def __enter__(self) -> RunSession:
         try:
             if self.writer:
+                check_stop(self.run_dir, self.config.epochs)  # a task cancelled before it started takes no lock
                 self._make_folder()
                 lock = RunLock(self.run_dir)
                 lock.acquire()

@@ -964,6 +964,7 @@ def _train_and_evaluate(
             leave=False,
             disable=not show,
         ):
+            runs.check_stop(run_dir, config.epochs)
             with torch.autocast(device.type, dtype=precision or torch.bfloat16, enabled=precision is not None):
                 loss, parts = step(images, labels)
             watch.observe(loss, images, epoch=epoch, step=steps)

@@ -31,7 +31,7 @@ Decisions:
 * **Intermediate values** reach the driver through the run's ``history.csv`` (written after every epoch on the
   shared runs root), which the driver reads every ``poll_seconds``: the task needs no channel back to the
   driver, and the storage is written by the driver alone. A pruned trial is told ``PRUNED`` at once, its
-  task cancelled, and (``train.run`` has no per-epoch stop) the worker training it restarted by its nanny
+  task cancelled, and the run stops at its next training step with its last epoch checkpoint
   (:func:`dmlstudy.engine.stop_tasks`); an interrupted driver stops its running trials the same way.
 * **Resuming**: re-running :func:`tune` with the same name continues the study: finished trials (complete,
   pruned, failed) count towards ``n_trials`` and are never repeated; a trial left running by an interrupted

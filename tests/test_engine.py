@@ -7,6 +7,7 @@ import signal
 import socket
 import threading
 import time
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -172,12 +173,14 @@ def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, 
 
 
 def test_stopping_a_running_task_frees_its_run_folder_at_once(tiny_config, one_thread_tasks):
-    """What an interrupted grid or search does to its tasks: without the worker restart the cancelled run
-    trains on, and submitting it again in the same session fails with RunLockedError."""
+    """What an interrupted grid or search does to its tasks: a cancelled run would otherwise train on in its
+    worker thread, and submitting it again in the same session would fail with RunLockedError. The task stops
+    itself at its next step, keeps its epoch checkpoint and releases its lock; its worker is not restarted."""
     from dmlstudy.runs import RunLock
 
     long = tiny_config(run_name="long", resume=True, epochs=200, steps_per_epoch=8)
     client = engine.get_client(1)
+    workers = client.run(os.getpid)
     key = engine.run_task_key(long)
     future = client.submit(engine.train_task, engine.task_values(long), key=key, pure=False)
     deadline = time.monotonic() + 600
@@ -188,10 +191,13 @@ def test_stopping_a_running_task_frees_its_run_folder_at_once(tiny_config, one_t
         time.sleep(0.02)
     engine.stop_tasks(client, [future])
     lock = RunLock(long.run_dir)
-    with pytest.warns(UserWarning, match="took over the stale lock"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a stale lock taken over would mean the worker had been killed
         lock.acquire()  # raises RunLockedError while the cancelled task still trains
     lock.release()
     assert not (long.run_dir / "metrics.json").is_file()
+    assert (long.run_dir / "checkpoint.pt").is_file()
+    assert client.run(os.getpid) == workers
 
 
 def test_local_workers_keep_glibcs_dynamic_malloc_thresholds():

@@ -19,7 +19,7 @@ import yaml
 from dmlstudy import records
 from dmlstudy.cli import build_parser, config_options, main
 from dmlstudy.config import load_yaml
-from dmlstudy.runs import HOLDER_FILE, RunConflictError, RunWarning, identity_hash
+from dmlstudy.runs import HOLDER_FILE, RunConflictError, RunStopped, RunWarning, identity_hash, stop_when
 from dmlstudy.train import TrainConfig, run
 
 
@@ -292,6 +292,20 @@ def test_sigterm_leaves_a_resumable_run_that_ends_as_an_uninterrupted_one(tiny_c
     assert len(resumed.history) == 5
     assert resumed.metrics["R@1"] == reference.metrics["R@1"] and resumed.metrics["MAP@R"] == reference.metrics["MAP@R"]
     np.testing.assert_allclose(resumed.embeddings["embeddings"], reference.embeddings["embeddings"], atol=1e-6)
+
+
+def test_a_run_asked_to_stop_keeps_its_epoch_and_resumes_to_the_uninterrupted_result(tiny_config):
+    """How a cancelled engine task stops (runs.stop_when): at the first step after the request, no later."""
+    reference = run(tiny_config(run_name="whole", epochs=4, steps_per_epoch=3))
+    config = tiny_config(run_name="asked", epochs=4, steps_per_epoch=3)
+    with stop_when(lambda: (config.run_dir / "history.csv").is_file()), pytest.raises(RunStopped) as stopped:
+        run(config)
+    assert str(stopped.value) == f"stopped on request: the checkpoint of epoch 1/4 is kept in {config.run_dir}"
+    assert len(pd.read_csv(config.run_dir / "history.csv")) == 1 and not (config.run_dir / "metrics.json").exists()
+    with stop_when(lambda: True), pytest.raises(RunStopped, match="epoch 1/4"):
+        run(tiny_config(run_name="asked", epochs=4, steps_per_epoch=3, resume=True))  # before it takes the lock
+    resumed = run(tiny_config(run_name="asked", epochs=4, steps_per_epoch=3, resume=True))
+    assert len(resumed.history) == 4 and resumed.metrics["R@1"] == reference.metrics["R@1"]
 
 
 def test_study_table_groups_by_configuration_not_by_folder_name(tmp_path):
