@@ -22,6 +22,13 @@ is built (or found) once before the runs; its build time is printed.
 
 Quality (``--quality``): final R@1 of MS, old vs new, for ``--seeds`` × ``--datasets`` with the study's
 6-epoch settings, printed as mean ± standard deviation over seeds.
+
+Evaluation (``--evaluation``): one evaluation of the test split by the same model (MS, seed 0, untrained:
+the cost does not depend on the weights), median of ``--repeats`` after one warm-up evaluation (which the
+old pipeline spends decoding and memoizing the test images): the old pipeline with every metric (what
+each per-epoch evaluation cost when issue 15 was filed), the new pipeline with every metric (a run's final
+evaluation), and the new pipeline with the retrieval metrics only (``full=False``: what each per-epoch
+evaluation of the study's protocol computes, on its validation classes).
 """
 
 from __future__ import annotations
@@ -175,6 +182,38 @@ def augmentation(args: argparse.Namespace) -> None:
             print(f"| {label} | {1000 * statistics.median(walls):.2f} | {1000 * statistics.median(cpus):.2f} |")
 
 
+def evaluation(args: argparse.Namespace) -> None:
+    """Seconds and CPU seconds of one test evaluation: old pipeline, new pipeline, new with retrieval only."""
+    from dmlstudy.train import build_model, evaluate, load_datasets, place_on_device
+
+    print(f"tensor cache of {args.dataset}: {build_cache(args.dataset):.1f} s (found or built)")
+    device = torch.device("cpu")
+    variants = {"old, every metric": (OLD, True), "new, every metric": (NEW, True), "new, retrieval only": (NEW, False)}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        print(
+            f"\n| {args.dataset} test split, {threads} thread(s) | wall s | × old | CPU s | × old |\n|---|---|---|---|---|"
+        )
+        old = None
+        for label, (options, full) in variants.items():
+            config = TrainConfig(
+                dataset=args.dataset, method="ms", seed=0, test_classes=0, device="cpu", progress=False, **options
+            )
+            datasets = place_on_device(load_datasets(config), device)
+            method = build_model(config, datasets["train"].num_classes).eval()
+            kwargs = {"batch_size": config.eval_batch_size, "device": device, "channels_last": config.channels_last}
+            evaluate(method, datasets, **kwargs, full=full)  # warm-up: the old pipeline decodes the test images here
+            walls, cpus = [], []
+            for _ in range(args.repeats):
+                started, started_cpu = time.perf_counter(), time.process_time()
+                evaluate(method, datasets, **kwargs, full=full)
+                walls.append(time.perf_counter() - started)
+                cpus.append(time.process_time() - started_cpu)
+            wall, cpu = statistics.median(walls), statistics.median(cpus)
+            old = old or (wall, cpu)
+            print(f"| {label} | {wall:.2f} | {old[0] / wall:.2f} | {cpu:.2f} | {old[1] / cpu:.2f} |", flush=True)
+
+
 def quality(args: argparse.Namespace) -> None:
     print("| dataset | pipeline | R@1 per seed | mean ± sd | seconds |\n|---|---|---|---|---|")
     torch.set_num_threads(args.threads[-1])
@@ -221,6 +260,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--quality", action="store_true", help="only the R@1 check (old vs new, 6 epochs)")
+    parser.add_argument("--evaluation", action="store_true", help="only the cost of one test evaluation")
     parser.add_argument("--datasets", nargs="+", default=["synbirds", "glyphs"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
@@ -228,6 +268,8 @@ def main() -> None:
         augmentation(args)
     elif args.quality:
         quality(args)
+    elif args.evaluation:
+        evaluation(args)
     else:
         speed(args)
 
