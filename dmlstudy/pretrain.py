@@ -28,6 +28,11 @@ Decisions:
   and ``torch.use_deterministic_algorithms`` the file is bit-identical on one machine type and torch version.
   Across CPUs (other SIMD kernels) float sums can round differently, so :func:`verify` compares the hash
   and, if it differs, the held-out accuracy within :data:`ACCURACY_TOLERANCE`.
+* **On a GPU** (``device``; meant for the resnet18-at-128-px backbone of issue 20): the source set and the
+  model live on the device; the batch order and every augmentation parameter are still drawn from the CPU
+  generator (the same draws as a CPU build); cuBLAS gets a fixed workspace and deterministic algorithms
+  warn instead of failing where CUDA has none. Written without a GPU to run it on (none has been lent to
+  the project): the CPU path is the tested one.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import platform
 import tempfile
 import time
@@ -55,6 +61,7 @@ from dmlstudy.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from dmlstudy.models.backbones import build_backbone
 from dmlstudy.models.cards import read_card, sha256_file, write_card
 from dmlstudy.paths import data_root, project_root
+from dmlstudy.train import resolve_device
 
 CROP_AREA = (0.35, 1.0)
 ASPECT_JITTER = 0.25
@@ -81,6 +88,7 @@ class PretrainConfig(TypedConfig):
     weight_decay: float = 1e-4  # AdamW weight decay of weights (not of biases and norms)
     seed: int = 0  # seeds initialisation, batches and augmentation
     threads: int = 2  # torch threads (the same count on the same machine type: bit-identical rebuilds)
+    device: str = "cpu"  # cpu, cuda or cuda:<i>; a GPU build is reproducible on that GPU type, not bit-identical to CPU
     out: str = DEFAULT_WEIGHTS  # relative paths are taken from the project root
     data_root: str = ""  # default <project>/data/<dataset>; a non-default source set needs its own folder
 
@@ -94,6 +102,8 @@ class PretrainConfig(TypedConfig):
             bad.append(f"holdout_per_class={self.holdout_per_class} (must be in [0, images_per_class))")
         if not self.lr > 0:
             bad.append(f"lr={self.lr}")
+        if self.device != "cpu" and self.device != "cuda" and not self.device.startswith("cuda:"):
+            bad.append(f"device={self.device!r} (must be cpu, cuda or cuda:<i>)")
         if not Path(self.out).suffix == ".safetensors":
             bad.append(f"out={self.out!r} (must end in .safetensors)")
         if bad:
@@ -152,8 +162,8 @@ def holdout_mask(labels: torch.Tensor, holdout_per_class: int) -> torch.Tensor:
 
 def normalise(pixels: torch.Tensor) -> torch.Tensor:
     """uint8 ``B × 3 × H × W`` → float, ImageNet-normalised as in :func:`dmlstudy.data.build_transforms`."""
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    mean = torch.tensor(IMAGENET_MEAN, device=pixels.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=pixels.device).view(1, 3, 1, 1)
     return (pixels.float() / 255.0 - mean) / std
 
 
@@ -176,7 +186,7 @@ def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     theta[:, 0, 2] = centre_x
     theta[:, 1, 1] = height
     theta[:, 1, 2] = centre_y
-    grid = F.affine_grid(theta, list(images.shape), align_corners=False)
+    grid = F.affine_grid(theta.to(images.device), list(images.shape), align_corners=False)
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
@@ -197,7 +207,7 @@ def backbone_state(model: torch.nn.Module, backbone: str, image_size: int) -> di
     """The entries of ``model``'s state dict that :class:`~dmlstudy.models.backbones.Backbone` has (no classifier)."""
     keys = build_backbone(backbone, image_size=image_size).model.state_dict().keys()
     state = model.state_dict()
-    return {key: state[key].detach().clone().contiguous() for key in keys}
+    return {key: state[key].detach().cpu().clone().contiguous() for key in keys}
 
 
 def pretrain(config: PretrainConfig, *, log=print) -> PretrainResult:
@@ -206,7 +216,10 @@ def pretrain(config: PretrainConfig, *, log=print) -> PretrainResult:
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
+    on_gpu = config.device != "cpu"
+    if on_gpu:  # deterministic cuBLAS needs a fixed workspace, set before the first cuBLAS call
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=on_gpu)
     try:
         return _pretrain(config, log=log)
     finally:
@@ -216,7 +229,9 @@ def pretrain(config: PretrainConfig, *, log=print) -> PretrainResult:
 
 def _pretrain(config: PretrainConfig, *, log) -> PretrainResult:
     start, cpu_start = time.perf_counter(), time.process_time()
+    device = resolve_device(config.device)
     pixels, labels, num_classes, marker = load_source(config)
+    pixels, labels = pixels.to(device), labels.to(device)
     if config.source_classes:
         keep = labels < config.source_classes
         pixels, labels, num_classes = pixels[keep], labels[keep], config.source_classes
@@ -227,7 +242,7 @@ def _pretrain(config: PretrainConfig, *, log) -> PretrainResult:
         f"{int(held_out.sum())} held-out images (loaded in {time.perf_counter() - start:.1f} s)"
     )
 
-    model = timm.create_model(config.backbone, num_classes=num_classes)
+    model = timm.create_model(config.backbone, num_classes=num_classes).to(device)
     decay = [p for n, p in model.named_parameters() if p.ndim > 1]
     no_decay = [p for n, p in model.named_parameters() if p.ndim <= 1]
     optimizer = torch.optim.AdamW(
@@ -251,7 +266,7 @@ def _pretrain(config: PretrainConfig, *, log) -> PretrainResult:
     generator = torch.Generator().manual_seed(config.seed)
     for epoch in range(config.epochs):
         model.train()
-        order = torch.randperm(len(train_labels), generator=generator)
+        order = torch.randperm(len(train_labels), generator=generator).to(device)
         running = 0.0
         for step in range(steps_per_epoch):
             index = order[step * config.batch_size : (step + 1) * config.batch_size]
@@ -291,7 +306,9 @@ def _pretrain(config: PretrainConfig, *, log) -> PretrainResult:
         "config": dataclasses.asdict(config),
         "seconds": round(seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {config.threads} torch thread(s)",
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
+        + f", {config.threads} torch thread(s)"
+        + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""),
         "torch_version": str(torch.__version__),
         "timm_version": str(timm.__version__),
         "command": config.command(),

@@ -295,3 +295,13 @@ def test_pretrain_config_names_bad_settings():
         PretrainConfig(source_classes=500)
     with pytest.raises(ValueError, match=r"out='w\.pt' \(must end in \.safetensors\)"):
         PretrainConfig(out="w.pt")
+    with pytest.raises(ValueError, match=r"device='gpu' \(must be cpu, cuda or cuda:<i>\)"):
+        PretrainConfig(device="gpu")
+
+
+def test_pretraining_on_a_missing_gpu_fails_before_reading_the_source(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = PretrainConfig(device="cuda", data_root=str(tmp_path / "absent"), out=str(tmp_path / "w.safetensors"))
+    with pytest.raises(RuntimeError, match="device 'cuda' requested but CUDA is not available"):
+        pretrain(config, log=lambda line: None)
+    assert not (tmp_path / "absent").exists() and not (tmp_path / "w.safetensors").exists()
