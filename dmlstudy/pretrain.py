@@ -61,7 +61,7 @@ from dmlstudy.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from dmlstudy.models.backbones import build_backbone
 from dmlstudy.models.cards import read_card, sha256_file, write_card
 from dmlstudy.paths import data_root, project_root
-from dmlstudy.train import resolve_device
+from dmlstudy.train import is_device_name, resolve_device
 
 CROP_AREA = (0.35, 1.0)
 ASPECT_JITTER = 0.25
@@ -88,7 +88,9 @@ class PretrainConfig(TypedConfig):
     weight_decay: float = 1e-4  # AdamW weight decay of weights (not of biases and norms)
     seed: int = 0  # seeds initialisation, batches and augmentation
     threads: int = 2  # torch threads (the same count on the same machine type: bit-identical rebuilds)
-    device: str = "cpu"  # cpu, cuda or cuda:<i>; a GPU build is reproducible on that GPU type, not bit-identical to CPU
+    device: str = (
+        "cpu"  # cpu, cuda, cuda:<i> or auto; a GPU build is reproducible on that GPU type, not bit-identical to CPU
+    )
     out: str = DEFAULT_WEIGHTS  # relative paths are taken from the project root
     data_root: str = ""  # default <project>/data/<dataset>; a non-default source set needs its own folder
 
@@ -102,8 +104,8 @@ class PretrainConfig(TypedConfig):
             bad.append(f"holdout_per_class={self.holdout_per_class} (must be in [0, images_per_class))")
         if not self.lr > 0:
             bad.append(f"lr={self.lr}")
-        if self.device != "cpu" and self.device != "cuda" and not self.device.startswith("cuda:"):
-            bad.append(f"device={self.device!r} (must be cpu, cuda or cuda:<i>)")
+        if not is_device_name(self.device):
+            bad.append(f"device={self.device!r} (must be cpu, cuda, cuda:<i> or auto)")
         if not Path(self.out).suffix == ".safetensors":
             bad.append(f"out={self.out!r} (must end in .safetensors)")
         if bad:
@@ -212,24 +214,24 @@ def backbone_state(model: torch.nn.Module, backbone: str, image_size: int) -> di
 
 def pretrain(config: PretrainConfig, *, log=print) -> PretrainResult:
     """Train, write the weights and the card, return where and what (see the module docstring)."""
+    device = resolve_device(config.device)
     torch.manual_seed(config.seed)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     deterministic = torch.are_deterministic_algorithms_enabled()
-    on_gpu = config.device != "cpu"
+    on_gpu = device.type == "cuda"
     if on_gpu:  # deterministic cuBLAS needs a fixed workspace, set before the first cuBLAS call
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=on_gpu)
     try:
-        return _pretrain(config, log=log)
+        return _pretrain(config, device, log=log)
     finally:
         torch.set_num_threads(previous_threads)
         torch.use_deterministic_algorithms(deterministic)
 
 
-def _pretrain(config: PretrainConfig, *, log) -> PretrainResult:
+def _pretrain(config: PretrainConfig, device: torch.device, *, log) -> PretrainResult:
     start, cpu_start = time.perf_counter(), time.process_time()
-    device = resolve_device(config.device)
     pixels, labels, num_classes, marker = load_source(config)
     pixels, labels = pixels.to(device), labels.to(device)
     if config.source_classes:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ class TrainConfig(TypedConfig):
             raise ValueError(f"parameter 'optimizer' must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.lr_schedule not in SCHEDULES:
             raise ValueError(f"parameter 'lr_schedule' must be one of {sorted(SCHEDULES)}, got {self.lr_schedule!r}")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+        if not is_device_name(self.device):
             raise ValueError(f"parameter 'device' must be auto, cpu or cuda[:i], got {self.device!r}")
         self.validate_speed_fields()
         self._validate_names()
@@ -214,7 +215,7 @@ class TrainConfig(TypedConfig):
         return self.validation_folds >= 2
 
     def selection_text(self, *, best_epoch: int, epochs_trained: int) -> str:
-        """How the reported checkpoint was chosen, for tables."""
+        """How the reported checkpoint was chosen, for tables (:func:`selection_rule` drops the epochs)."""
         if not self.validates:
             return f"last epoch ({epochs_trained}); no validation classes"
         return (
@@ -231,6 +232,15 @@ class TrainConfig(TypedConfig):
     @property
     def run_dir(self) -> Path:
         return Path(self.runs_root or runs_root()) / self.study / self.resolved_run_name
+
+
+_SELECTION_EPOCHS = re.compile(r":? epoch \d+ of \d+ trained| \(\d+\)(?=; no validation)")
+
+
+def selection_rule(selection: str) -> str:
+    """A run's :meth:`TrainConfig.selection_text` without its epoch numbers: the rule, the same for every run
+    that followed it."""
+    return _SELECTION_EPOCHS.sub("", selection)
 
 
 INPUT_PIPELINES = ("auto", "tensor", "files")
@@ -271,6 +281,11 @@ class RunResult:
     def records(self) -> dict[str, Path]:
         names = ("config.yaml", "history.csv", "metrics.json", "embeddings.npz", "environment.json", "checkpoint.pt")
         return {name: self.run_dir / name for name in names}
+
+
+def is_device_name(name: str) -> bool:
+    """Whether :func:`resolve_device` understands ``name``: auto, cpu, cuda or cuda:<i>."""
+    return name in ("auto", "cpu", "cuda") or name.startswith("cuda:")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -295,7 +295,7 @@ def test_pretrain_config_names_bad_settings():
         PretrainConfig(source_classes=500)
     with pytest.raises(ValueError, match=r"out='w\.pt' \(must end in \.safetensors\)"):
         PretrainConfig(out="w.pt")
-    with pytest.raises(ValueError, match=r"device='gpu' \(must be cpu, cuda or cuda:<i>\)"):
+    with pytest.raises(ValueError, match=r"device='gpu' \(must be cpu, cuda, cuda:<i> or auto\)"):
         PretrainConfig(device="gpu")
 
 

@@ -173,3 +173,16 @@ def test_seed_pairs_methods_on_initialisation_and_batches(tiny_config):
         batches.append((indices, train.batch(indices[0], "cpu")[0]))
     assert batches[0][0] == batches[1][0]
     torch.testing.assert_close(batches[0][1], batches[1][1])
+
+
+def test_the_selection_rule_is_the_same_for_runs_that_stopped_at_other_epochs():
+    validated, plain = TrainConfig(validation_folds=4, patience=2), TrainConfig()
+    for config in (validated, plain):
+        texts = {config.selection_text(best_epoch=b, epochs_trained=t) for b, t in ((2, 4), (6, 6))}
+        assert len(texts) == 2 and len({train_module.selection_rule(text) for text in texts}) == 1
+    assert train_module.selection_rule(validated.selection_text(best_epoch=2, epochs_trained=4)) == (
+        "best validation R@1 (fold 0 of 4 class-disjoint folds of the training classes), patience 2 evaluations"
+    )
+    assert train_module.selection_rule(plain.selection_text(best_epoch=6, epochs_trained=6)) == (
+        "last epoch; no validation classes"
+    )

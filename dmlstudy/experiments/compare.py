@@ -59,7 +59,7 @@ from dmlstudy.paths import project_root, study_outputs
 from dmlstudy.records import write_json
 from dmlstudy.regimes import regime
 from dmlstudy.study import summarize, write_table
-from dmlstudy.train import RunResult, TrainConfig, run
+from dmlstudy.train import RunResult, TrainConfig, run, selection_rule
 
 RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
 EXTRA_ROWS = {  # rows of the comparison that are not registered methods (the others come from the method registry)
@@ -731,13 +731,11 @@ def claims_frame(
 
 
 def _selection(frame: pd.DataFrame, dataset: str, names: Sequence[str]) -> str:
-    """How the runs' reported checkpoint was chosen: their ``selection`` records
-    (:meth:`~dmlstudy.train.TrainConfig.selection_text`) without the per-run epoch numbers, each rule once."""
+    """How the runs' reported checkpoint was chosen: the rules of their ``selection`` records, each once."""
     rows = frame[(frame["dataset"] == dataset) & frame["variant"].isin(names)]
     if "selection" not in rows or rows["selection"].isna().all():
         return NO_SELECTION
-    texts = rows["selection"].dropna().astype(str).str.replace(r":? epoch \d+ of \d+ trained", "", regex=True)
-    return "; ".join(dict.fromkeys(texts))
+    return "; ".join(dict.fromkeys(map(selection_rule, rows["selection"].dropna().astype(str))))
 
 
 CLAIM_COLUMNS = [
