@@ -464,7 +464,7 @@ def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights
     import safetensors.torch
     import torch
 
-    from dmlstudy.regimes import PRETRAINED_WEIGHTS
+    from dmlstudy.regimes import BACKBONE_LR_SCALE, PRETRAINED_WEIGHTS
 
     config = compare.CompareStudy(
         study="test",
@@ -492,6 +492,7 @@ def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights
     weights = safetensors.torch.load_file(str(compare.project_root() / PRETRAINED_WEIGHTS))
     for _, result in pretrained.main:
         assert result.config.freeze_bn and result.config.warmup_epochs == 1
+        assert result.config.backbone_lr_scale == BACKBONE_LR_SCALE  # the regime's rate reaches every row
         state = result.method.backbone.model.state_dict()  # frozen BatchNorm: the source set's statistics, untouched
         assert torch.equal(state["features.1.running_mean"], weights["features.1.running_mean"])
     for _, result in scratch.main:
