@@ -208,27 +208,33 @@ def evaluation(args: argparse.Namespace) -> None:
         progress=False,
     )
     print(f"trained model: R@1 {run(trained).metrics['R@1']:.3f} after {args.epochs} epochs")
-    variants = {"old, every metric": (OLD, True), "new, every metric": (NEW, True), "new, retrieval only": (NEW, False)}
+    loaded = {}  # pipeline → (test datasets, the trained model, evaluation options), built once
+    for name, options in {"old": OLD, "new": NEW}.items():
+        config = TrainConfig(
+            dataset=args.dataset, method="ms", seed=0, test_classes=0, device="cpu", progress=False, **options
+        )
+        datasets = place_on_device(load_datasets(config), device)
+        method = load_reported_state(build_model(config, datasets["train"].num_classes), trained.run_dir, device)
+        options = {"batch_size": config.eval_batch_size, "device": device, "channels_last": config.channels_last}
+        loaded[name] = (datasets, method.eval(), options)
+    variants = {
+        "old, every metric": ("old", True),
+        "new, every metric": ("new", True),
+        "new, retrieval only": ("new", False),
+    }
     for threads in args.threads:
         torch.set_num_threads(threads)
         print(
             f"\n| {args.dataset} test split, {threads} thread(s) | wall s | × old | CPU s | × old |\n|---|---|---|---|---|"
         )
         old = None
-        for label, (options, full) in variants.items():
-            config = TrainConfig(
-                dataset=args.dataset, method="ms", seed=0, test_classes=0, device="cpu", progress=False, **options
-            )
-            datasets = place_on_device(load_datasets(config), device)
-            method = load_reported_state(
-                build_model(config, datasets["train"].num_classes), trained.run_dir, device
-            ).eval()
-            kwargs = {"batch_size": config.eval_batch_size, "device": device, "channels_last": config.channels_last}
-            evaluate(method, datasets, **kwargs, full=full)  # warm-up: the old pipeline decodes the test images here
+        for label, (name, full) in variants.items():
+            datasets, method, options = loaded[name]
+            evaluate(method, datasets, **options, full=full)  # warm-up: the old pipeline decodes the test images here
             walls, cpus = [], []
             for _ in range(args.repeats):
                 started, started_cpu = time.perf_counter(), time.process_time()
-                evaluate(method, datasets, **kwargs, full=full)
+                evaluate(method, datasets, **options, full=full)
                 walls.append(time.perf_counter() - started)
                 cpus.append(time.process_time() - started_cpu)
             wall, cpu = statistics.median(walls), statistics.median(cpus)
