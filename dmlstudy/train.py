@@ -785,6 +785,24 @@ class CheckpointSelection:
         self.state, self.stopped = saved["state"], saved["stopped"]
 
 
+def best_epoch_censored(history: pd.DataFrame, patience: int) -> bool:
+    """Whether a run's epochs-to-best (``best_epoch``, ``seconds_to_best``) is right-censored by its epoch cap.
+
+    The run ended with fewer than ``max(patience, 1)`` evaluations after its best one, so
+    :class:`CheckpointSelection` never stopped it (with ``patience = 0``: its best was its last evaluation),
+    and a longer cap could only have moved its best later: its true epochs-to-best is at least the recorded
+    one. Replays the selection on the history's R@1 column (:func:`evaluation_column`: validation classes, or
+    the test classes of a run without them, which never stops early, so ``patience`` counts as 0); the first
+    maximum is the best, as a tie keeps the earlier epoch. A run with no evaluation is not censored.
+    """
+    column, classes = evaluation_column(history)
+    values = history[column].dropna().to_numpy() if column in history else np.zeros(0)
+    if not len(values):
+        return False
+    after_best = len(values) - 1 - int(np.argmax(values))
+    return after_best < max(patience if classes == "validation" else 0, 1)
+
+
 class _LossStep(nn.Module):
     """``forward(images, labels) = method.loss(images, labels)``, so DistributedDataParallel (which hooks a
     module's forward) can wrap a method's training loss."""

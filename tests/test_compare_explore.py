@@ -172,6 +172,28 @@ def test_the_speed_claim_pairs_scaled_best_epochs():
     )
 
 
+def test_a_speed_verdict_that_runs_cut_short_by_the_cap_could_overturn_is_undecided():
+    frame = pd.DataFrame(
+        [
+            *seed_rows({("glyphs", "triplet"): {0: 0.2, 1: 0.2, 2: 0.2}}),
+            *seed_rows({("glyphs", "dgcrl"): {0: 0.3, 1: 0.3, 2: 0.3}}),
+        ]
+    )
+    frame["best_epoch"] = [5, 6, 6, 5, 6, 6]  # triplet / 5 − DGCRL: −4.0, −4.8, −4.8: reversed as measured
+    speed = [c for c in compare.CLAIMS if c.metric == "best_epoch"]
+    frame["best_epoch_censored"] = [True, True, False, True, True, True]
+    row = compare.claims_table(frame, claims=speed).iloc[0]
+    assert row["Δ"] == pytest.approx(-4.53, abs=0.01) and row["CI high"] < 0  # the interval is still reported
+    assert (row["outcome"], row["seeds to decide"]) == ("undecided", "–")
+    assert row["verdict"] == ("undecided (censored by the epoch cap: 2 of 3 triplet runs; a longer cap would decide)")
+    frame["best_epoch_censored"] = [False, False, False, True, True, True]  # only DGCRL's: reversal only grows
+    row = compare.claims_table(frame, claims=speed).iloc[0]
+    assert (row["outcome"], row["verdict"]) == ("reversed", "reversed")
+    r1_claim = [c for c in compare.CLAIMS if c.metric == "R@1" and c.a == "dgcrl" and c.b == "triplet"]
+    frame["best_epoch_censored"] = True  # the cap says nothing about R@1 claims
+    assert compare.claims_table(frame, claims=r1_claim).iloc[0]["verdict"] == "held"
+
+
 def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
     from dmlstudy.experiments import cross_attention, crt, dgcrl
 

@@ -169,3 +169,51 @@ def test_paper_plans_and_readme_quote_the_file(plan):
 def test_papers_and_claims_yaml_ship_with_the_package():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"dmlstudy.experiments" = ["papers.yaml", "claims.yaml"]' in text
+
+
+@pytest.mark.parametrize(
+    "differences, can_rise, can_fall, outcome",
+    [
+        ([-2.0, -2.5, -3.0], "5 of 5 triplet runs", "", "undecided"),  # reversed, but A's true values may be higher
+        ([-2.0, -2.5, -3.0], "", "5 of 5 dgcrl runs", "reversed"),  # censoring can only lower Δ further
+        ([2.0, 2.5, 3.0], "", "1 of 3 dgcrl runs", "undecided"),  # held, but B's true values may be higher
+        ([2.0, 2.5, 3.0], "2 of 3 triplet runs", "", "held"),
+        ([0.1, -0.1, 0.05, -0.05, 0.0], "1 of 5 triplet runs", "", "undecided"),  # equivalence moves either way
+        ([3.0, -2.0, 0.5], "3 of 3 triplet runs", "3 of 3 dgcrl runs", "undecided"),
+        ([2.0, 2.5, 3.0], "", "", "held"),
+    ],
+)
+def test_censoring_overturns_only_the_verdicts_it_could_reverse(differences, can_rise, can_fall, outcome):
+    judged = kit.judge(differences, margin=1.0)
+    verdict = kit.censor(judged, can_rise=can_rise, can_fall=can_fall)
+    assert verdict.outcome == outcome
+    assert (verdict.mean, verdict.low, verdict.high, verdict.seeds) == (
+        judged.mean,
+        judged.low,
+        judged.high,
+        3 if len(differences) == 3 else 5,
+    )
+    if outcome == judged.outcome:
+        assert verdict == judged
+    else:
+        assert verdict.seeds_to_decide is None
+        assert verdict.text.startswith("undecided (censored by the epoch cap: ")
+        assert (can_rise or can_fall) in verdict.text and "longer cap" in verdict.text
+
+
+def test_paired_censoring_sorts_censored_runs_by_the_direction_they_move_the_difference():
+    frame = pd.DataFrame(
+        {
+            "dataset": ["glyphs"] * 6 + ["synbirds"],
+            "variant": ["triplet"] * 3 + ["dgcrl"] * 3 + ["triplet"],
+            "seed": [0, 1, 2, 0, 1, 2, 0],
+            "best_epoch_censored": [True, False, True, True, False, False, True],
+        }
+    )
+    both = kit.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (0, 1, 2), first_scale=0.2)
+    assert both == {"can_rise": "2 of 3 triplet runs", "can_fall": "1 of 3 dgcrl runs"}
+    assert kit.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (1,)) == {"can_rise": "", "can_fall": ""}
+    flipped = kit.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (0, 1, 2), first_scale=-1.0)
+    assert flipped == {"can_rise": "", "can_fall": "2 of 3 triplet runs, 1 of 3 dgcrl runs"}
+    no_column = frame.drop(columns="best_epoch_censored")
+    assert kit.paired_censoring(no_column, "glyphs", "triplet", "dgcrl", (0, 1, 2)) == {"can_rise": "", "can_fall": ""}

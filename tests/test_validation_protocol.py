@@ -2,6 +2,7 @@
 them, patience, test classes read once (never by tuning runs), and paired seeds across methods."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -136,6 +137,33 @@ def test_selection_keeps_the_best_and_stops_after_patience():
     for epoch in range(1, 6):
         never.observe(0.1, epoch=epoch, method=method, trained_seconds=0.0, arrays={})
     assert not never.stopped and never.epoch == 1
+
+
+@pytest.mark.parametrize("patience", [1, 2, 3])
+def test_a_run_is_censored_exactly_when_the_selection_never_stopped_it(patience):
+    method, cap = torch.nn.Linear(2, 2), 6
+    rng = np.random.default_rng(patience)
+    for trial in range(200):
+        values = np.round(rng.uniform(0.4, 0.6, size=cap), 2) if trial % 2 else np.sort(rng.uniform(0.4, 0.6, cap))
+        selection, rows = CheckpointSelection(patience), []
+        for epoch, value in enumerate(values, start=1):  # train.run's loop: stop once the selection says so
+            if selection.stopped:
+                break
+            selection.observe(float(value), epoch=epoch, method=method, trained_seconds=0.0, arrays={})
+            rows.append({"epoch": epoch, "val_R@1": float(value)})
+        history = pd.DataFrame(rows)
+        assert train_module.best_epoch_censored(history, patience) == (not selection.stopped), (values, patience)
+
+
+def test_censoring_without_patience_or_validation_looks_at_the_last_evaluation():
+    rising = pd.DataFrame({"epoch": [1, 2, 3], "R@1": [0.1, 0.2, 0.3]})  # test classes only: never stops early
+    peaked = pd.DataFrame({"epoch": [1, 2, 3], "R@1": [0.1, 0.3, 0.2]})
+    assert train_module.best_epoch_censored(rising, patience=2)
+    assert not train_module.best_epoch_censored(peaked, patience=2)
+    validated = pd.DataFrame({"epoch": [1, 2, 3], "R@1": [np.nan] * 3, "val_R@1": [0.1, 0.3, 0.2]})
+    assert not train_module.best_epoch_censored(validated, patience=0)
+    assert train_module.best_epoch_censored(validated, patience=2)
+    assert not train_module.best_epoch_censored(pd.DataFrame({"epoch": [1], "loss": [1.0]}), patience=2)
 
 
 def test_patience_stops_a_run_early(tiny_config):

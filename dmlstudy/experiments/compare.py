@@ -25,6 +25,8 @@ Decisions (stated in the notebook too):
   sides ran pair), a 95 % t-interval of their mean, and held / reversed / equivalent (inside ±``margin``) /
   undecided with the seeds that would decide it; fewer than 2 paired seeds give no verdict. Ablation claims
   read the paper notebooks' ablation runs by the same names (``ablation_datasets``, ``ablation_seeds``).
+  Claims on epochs-to-best (:data:`kit.CENSORED_METRICS`) also pass :func:`kit.censor`: a verdict that runs
+  cut short by the epoch cap could overturn is undecided (censored).
 * ESD and ρ are the runs' own metrics (``metrics.json``: keys ``ESD``, ``rho``), computed on the test
   embeddings with ``drop_first = 0``. Projections (UMAP, t-SNE) use one fixed subset of the first dataset's
   test images (the first ``projection_classes`` classes, all their images, fewer than 4,096 points), the
@@ -828,6 +830,19 @@ def claims_table(
                 )
                 continue
             verdict = kit.judge(paired.differences, margin=claim_margin)
+            if claim.metric in kit.CENSORED_METRICS:
+                verdict = kit.censor(
+                    verdict,
+                    **kit.paired_censoring(
+                        frame,
+                        dataset,
+                        claim.a,
+                        claim.b,
+                        paired.seeds,
+                        first_scale=claim.a_scale,
+                        second_scale=claim.b_scale,
+                    ),
+                )
             rows.append(
                 {
                     **row,
@@ -872,7 +887,11 @@ def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
         f"{round(100 * kit.CONFIDENCE)} % t-interval Δ ± t·sd/√n. **held**: interval above 0; **reversed**: below 0; "
         f"**equivalent**: inside ±margin ({config.margin:g} R@1 points unless the row says otherwise); **undecided**: otherwise, "
         "with the seeds the observed spread says would decide it; fewer than 2 paired seeds: no verdict. "
-        'A claim "A ≈ B" is supported by *equivalent*. Paper Δ: the paper\'s own difference (its backbone and data), for scale.',
+        'A claim "A ≈ B" is supported by *equivalent*. Claims on epochs-to-best (best epoch, seconds to best): a run '
+        "that reached its epoch cap without `patience` evaluations after its best is censored (its true value is at "
+        "least the recorded one), and a verdict that censoring could overturn is **undecided (censored)** — a rule "
+        "added on 2026-11-24, after the first two-regime study (`kit.censor`). "
+        "Paper Δ: the paper's own difference (its backbone and data), for scale.",
         "",
         shown.drop(columns="kind").to_markdown(index=False),
         "",

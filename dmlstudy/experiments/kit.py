@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -239,6 +239,32 @@ def paired_differences(
     return Paired(tuple(int(s) for s in common), tuple(float(d) for d in differences))
 
 
+def paired_censoring(
+    frame: pd.DataFrame,
+    dataset: str,
+    first: str,
+    second: str,
+    seeds: Sequence[int],
+    *,
+    first_scale: float = 1.0,
+    second_scale: float = 1.0,
+) -> dict[str, str]:
+    """:func:`censor`'s ``can_rise`` / ``can_fall`` for the paired differences ``first_scale·A_s −
+    second_scale·B_s`` (:func:`paired_differences`) over ``seeds``: the runs whose ``best_epoch_censored``
+    (:func:`results_frame`) is true, by the direction their true value could move Δ (a censored value can
+    only be higher than recorded), e.g. ``"5 of 5 triplet runs"``. Rows without the column count as uncensored."""
+    if "best_epoch_censored" not in frame.columns:
+        return {"can_rise": "", "can_fall": ""}
+    here = frame[(frame["dataset"] == dataset) & frame["seed"].isin(list(seeds))]
+    moves: dict[str, list[str]] = {"can_rise": [], "can_fall": []}
+    for variant, signed_scale in ((first, first_scale), (second, -second_scale)):
+        rows = here[here["variant"] == variant].drop_duplicates("seed")
+        count = int(rows["best_epoch_censored"].eq(True).sum())
+        if count and signed_scale:
+            moves["can_rise" if signed_scale > 0 else "can_fall"].append(f"{count} of {len(seeds)} {variant} runs")
+    return {direction: ", ".join(texts) for direction, texts in moves.items()}
+
+
 def t_half_width(sd: float, seeds: int | np.ndarray, *, confidence: float = CONFIDENCE) -> float | np.ndarray:
     """``t_{(1+confidence)/2, n−1} · sd / √n``: the half-width of the t-interval of a mean of ``n`` values."""
     seeds = np.asarray(seeds, dtype=float)
@@ -271,12 +297,15 @@ class Verdict:
     seeds: int
     margin: float
     seeds_to_decide: int | None = None  # undecided only: see seeds_to_decide()
+    censored: str = ""  # undecided by censor(): which runs the epoch cap cut short
 
     @property
     def text(self) -> str:
         """The verdict as the tables print it."""
         if self.outcome == "no verdict":
             return f"no verdict ({self.seeds} seed{'s' if self.seeds != 1 else ''})"
+        if self.censored:
+            return f"undecided (censored by the epoch cap: {self.censored}; a longer cap would decide)"
         if self.outcome == "undecided":
             needed = f"≈ {self.seeds_to_decide}" if self.seeds_to_decide else f"more than {MAX_SEEDS}"
             return f"undecided ({needed} seeds would decide)"
@@ -330,6 +359,31 @@ def judge(differences: Sequence[float], *, margin: float = MARGIN, confidence: f
             "undecided", mean, low, high, n, margin, seeds_to_decide(mean, sd, margin=margin, confidence=confidence)
         )
     return Verdict(outcome, mean, low, high, n, margin)
+
+
+CENSORED_METRICS = ("best_epoch", "seconds_to_best")  # epochs-to-best: an epoch cap can cut them short
+
+
+def censor(verdict: Verdict, *, can_rise: str = "", can_fall: str = "") -> Verdict:
+    """:func:`judge`'s verdict on right-censored values (:data:`CENSORED_METRICS` of runs that reached their
+    epoch cap still improving, :func:`dmlstudy.train.best_epoch_censored`: the true value is at least the
+    recorded one). ``can_rise`` / ``can_fall`` name the censored runs that could make the true Δ higher (on a
+    side Δ adds) / lower (on a side Δ subtracts); empty when there are none.
+
+    A verdict the censoring could overturn — held when Δ can fall, reversed when it can rise, equivalent when
+    it can move at all — becomes undecided with no seed count (more seeds of the same cap cannot decide it);
+    a verdict it can only strengthen stands, and an undecided one stays as it is. Added on 2026-11-24, after
+    the first two-regime study, where DGCRL's "≤ 1/5 of triplet's epochs" claim read "reversed" with most
+    runs' best epoch at or next to the 6-epoch cap: a stricter rule, never one that decides more.
+    """
+    overturned = {
+        "held": can_fall,
+        "reversed": can_rise,
+        "equivalent": "; ".join(text for text in (can_rise, can_fall) if text),
+    }.get(verdict.outcome, "")
+    if not overturned:
+        return verdict
+    return replace(verdict, outcome="undecided", seeds_to_decide=None, censored=overturned)
 
 
 def effect_sentence(

@@ -22,7 +22,7 @@ from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exp
 from dmlstudy.regimes import REGIMES, regime, regime_overrides
 from dmlstudy.search_space import merged
 from dmlstudy.study import summarize
-from dmlstudy.train import RunResult, TrainConfig, is_complete, load_datasets, run
+from dmlstudy.train import RunResult, TrainConfig, best_epoch_censored, is_complete, load_datasets, run
 
 
 @dataclass
@@ -198,7 +198,8 @@ def run_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> lis
 
 
 def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
-    """One row per run: variant, dataset, seed, metrics, and the method's keyword arguments as JSON."""
+    """One row per run: variant, dataset, seed, metrics, the method's keyword arguments as JSON, and
+    ``best_epoch_censored`` (:func:`dmlstudy.train.best_epoch_censored`: the cap cut its epochs-to-best short)."""
     rows = []
     for variant, result in results:
         config = result.config
@@ -210,6 +211,7 @@ def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
                 "seed": config.seed,
                 "method_kwargs": json.dumps(config.method_kwargs, sort_keys=True),
                 **result.metrics,
+                "best_epoch_censored": best_epoch_censored(result.history, config.patience),
             }
         )
     return pd.DataFrame(rows)
