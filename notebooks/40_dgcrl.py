@@ -212,7 +212,8 @@ readings += kit.report(ablation, table, sentences, title="Decorrelation variants
 #     and, in the abstract, a 5× speed-up over triplet. Here every loss runs on DGCRL's head (pooling,
 #     projection, N-S) for the protocol's epochs, evaluated after every epoch: *best epoch* is the first epoch
 #     with the run's highest test R@1 (capped by the protocol's epoch count — if most losses peak at the last
-#     epoch, the budget, not the loss, decided it). Seconds per epoch: the runs' own records (taken at different
+#     epoch, the budget, not the loss, decided it; the verdict then reads *undecided (censored)*, see
+#     docs/protocol.md). Seconds per epoch: the runs' own records (taken at different
 #     times on a shared machine) and a side-by-side measurement of one training step per loss in this process,
 #     times the steps of an epoch (with `timing_clock = "cpu"`: one thread's CPU seconds, steady on a shared
 # machine — read the ratios, not the absolute values); *s to best* = side-by-side seconds per epoch × best

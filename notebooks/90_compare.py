@@ -151,7 +151,9 @@ if len(comparisons) > 1:
 # $\Delta \pm t_{0.975,\,n-1}\, s_d / \sqrt n$. The claim **held** when the interval lies above 0,
 # is **reversed** below 0, is **equivalent** inside $\pm$`margin` R@1 points, and **undecided** otherwise —
 # with the number of seeds at which the observed spread would decide it. Fewer than 2 paired seeds: no
-# verdict. The paper's Δ (its backbone, its data: CUB-200 beside SynBirds, Cars196 beside Glyphs) is for
+# verdict. A claim on epochs-to-best also asks whether runs reached the epoch cap still improving (censored):
+# a verdict they could overturn reads **undecided (censored)** (a rule added after the first two-regime
+# study, docs/protocol.md). The paper's Δ (its backbone, its data: CUB-200 beside SynBirds, Cars196 beside Glyphs) is for
 # scale only.
 
 # %%
