@@ -372,7 +372,9 @@ def censor(verdict: Verdict, *, can_rise: str = "", can_fall: str = "") -> Verdi
 
     A verdict the censoring could overturn — held when Δ can fall, reversed when it can rise, equivalent when
     it can move at all — becomes undecided with no seed count (more seeds of the same cap cannot decide it);
-    a verdict it can only strengthen stands, and an undecided one stays as it is. Added on 2026-11-24, after
+    so does an undecided one whose Δ points the way the censoring could undo (Δ < 0 and can rise, Δ > 0 and
+    can fall): the seeds that would decide it would decide a verdict this rule overturns. A verdict the
+    censoring can only strengthen stands. Added on 2026-11-24, after
     the first two-regime study, where DGCRL's "≤ 1/5 of triplet's epochs" claim read "reversed" with most
     runs' best epoch at or next to the 6-epoch cap: a stricter rule, never one that decides more.
     """
@@ -380,6 +382,7 @@ def censor(verdict: Verdict, *, can_rise: str = "", can_fall: str = "") -> Verdi
         "held": can_fall,
         "reversed": can_rise,
         "equivalent": "; ".join(text for text in (can_rise, can_fall) if text),
+        "undecided": can_rise if verdict.mean < 0 else can_fall if verdict.mean > 0 else "",
     }.get(verdict.outcome, "")
     if not overturned:
         return verdict
