@@ -796,8 +796,8 @@ def best_epoch_censored(history: pd.DataFrame, patience: int) -> bool:
     maximum is the best, as a tie keeps the earlier epoch. A run with no evaluation is not censored.
     """
     column, classes = evaluation_column(history)
-    values = history[column].dropna().to_numpy() if column in history else np.zeros(0)
-    if not len(values):
+    values = history[column].dropna().to_numpy() if column in history else None
+    if values is None or not len(values):
         return False
     after_best = len(values) - 1 - int(np.argmax(values))
     return after_best < max(patience if classes == "validation" else 0, 1)

@@ -831,18 +831,7 @@ def claims_table(
                 continue
             verdict = kit.judge(paired.differences, margin=claim_margin)
             if claim.metric in kit.CENSORED_METRICS:
-                verdict = kit.censor(
-                    verdict,
-                    **kit.paired_censoring(
-                        frame,
-                        dataset,
-                        claim.a,
-                        claim.b,
-                        paired.seeds,
-                        first_scale=claim.a_scale,
-                        second_scale=claim.b_scale,
-                    ),
-                )
+                verdict = kit.censor(verdict, **paired.censoring)
             rows.append(
                 {
                     **row,

@@ -51,7 +51,6 @@ from dmlstudy.experiments.kit import (
     censor,
     first_seed_embeddings,
     judge,
-    paired_censoring,
     paired_differences,
     paper_dataset,
     projection_figure,
@@ -610,12 +609,7 @@ def loss_sentence(table: pd.DataFrame, dataset: str, *, frame: pd.DataFrame) -> 
         paired = paired_differences(
             frame, dataset, "triplet-ns", "dgcrl", "best epoch", first_scale=1 / PAPER_SPEEDUP_OVER_TRIPLET
         )
-        speed = censor(
-            judge(paired.differences),
-            **paired_censoring(
-                frame, dataset, "triplet-ns", "dgcrl", paired.seeds, first_scale=1 / PAPER_SPEEDUP_OVER_TRIPLET
-            ),
-        )
+        speed = censor(judge(paired.differences), **paired.censoring)
         text += (
             f". Triplet needs {epoch_ratio:.1f}× the epochs of DGCRL (paper 100/20 = 5.0×); triplet's best epoch / "
             f"{PAPER_SPEEDUP_OVER_TRIPLET:.0f} − DGCRL's: {speed.interval_text('epochs')} → {speed.text}"

@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -205,6 +205,7 @@ class Paired:
 
     seeds: tuple[int, ...]
     differences: tuple[float, ...]
+    censoring: Mapping[str, str] = field(default_factory=dict)  # censor()'s arguments: paired_censoring()
 
 
 def paired_differences(
@@ -222,7 +223,9 @@ def paired_differences(
     ``frame`` has one row per run (``variant``, ``dataset``, ``seed``, ``metric``: :func:`results_frame`);
     retrieval metrics are turned into points (:func:`metric_scale`). Seed s gives both runs the same
     backbone initialisation and batch sequence, so only seeds present on both sides pair; runs with a
-    missing value of ``metric`` do not count. A variant with no runs at all raises ``KeyError``.
+    missing value of ``metric`` do not count. A variant with no runs at all raises ``KeyError``. The result
+    also names the paired runs whose epochs-to-best the cap cut short (:func:`paired_censoring`), for
+    :func:`censor` when ``metric`` is one.
     """
     if metric not in frame.columns:
         raise KeyError(f"paired_differences: no column {metric!r} among {sorted(frame.columns)}")
@@ -236,7 +239,11 @@ def paired_differences(
         sides.append(rows.groupby("seed")[metric].mean() * metric_scale(metric))
     common = sides[0].index.intersection(sides[1].index).sort_values()
     differences = first_scale * sides[0].loc[common] - second_scale * sides[1].loc[common]
-    return Paired(tuple(int(s) for s in common), tuple(float(d) for d in differences))
+    seeds = tuple(int(s) for s in common)
+    censoring = paired_censoring(
+        frame, dataset, first, second, seeds, first_scale=first_scale, second_scale=second_scale
+    )
+    return Paired(seeds, tuple(float(d) for d in differences), censoring)
 
 
 def paired_censoring(
@@ -374,9 +381,9 @@ def censor(verdict: Verdict, *, can_rise: str = "", can_fall: str = "") -> Verdi
     it can move at all — becomes undecided with no seed count (more seeds of the same cap cannot decide it);
     so does an undecided one whose Δ points the way the censoring could undo (Δ < 0 and can rise, Δ > 0 and
     can fall): the seeds that would decide it would decide a verdict this rule overturns. A verdict the
-    censoring can only strengthen stands. Added on 2026-11-24, after
-    the first two-regime study, where DGCRL's "≤ 1/5 of triplet's epochs" claim read "reversed" with most
-    runs' best epoch at or next to the 6-epoch cap: a stricter rule, never one that decides more.
+    censoring can only strengthen stands. Added on 2026-11-24, after the first two-regime study, where
+    DGCRL's "≤ 1/5 of triplet's epochs" claim read "reversed" with most runs' best epoch at or next to the
+    6-epoch cap: a stricter rule, never one that decides more.
     """
     overturned = {
         "held": can_fall,
