@@ -12,11 +12,15 @@ Run on a machine with a GPU: ``python benchmarks/bench_gpu.py [--epochs 6] [--cp
   a CUDA synchronise at both ends.
 * ``runs per GPU``: k = 1, 2, 4 processes each training the study's MS run on the one GPU at the same time;
   the aggregate training images/s (k × images per run / wall time of the slowest) says whether sharing pays.
+* ``methods`` (``--parts methods``): a 2-epoch SynBirds run of each headline method on CUDA, evaluated once,
+  and ``profile`` (``--parts profile``): torch.profiler over a 1-epoch DIML-trained run, the operators with
+  the most host time and the most device time — where a run that does not scale on the GPU spends its time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -151,6 +155,27 @@ def runs_per_gpu(args: argparse.Namespace, runs_root: str) -> None:
         print(f"| {k} | {wall:.1f} | {speed:.0f} | {speed / base:.2f} |", flush=True)
 
 
+def per_method(args: argparse.Namespace, runs_root: str) -> None:
+    run(study_config("cuda", runs_root, 1, "warm-methods"))
+    print("\n## headline methods on CUDA: SynBirds, 2 full epochs, evaluated once")
+    print("| method | wall s | R@1 |\n|---|---|---|")
+    for method in ("ms", "crt", "diml", "cross_attention", "dgcrl"):
+        config = dataclasses.replace(study_config("cuda", runs_root, 2, method), method=method, eval_every=2)
+        seconds, r1 = timed(config)
+        print(f"| {method} | {seconds:.1f} | {r1:.4f} |", flush=True)
+
+
+def profile_diml(args: argparse.Namespace, runs_root: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    config = dataclasses.replace(study_config("cuda", runs_root, 1, "diml-profile"), method="diml", eval_every=1)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        run(config)
+    print("\n## profile: DIML-trained MS, SynBirds, 1 epoch and its evaluation, on CUDA")
+    for key in ("self_cpu_time_total", "self_cuda_time_total"):
+        print(profiler.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=50), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=6)
@@ -160,7 +185,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--share-epochs", type=int, default=10)
-    parser.add_argument("--parts", nargs="+", default=["study", "resnet", "share"])
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=["study", "resnet", "share"],
+        choices=["study", "resnet", "share", "methods", "profile"],
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu.py measures CUDA paths: no CUDA device here")
@@ -172,6 +202,10 @@ def main() -> None:
             resnet_throughput(args)
         if "share" in args.parts:
             runs_per_gpu(args, runs_root)
+        if "methods" in args.parts:
+            per_method(args, runs_root)
+        if "profile" in args.parts:
+            profile_diml(args, runs_root)
 
 
 if __name__ == "__main__":
