@@ -11,7 +11,7 @@ from pytorch_metric_learning import losses as pml_losses
 from scipy.optimize import linear_sum_assignment
 
 from dmlstudy import metrics
-from dmlstudy.methods import build_method
+from dmlstudy.methods import build_method, diml
 from dmlstudy.methods.diml import (
     DIML,
     TransportOptions,
@@ -120,6 +120,48 @@ def test_each_pair_stops_on_its_own_so_batching_does_not_change_results():
         alone, _, single = pairwise_structural_similarity(local[[s]], global_[[s]], local[[t]], global_[[t]])
         assert single.iterations == transport.pair_iterations[s, t]
         torch.testing.assert_close(alone[0, 0], batched[s, t], atol=1e-6, rtol=0)
+
+
+def pairs_last_problem(pairs=300, cells=16, seed=0, log_domain=False):
+    generator = torch.Generator().manual_seed(seed)
+    cost = 2 * torch.rand(cells, cells, pairs, generator=generator)
+    source = normalize_marginal(torch.rand(cells, pairs, generator=generator), dim=0)
+    target = normalize_marginal(torch.rand(cells, pairs, generator=generator), dim=0)
+    source[:3, :7] = 0.0  # zero-mass cells in some pairs
+    source = normalize_marginal(source, dim=0)
+    kernel = cost / -0.05
+    return (kernel if log_domain else kernel.exp()), source, target
+
+
+@pytest.mark.parametrize("log_domain", [False, True])
+@pytest.mark.parametrize("read_every", [1, 3, 8])
+def test_the_gpu_solver_stops_every_pair_where_the_compacting_one_does(log_domain, read_every):
+    """The masked Sinkhorn loop CUDA uses, run on the CPU: same iterations per pair, same scalings."""
+    kernel, source, target = pairs_last_problem(log_domain=log_domain)
+    settings = dict(log_domain=log_domain, max_iterations=100, tolerance=1e-3)
+    a, b, iterations = diml._sinkhorn_scalings(kernel, source, target, **settings)
+    a_masked, b_masked, iterations_masked = diml._sinkhorn_scalings_masked(
+        kernel, source, target, read_every=read_every, **settings
+    )
+    assert iterations.min() < iterations.max()  # pairs stopped at different iterations (some at the cap)
+    assert torch.equal(iterations_masked, iterations)
+    torch.testing.assert_close(a_masked, a, rtol=1e-4, atol=0)  # float rounding: the widths differ
+    torch.testing.assert_close(b_masked, b, rtol=1e-4, atol=0)
+
+
+def test_cuda_gets_the_masked_solver_and_large_batches():
+    assert diml._solver_for(torch.device("cuda", 0)) is diml._sinkhorn_scalings_masked
+    assert diml._solver_for(torch.device("cpu")) is diml._sinkhorn_scalings
+    assert diml._block_elements(torch.device("cuda")) > diml._block_elements(torch.device("cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_structural_similarity_on_cuda_equals_the_cpu():
+    local, global_ = grid_set(n=12, seed=5)
+    on_cpu, _, cpu_transport = pairwise_structural_similarity(local, global_)
+    on_cuda, _, cuda_transport = pairwise_structural_similarity(local.cuda(), global_.cuda())
+    assert torch.equal(cuda_transport.pair_iterations.cpu(), cpu_transport.pair_iterations)
+    torch.testing.assert_close(on_cuda.cpu(), on_cpu, atol=1e-5, rtol=0)
 
 
 def test_small_epsilon_approaches_the_optimal_assignment():

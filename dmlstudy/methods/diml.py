@@ -76,6 +76,10 @@ LOG_DOMAIN_RANGE = 50.0  # auto log domain when max(C)/ε exceeds this: K would 
 SINKHORN_BLOCK_ELEMENTS = (
     2**19
 )  # pairs per Sinkhorn batch: P × N × M ≤ this (2 MB kernels; 2**18 and 2**20 were no faster)
+# On CUDA a batch is as large as this (128 MB kernels: the GPU has no cache to fit) and the solve never waits
+# for the device but every CONVERGENCE_READ_EVERY iterations (see _sinkhorn_scalings_masked).
+SINKHORN_GPU_BLOCK_ELEMENTS = 2**25
+CONVERGENCE_READ_EVERY = 8
 MIN_MARGINAL_MASS = 1e-12  # weight sums at or below this fall back to uniform marginals
 _TINY = torch.finfo(torch.float32).tiny
 _DISTANCE_FLOOR = 1e-8  # sqrt(max(·, floor)): finite gradients for identical vectors
@@ -251,6 +255,45 @@ def _sinkhorn_scalings(
     return a_out, b_out, iterations
 
 
+def _sinkhorn_scalings_masked(
+    kernel: torch.Tensor,
+    source: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    log_domain: bool,
+    max_iterations: int,
+    tolerance: float,
+    read_every: int = CONVERGENCE_READ_EVERY,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_sinkhorn_scalings` without reading anything back from the device but every ``read_every``
+    iterations: the solver CUDA uses (on a GPU the compacting solver waits for the device at every
+    iteration, and a DIML run spends most of its time launching and waiting; benchmarks/README.md).
+
+    Every pair keeps its own stopping rule: a pair whose L1 row-marginal violation is ≤ ``tolerance`` is
+    frozen by ``torch.where`` at that iteration, which is recorded, exactly as the compacting solver stops
+    it; the working set is never compacted (on a GPU the full width costs about what the remaining pairs
+    would), and the loop ends at the first read, every ``read_every`` iterations, that finds every pair
+    stopped (the extra iterations change nothing). So the scalings and iteration counts are those of
+    :func:`_sinkhorn_scalings` up to float rounding (a test compares them on the CPU).
+    """
+    row, update_a, update_b, row_residuals = _scaling_steps(log_domain)
+    fill = 0.0 if log_domain else 1.0
+    a, b = torch.full_like(source, fill), torch.full_like(target, fill)
+    iterations = torch.full((kernel.shape[-1],), max_iterations, dtype=torch.long, device=source.device)
+    active = torch.ones(kernel.shape[-1], dtype=torch.bool, device=source.device)
+    for step in range(max_iterations):
+        kernel_b = row(kernel, b)
+        if step > 0:
+            newly = (_row_marginal_errors(row_residuals(a, kernel_b, source)) <= tolerance) & active
+            iterations = torch.where(newly, step, iterations)
+            active = active & ~newly
+            if step % read_every == 0 and not bool(active.any()):
+                break
+        new_a = update_a(source, kernel_b)
+        a, b = torch.where(active, new_a, a), torch.where(active, update_b(target, kernel, new_a), b)
+    return a, b, iterations
+
+
 def _plan(a: torch.Tensor, kernel: torch.Tensor, b: torch.Tensor, *, log_domain: bool) -> torch.Tensor:
     """``T = diag(a) K diag(b)`` of pairs-last scalings (``N × P``, ``N × M × P``, ``M × P``)."""
     if log_domain:
@@ -266,6 +309,16 @@ def _needs_log_domain(cost: torch.Tensor, options: TransportOptions) -> bool:
     return bool(cost.numel()) and float(cost.abs().max()) / options.epsilon > LOG_DOMAIN_RANGE
 
 
+def _block_elements(device: torch.device) -> int:
+    """Kernel floats per Sinkhorn batch on ``device``: a core's cache on the CPU, a large batch on CUDA."""
+    return SINKHORN_GPU_BLOCK_ELEMENTS if device.type == "cuda" else SINKHORN_BLOCK_ELEMENTS
+
+
+def _solver_for(device: torch.device):
+    """The Sinkhorn loop for ``device``: compacting on the CPU, masked (no per-iteration read-back) on CUDA."""
+    return _sinkhorn_scalings_masked if device.type == "cuda" else _sinkhorn_scalings
+
+
 def _transport(
     cost: torch.Tensor, source: torch.Tensor, target: torch.Tensor, *, log_domain: bool, options: TransportOptions
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,7 +327,7 @@ def _transport(
 
     Cache blocking: the pairs are solved in blocks whose kernel (≤ :data:`SINKHORN_BLOCK_ELEMENTS` floats)
     stays near a core's L2 cache across the iterations. Pairs are independent, so results do not depend on
-    the blocks.
+    the blocks. On CUDA: blocks of :data:`SINKHORN_GPU_BLOCK_ELEMENTS` and :func:`_sinkhorn_scalings_masked`.
     """
     n, m, batch_shape = cost.shape[0], cost.shape[1], cost.shape[2:]
     cost = cost.reshape(n, m, -1)
@@ -282,7 +335,8 @@ def _transport(
     pairs = cost.shape[-1]
     plan = torch.empty(n, m, pairs, device=cost.device)
     iterations = torch.zeros(pairs, dtype=torch.long, device=cost.device)
-    block = max(1, SINKHORN_BLOCK_ELEMENTS // max(1, n * m))
+    block = max(1, _block_elements(cost.device) // max(1, n * m))
+    solve = _solver_for(cost.device)
     for start in range(0, pairs, block):
         piece = slice(start, start + block)
         kernel = torch.div(
@@ -292,7 +346,7 @@ def _transport(
         )  # log K
         if not log_domain:
             kernel.exp_()  # K = exp(−C/ε)
-        a, b, iterations[piece] = _sinkhorn_scalings(
+        a, b, iterations[piece] = solve(
             kernel,
             source[:, piece].contiguous(),
             target[:, piece].contiguous(),
@@ -575,7 +629,8 @@ def candidate_structural_similarity(
             local_gallery: ``G × M × d`` (all L2-normalised; arrays or tensors).
         candidates: ``Q × K`` gallery indices.
         query_chunk: queries per Sinkhorn batch (memory ∝ query_chunk · K · N · M); None: as many as keep
-            the chunk's kernel within :data:`SINKHORN_BLOCK_ELEMENTS` floats.
+            the chunk's kernel within :data:`SINKHORN_BLOCK_ELEMENTS` floats
+            (:data:`SINKHORN_GPU_BLOCK_ELEMENTS` on CUDA).
         device: where to compute (default: the device of ``local_queries`` if a tensor, else CPU).
     """
     if device is None:
@@ -602,7 +657,7 @@ def candidate_structural_similarity(
     n_cells, m_cells, dim = lq.shape[1], lg.shape[1], lg.shape[2]
     top = index.shape[1]
     if query_chunk is None:
-        query_chunk = SINKHORN_BLOCK_ELEMENTS // max(1, top * n_cells * m_cells)
+        query_chunk = _block_elements(torch.device(device)) // max(1, top * n_cells * m_cells)
     query_chunk = max(1, int(query_chunk))
     log_domain = options.log_domain
     if log_domain is None:
