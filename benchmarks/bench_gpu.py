@@ -34,13 +34,13 @@ from dmlstudy.models import build_backbone
 from dmlstudy.train import TrainConfig, load_datasets, run
 
 
-def study_config(device: str, runs_root: str, epochs: int, name: str) -> TrainConfig:
+def study_config(device: str, runs_root: str, epochs: int, name: str, method: str = "ms") -> TrainConfig:
     return TrainConfig(
         study="bench-gpu",
         run_name=name,
         runs_root=runs_root,
         dataset="synbirds",
-        method="ms",
+        method=method,
         epochs=epochs,
         steps_per_epoch=0,
         train_classes=0,
@@ -160,17 +160,15 @@ def per_method(args: argparse.Namespace, runs_root: str) -> None:
     print("\n## headline methods on CUDA: SynBirds, 2 full epochs, evaluated once")
     print("| method | wall s | R@1 |\n|---|---|---|")
     for method in ("ms", "crt", "diml", "cross_attention", "dgcrl"):
-        config = dataclasses.replace(study_config("cuda", runs_root, 2, method), method=method, eval_every=2)
-        seconds, r1 = timed(config)
+        seconds, r1 = timed(dataclasses.replace(study_config("cuda", runs_root, 2, method, method), eval_every=2))
         print(f"| {method} | {seconds:.1f} | {r1:.4f} |", flush=True)
 
 
 def profile_diml(args: argparse.Namespace, runs_root: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    config = dataclasses.replace(study_config("cuda", runs_root, 1, "diml-profile"), method="diml", eval_every=1)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
-        run(config)
+        run(dataclasses.replace(study_config("cuda", runs_root, 1, "diml-profile", "diml"), eval_every=1))
     print("\n## profile: DIML-trained MS, SynBirds, 1 epoch and its evaluation, on CUDA")
     for key in ("self_cpu_time_total", "self_cuda_time_total"):
         print(profiler.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=50), flush=True)

@@ -657,7 +657,7 @@ def candidate_structural_similarity(
     n_cells, m_cells, dim = lq.shape[1], lg.shape[1], lg.shape[2]
     top = index.shape[1]
     if query_chunk is None:
-        query_chunk = _block_elements(torch.device(device)) // max(1, top * n_cells * m_cells)
+        query_chunk = _block_elements(lq.device) // max(1, top * n_cells * m_cells)
     query_chunk = max(1, int(query_chunk))
     log_domain = options.log_domain
     if log_domain is None:
