@@ -8,9 +8,10 @@ Speed: for each device (CPU at every ``--threads`` count, and CUDA when present)
 through ``dmlstudy.train.run`` with
 
 * ``old``: ``input_pipeline="files"`` (PNG decoding and per-item PIL transforms in the main process,
-  ``num_workers=0``), ``channels_last=False``, no compile: the pipeline before issue 15;
+  ``num_workers=0``), ``channels_last=False``, no compile, 256 images per evaluation pass: the pipeline before
+  issue 15;
 * ``new``: the defaults (``input_pipeline="auto"`` → the cached uint8 tensor with batched augmentation,
-  ``channels_last=True``; bf16 autocast on CUDA only);
+  ``eval_batch_size=64``; ``channels_last`` off, as by default; bf16 autocast on CUDA only);
 * ``new+compile`` (with ``--compile``): ``new`` with ``compile=True``; its first epoch holds the compile time.
 
 evaluated after every epoch. Per variant: the first epoch (old: it decodes every PNG; compile: it compiles),
@@ -50,7 +51,7 @@ from dmlstudy.data.tensor_cache import cached_images
 from dmlstudy.paths import data_root
 from dmlstudy.train import TrainConfig, run
 
-OLD = {"input_pipeline": "files", "channels_last": False, "compile": False, "num_workers": 0}
+OLD = {"input_pipeline": "files", "channels_last": False, "compile": False, "num_workers": 0, "eval_batch_size": 256}
 NEW = {"input_pipeline": "auto"}
 NEW_COMPILED = {"input_pipeline": "auto", "compile": True}
 

@@ -54,7 +54,7 @@ from dmlstudy.data.tensor_cache import (
     cached_images,
     split_bytes,
 )
-from dmlstudy.methods import Method, build_method
+from dmlstudy.methods import EVAL_BATCH_SIZE, Method, build_method
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root, project_file, runs_root
 from dmlstudy.records import (
@@ -113,7 +113,7 @@ class TrainConfig(TypedConfig):
         True  # with validation folds: read the test classes once, with the best-validation state (False: never)
     )
     recall_ks: list = field(default_factory=list)  # Recall@K list; empty: the dataset's standard list
-    eval_batch_size: int = 256  # batch size when embedding the test set
+    eval_batch_size: int = EVAL_BATCH_SIZE  # images per forward pass when embedding validation and test sets
     num_workers: int = -1  # DataLoader worker processes of the file pipeline; -1: min(8, cores)
     seed: int = 0  # seeds model init, batches and augmentation
     device: str = "auto"  # auto (CUDA when present), cpu, cuda or cuda:<i>
@@ -515,7 +515,7 @@ def embed(
     method: Method,
     dataset,
     *,
-    batch_size: int = 256,
+    batch_size: int = EVAL_BATCH_SIZE,
     device: torch.device | str = "cpu",
     num_workers: int = 0,
     autocast: torch.dtype | None = None,

@@ -261,6 +261,27 @@ def test_autocast_defaults_to_bfloat16_on_cuda_only(tiny_config):
         tiny_config(input_pipeline="gpu")
 
 
+@pytest.mark.parametrize("name", ["ms", "crt", "diml", "cross_attention", "dgcrl"])
+def test_embeddings_do_not_depend_on_the_evaluation_batch_size(name):
+    """The evaluation batch size is a speed choice only (EVAL_BATCH_SIZE): in eval mode every image's embedding
+    is computed on its own, so 64 and 256 images per pass agree (to float rounding on any BLAS)."""
+    from dmlstudy.methods import EVAL_BATCH_SIZE, build_method
+    from dmlstudy.models import build_backbone
+    from dmlstudy.train import embed
+
+    torch.manual_seed(0)
+    method = build_method(name, backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=4)
+    for module in method.modules():  # away from the identity statistics of a fresh BatchNorm
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.normal_()
+            module.running_var.uniform_(0.5, 2.0)
+    images = torch.utils.data.TensorDataset(torch.rand(300, 3, 32, 32), torch.zeros(300, dtype=torch.long))
+    small, large = embed(method, images, batch_size=EVAL_BATCH_SIZE), embed(method, images, batch_size=256)
+    assert small.shape == (300, 16)
+    np.testing.assert_allclose(small, large, rtol=0, atol=1e-6)
+    assert not np.allclose(small[:150], small[150:], atol=1e-3)  # the images differ, so must their embeddings
+
+
 def test_baseline_training_step_has_no_graph_break():
     from dmlstudy.methods import build_method
     from dmlstudy.models import build_backbone

@@ -58,6 +58,7 @@ from dmlstudy.experiments.kit import (
 )
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame
+from dmlstudy.methods import EVAL_BATCH_SIZE
 from dmlstudy.methods.cross_attention import (
     AttentionRecorder,
     CrossAttention,
@@ -659,7 +660,13 @@ def attention_statistics(method: CrossAttention, dataset, triples: Sequence[tupl
 
 
 def part_discovery(
-    method: CrossAttention, dataset, *, queries: int = 2, neighbours: int = 6, seed: int = 0, batch_size: int = 256
+    method: CrossAttention,
+    dataset,
+    *,
+    queries: int = 2,
+    neighbours: int = 6,
+    seed: int = 0,
+    batch_size: int = EVAL_BATCH_SIZE,
 ) -> tuple[plt.Figure, pd.DataFrame]:
     """Local parts (the paper's Sec. 4.3.2, Fig. 5): for the most activated location of a query image, the
     test images whose best-matching location (cosine of backbone features) is most similar, drawn as crops

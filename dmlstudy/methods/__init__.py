@@ -13,6 +13,7 @@ import os
 import pkgutil
 
 from dmlstudy.methods.base import (
+    EVAL_BATCH_SIZE,
     GROUPS,
     METHOD_INFO,
     METHODS,
@@ -44,6 +45,7 @@ def discover() -> list[str]:
 discover()
 
 __all__ = [
+    "EVAL_BATCH_SIZE",
     "GROUPS",
     "METHODS",
     "METHOD_INFO",

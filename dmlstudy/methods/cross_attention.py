@@ -41,7 +41,7 @@ from torch import nn
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.losses import multi_similarity_loss
-from dmlstudy.methods.base import Method, global_pool, register_method
+from dmlstudy.methods.base import EVAL_BATCH_SIZE, Method, global_pool, register_method
 from dmlstudy.models import Backbone
 from dmlstudy.search_space import LR, Int
 
@@ -318,7 +318,9 @@ def conditional_similarities(
 
 
 @torch.no_grad()
-def feature_maps(method: Method, dataset, *, batch_size: int = 256, device: torch.device | str = "cpu") -> torch.Tensor:
+def feature_maps(
+    method: Method, dataset, *, batch_size: int = EVAL_BATCH_SIZE, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Backbone feature maps ``N × C × H × W`` of a dataset (eval mode, dataset order), on ``device``."""
     was_training = method.training
     method.eval()

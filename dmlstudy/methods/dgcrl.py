@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmlstudy.losses import build_loss
-from dmlstudy.methods.base import Method, register_method, register_variant_search_space
+from dmlstudy.methods.base import EVAL_BATCH_SIZE, Method, register_method, register_variant_search_space
 from dmlstudy.models import Backbone
 from dmlstudy.search_space import HEAD_LR, LR, Float, LogFloat, without
 
@@ -326,7 +326,12 @@ def class_logits(method: DGCRL, images: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def centre_accuracy(
-    method: DGCRL, dataset, *, batch_size: int = 256, device: torch.device | str | None = None, num_workers: int = 0
+    method: DGCRL,
+    dataset,
+    *,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device: torch.device | str | None = None,
+    num_workers: int = 0,
 ) -> float:
     """Share of ``dataset`` items (training classes, labels 0..C−1) whose highest :func:`class_logits` is their class.
 

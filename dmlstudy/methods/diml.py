@@ -65,7 +65,7 @@ from torch import nn
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.losses import multi_similarity_loss
-from dmlstudy.methods.base import Method, global_pool, register_method
+from dmlstudy.methods.base import EVAL_BATCH_SIZE, Method, global_pool, register_method
 from dmlstudy.models import Backbone
 from dmlstudy.search_space import LR, Float, LogFloat
 
@@ -526,7 +526,7 @@ def embed_grid_dataset(
     dataset,
     *,
     grid_sizes: Sequence[int] = (DEFAULT_GRID_SIZE,),
-    batch_size: int = 256,
+    batch_size: int = EVAL_BATCH_SIZE,
     device: torch.device | str = "cpu",
 ) -> GridEmbeddings:
     """Global and local embeddings of every image of ``dataset`` (in order), one backbone pass per batch."""
