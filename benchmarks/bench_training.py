@@ -31,6 +31,10 @@ images): the old pipeline with every metric (what
 each per-epoch evaluation cost when issue 15 was filed), the new pipeline with every metric (a run's final
 evaluation), and the new pipeline with the retrieval metrics only (``full=False``: what each per-epoch
 evaluation of the study's protocol computes, on its validation classes).
+
+Embedding (``--embedding``): CPU seconds to embed the test split at each ``--eval-batch-sizes`` for each of
+``--methods`` (median of ``--repeats``, first ``--threads`` count), and whether the embeddings equal those at
+the largest size: the measurement behind ``EVAL_BATCH_SIZE``.
 """
 
 from __future__ import annotations
@@ -243,6 +247,43 @@ def evaluation(args: argparse.Namespace) -> None:
             print(f"| {label} | {wall:.2f} | {old[0] / wall:.2f} | {cpu:.2f} | {old[1] / cpu:.2f} |", flush=True)
 
 
+def embedding(args: argparse.Namespace) -> None:
+    """CPU seconds to embed the test split per evaluation batch size, for each study method (fresh weights,
+    BatchNorm statistics drawn away from the identity), and whether the embeddings equal those at the largest size."""
+    from dmlstudy.train import build_model, embed, load_datasets, place_on_device
+
+    torch.set_num_threads(args.threads[0])
+    sizes = sorted(args.eval_batch_sizes)
+    print(
+        f"\n| method ({args.dataset} test split, {args.threads[0]} thread) | "
+        + " | ".join(f"{b} CPU s" for b in sizes)
+        + " |"
+    )
+    print("|---" * (len(sizes) + 1) + "|")
+    for method_name in args.methods:
+        torch.manual_seed(0)
+        config = TrainConfig(
+            dataset=args.dataset, method=method_name, seed=0, test_classes=0, device="cpu", progress=False
+        )
+        datasets = place_on_device(load_datasets(config), torch.device("cpu"))
+        method = build_model(config, datasets["train"].num_classes).eval()
+        for module in method.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.normal_()
+                module.running_var.uniform_(0.5, 2.0)
+        reference = embed(method, datasets["query"], batch_size=sizes[-1])
+        cells = []
+        for size in sizes:
+            seconds = []
+            for _ in range(args.repeats):
+                started = time.process_time()
+                embedded = embed(method, datasets["query"], batch_size=size)
+                seconds.append(time.process_time() - started)
+            same = "identical" if np.array_equal(embedded, reference) else "differs"
+            cells.append(f"{statistics.median(seconds):.2f} ({same})")
+        print(f"| {method_name} | " + " | ".join(cells) + " |", flush=True)
+
+
 def quality(args: argparse.Namespace) -> None:
     print("| dataset | pipeline | R@1 per seed | mean ± sd | seconds |\n|---|---|---|---|---|")
     torch.set_num_threads(args.threads[-1])
@@ -290,6 +331,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--quality", action="store_true", help="only the R@1 check (old vs new, 6 epochs)")
     parser.add_argument("--evaluation", action="store_true", help="only the cost of one test evaluation")
+    parser.add_argument("--embedding", action="store_true", help="only embedding time per evaluation batch size")
+    parser.add_argument("--eval-batch-sizes", type=int, nargs="+", default=[32, 64, 128, 256])
+    parser.add_argument("--methods", nargs="+", default=["ms", "crt", "diml", "cross_attention", "dgcrl", "triplet"])
     parser.add_argument("--datasets", nargs="+", default=["synbirds", "glyphs"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
@@ -299,6 +343,8 @@ def main() -> None:
         quality(args)
     elif args.evaluation:
         evaluation(args)
+    elif args.embedding:
+        embedding(args)
     else:
         speed(args)
 

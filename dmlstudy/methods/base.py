@@ -20,7 +20,7 @@ from dmlstudy.models import Backbone
 from dmlstudy.search_space import SearchSpace
 
 # Images per forward pass when a dataset is embedded for evaluation (TrainConfig.eval_batch_size's default and
-# the embedding helpers'). On CPU a 64-image batch of the study's 64 px network embeds 1.7–2.2× faster than 256
+# the embedding helpers'). On CPU a 64-image batch of the study's 64 px network embeds 1.6–2.2× faster than 256
 # (the activations stay in cache) and gives bit-identical embeddings (benchmarks/README.md, issue 15).
 EVAL_BATCH_SIZE = 64
 
