@@ -12,7 +12,8 @@ through ``dmlstudy.train.run`` with
   issue 15;
 * ``new``: the defaults (``input_pipeline="auto"`` → the cached uint8 tensor with batched augmentation,
   ``eval_batch_size=64``; ``channels_last`` off, as by default; bf16 autocast on CUDA only);
-* ``new+compile`` (with ``--compile``): ``new`` with ``compile=True``; its first epoch holds the compile time.
+* ``new+compile`` (with ``--compile``): ``new`` with ``compile=True``; its first epoch holds the compile time;
+* ``new+bf16`` (with ``--bf16``): ``new`` with ``autocast="bf16"`` (bfloat16 autocast, on the CPU too).
 
 evaluated after every epoch. Per variant: the first epoch (old: it decodes every PNG; compile: it compiles),
 the mean of the later ("steady") epochs, evaluation seconds (mean over evaluations after the first, which
@@ -21,8 +22,8 @@ CPU seconds of the same (history columns ``train_cpu_seconds``/``eval_cpu_second
 process: on a shared, overloaded machine wall time measures the neighbours as much as the code). The tensor cache
 is built (or found) once before the runs; its build time is printed.
 
-Quality (``--quality``): final R@1 of MS, old vs new, for ``--seeds`` × ``--datasets`` with the study's
-6-epoch settings, printed as mean ± standard deviation over seeds.
+Quality (``--quality``): final R@1 of MS for each of ``--variants`` (default old and new), ``--seeds`` ×
+``--datasets``, with the study's 6-epoch settings, printed as mean ± standard deviation over seeds.
 
 Evaluation (``--evaluation``): one evaluation of the test split by the same model (MS, seed 0, trained for
 ``--epochs`` first: k-means NMI converges faster on an untrained model's embeddings), median of
@@ -58,6 +59,8 @@ from dmlstudy.train import TrainConfig, run
 OLD = {"input_pipeline": "files", "channels_last": False, "compile": False, "num_workers": 0, "eval_batch_size": 256}
 NEW = {"input_pipeline": "auto"}
 NEW_COMPILED = {"input_pipeline": "auto", "compile": True}
+NEW_BF16 = {"input_pipeline": "auto", "autocast": "bf16"}
+VARIANTS = {"old": OLD, "new": NEW, "new+compile": NEW_COMPILED, "new+bf16": NEW_BF16}
 
 
 def build_cache(dataset: str) -> float:
@@ -103,7 +106,8 @@ def speed(args: argparse.Namespace) -> None:
     devices = [("cpu", threads) for threads in args.threads]
     if torch.cuda.is_available():
         devices.append(("cuda", args.threads[-1]))
-    variants = {"old": OLD, "new": NEW, **({"new+compile": NEW_COMPILED} if args.compile else {})}
+    names = ["old", "new"] + (["new+compile"] if args.compile else []) + (["new+bf16"] if args.bf16 else [])
+    variants = {name: VARIANTS[name] for name in names}
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
     rows = []
     with tempfile.TemporaryDirectory() as runs:
@@ -289,8 +293,8 @@ def quality(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads[-1])
     with tempfile.TemporaryDirectory() as runs:
         for dataset in args.datasets:
-            for name, options in {"old": OLD, "new": NEW}.items():
-                values, started = [], time.perf_counter()
+            for name in args.variants:
+                options, values, started = VARIANTS[name], [], time.perf_counter()
                 for seed in args.seeds:
                     config = TrainConfig(
                         study="quality",
@@ -326,6 +330,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps-per-epoch", type=int, default=0)
     parser.add_argument("--compile", action="store_true", help="also measure compile=True")
+    parser.add_argument("--bf16", action="store_true", help="also measure autocast=bf16 (pays on CPUs with bf16 units)")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["old", "new"], help="--quality's")
     parser.add_argument("--augment", action="store_true", help="only the batch-augmentation micro-benchmark")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
