@@ -335,7 +335,7 @@ def main() -> None:
     parser.add_argument("--augment", action="store_true", help="only the batch-augmentation micro-benchmark")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--quality", action="store_true", help="only the R@1 check (old vs new, 6 epochs)")
+    parser.add_argument("--quality", action="store_true", help="only the R@1 check of --variants (6 epochs)")
     parser.add_argument("--evaluation", action="store_true", help="only the cost of one test evaluation")
     parser.add_argument("--embedding", action="store_true", help="only embedding time per evaluation batch size")
     parser.add_argument("--eval-batch-sizes", type=int, nargs="+", default=[32, 64, 128, 256])
