@@ -42,17 +42,21 @@ def runs_root() -> Path:
 
 
 PUBLISHED_STUDY = "default"  # the study whose figures and tables the repository holds (``make study``)
+PUBLISHED_STUDIES = (PUBLISHED_STUDY, "headline10")  # every study whose outputs are committed
 
 
 def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "") -> Path:
     """Folder for a study's ``kind`` of output (``"figures"`` or ``"results"``).
 
-    The published study writes to ``<project>/figures`` and ``<project>/results``; any other study (the
-    CI-sized notebook defaults, the smoke and full plans) to ``<runs>/<study>/<kind>``, so test runs never
-    overwrite the committed figures.
+    The published study writes to ``<project>/figures`` and ``<project>/results``, the other committed ones
+    (:data:`PUBLISHED_STUDIES`: the headline claims with 10 seeds) to ``<project>/<kind>/<study>``; any other
+    study (the CI-sized notebook defaults, the smoke and full plans) to ``<runs>/<study>/<kind>``, so test runs
+    never overwrite the committed figures.
     """
     if kind not in ("figures", "results"):
         raise ValueError(f"study_outputs: kind must be 'figures' or 'results', got {kind!r}")
     if study == PUBLISHED_STUDY:
         return project_root() / kind
+    if study in PUBLISHED_STUDIES:
+        return project_root() / kind / study
     return Path(runs_root_override or runs_root()) / study / kind

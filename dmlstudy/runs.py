@@ -47,6 +47,7 @@ import inspect
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -162,6 +163,25 @@ def read_config_record(run_dir: Path) -> dict[str, Any] | None:
 def is_complete(run_dir: Path) -> bool:
     """Whether a folder holds a finished run: its configuration, final metrics and checkpoint."""
     return all((Path(run_dir) / name).is_file() for name in ("config.yaml", "metrics.json", "checkpoint.pt"))
+
+
+def copy_finished_runs(source: Path, target: Path) -> list[str]:
+    """Copy every finished run folder of ``source`` (:func:`is_complete`) that ``target`` lacks; returns the
+    copied names. Unfinished folders (an interrupted run's checkpoint) and notebook-entry folders are left
+    behind: the copy holds only records a run of the same identity loads instead of training. A missing
+    ``source`` copies nothing (a fresh clone trains every run)."""
+    source, target = Path(source), Path(target)
+    if not source.is_dir():
+        return []
+    copied = []
+    for run_dir in sorted(source.iterdir()):
+        if run_dir.is_dir() and is_complete(run_dir) and not (target / run_dir.name).exists():
+            partial = target.parent / f".{target.name}-{run_dir.name}.copying"  # outside the study: never gathered
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(run_dir, partial, dirs_exist_ok=True)
+            partial.rename(target / run_dir.name)
+            copied.append(run_dir.name)
+    return copied
 
 
 def resume_command(run_dir: Path) -> str:

@@ -15,6 +15,12 @@ entry whose ``study_entry.json`` says ``complete`` with the same parameters is s
 plan resumes where it stopped; a failing notebook is recorded and the plan continues; the failures are
 listed at the end with the cell that failed.
 
+A plan may start from another study's runs: ``reuse_runs_of: default`` copies every finished run folder of
+``runs/default/`` that ``runs/<study>/`` lacks before the first entry (:func:`dmlstudy.runs.copy_finished_runs`),
+so a plan that adds seeds to the default study trains only the new ones. A run folder's name carries its
+identity hash and ``study`` is not part of the identity, so a copied folder is loaded only by a run of the
+same configuration; with ``--overwrite`` nothing is copied.
+
 Plans resume by default: ``resume=True`` is injected into every notebook that declares ``resume`` (unless
 the entry sets it), so an entry whose notebook was stopped continues its interrupted runs, and runs that
 finished are loaded, never retrained. ``overwrite`` (``dmlstudy study run --overwrite``) executes every
@@ -47,6 +53,7 @@ import pandas as pd
 from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_root, runs_root
 from dmlstudy.records import write_json
+from dmlstudy.runs import copy_finished_runs
 
 
 class PlanError(ValueError):
@@ -71,9 +78,7 @@ def _slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", text).strip("_")
 
 
-def load_plan(path: str | Path) -> list[PlanEntry]:
-    """Read a plan file and expand every entry's grid into :class:`PlanEntry` objects."""
-    path = Path(path)
+def _read_plan(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise PlanError(f"plan file not found: {path}")
     try:
@@ -82,6 +87,23 @@ def load_plan(path: str | Path) -> list[PlanEntry]:
         raise PlanError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(plan, dict) or not isinstance(plan.get("entries"), list):
         raise PlanError(f"{path}: expected a mapping with 'study' and a list of 'entries'")
+    return plan
+
+
+def reused_study(path: str | Path) -> str:
+    """The plan's ``reuse_runs_of``: another study whose finished run folders this one starts from ('' if none)."""
+    path = Path(path)
+    plan = _read_plan(path)
+    value = plan.get("reuse_runs_of") or ""
+    if not isinstance(value, str) or "/" in value or value == str(plan.get("study") or path.stem):
+        raise PlanError(f"{path}: 'reuse_runs_of' must name another study (a folder of runs/), got {value!r}")
+    return value
+
+
+def load_plan(path: str | Path) -> list[PlanEntry]:
+    """Read a plan file and expand every entry's grid into :class:`PlanEntry` objects."""
+    path = Path(path)
+    plan = _read_plan(path)
     study = str(plan.get("study") or path.stem)
     base = project_root()
     entries: list[PlanEntry] = []
@@ -244,6 +266,10 @@ def run_plan(
 
     root = Path(root) if root else runs_root()
     entries = [e for e in load_plan(plan) if re.search(only, e.run_name)] if only else load_plan(plan)
+    source = reused_study(plan)
+    if source and entries and not overwrite:
+        copied = copy_finished_runs(root / source, root / entries[0].study)
+        print(f"reuse_runs_of {source!r}: {len(copied)} finished run folders copied from {root / source}", flush=True)
     declared = {notebook: notebook_parameters(notebook) for notebook in {e.notebook for e in entries}}
     prepared = [
         (entry, injected_parameters(entry, declared[entry.notebook], root, overwrite=overwrite)) for entry in entries

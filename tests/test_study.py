@@ -86,6 +86,41 @@ def test_run_resumes_and_lists_failures(toy_notebooks, capsys):
     assert [o.status for o in again] == ["skipped", "skipped", "failed"]
 
 
+def test_a_plan_starts_from_the_finished_runs_of_the_study_it_reuses(toy_notebooks, capsys):
+    root = toy_notebooks / "runs"
+    for name, files in {
+        "synbirds-ms-seed0-aaaaaaaa": ("config.yaml", "metrics.json", "checkpoint.pt"),
+        "synbirds-ms-seed1-bbbbbbbb": ("config.yaml", "checkpoint.pt"),  # interrupted: no final metrics
+        "synbirds-ms-seed2-cccccccc": ("config.yaml", "metrics.json", "checkpoint.pt"),
+        "compare": ("study_entry.json",),  # a notebook entry, not a run
+    }.items():
+        (root / "default" / name).mkdir(parents=True)
+        for file in files:
+            (root / "default" / name / file).write_text("source")
+    (root / "s" / "synbirds-ms-seed2-cccccccc").mkdir(parents=True)
+    (root / "s" / "synbirds-ms-seed2-cccccccc" / "metrics.json").write_text("own")
+    plan = write_plan(
+        toy_notebooks,
+        f"study: s\nreuse_runs_of: default\nentries:\n  - name: ok\n    notebook: {toy_notebooks}/echo.ipynb\n",
+    )
+    assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete"]
+    assert sorted(p.name for p in (root / "s").iterdir()) == [
+        "ok",
+        "synbirds-ms-seed0-aaaaaaaa",
+        "synbirds-ms-seed2-cccccccc",
+    ]
+    assert (root / "s" / "synbirds-ms-seed0-aaaaaaaa" / "checkpoint.pt").read_text() == "source"
+    assert (root / "s" / "synbirds-ms-seed2-cccccccc" / "metrics.json").read_text() == "own"  # never replaced
+    assert "1 finished run folders copied" in capsys.readouterr().out
+    assert not list(root.glob(".*copying"))
+    run_plan(plan, root=root, progress=False, overwrite=True)
+    assert "copied" not in capsys.readouterr().out
+    for value in ("s", "a/b", "[default]"):
+        text = f"study: s\nreuse_runs_of: {value}\nentries:\n  - name: ok\n    notebook: {toy_notebooks}/echo.ipynb\n"
+        with pytest.raises(PlanError, match="'reuse_runs_of' must name another study"):
+            run_plan(write_plan(toy_notebooks, text), root=root)
+
+
 def test_tables_are_mean_and_std_over_seeds(tmp_path):
     rows = {"a": [0.5, 0.7, 0.6], "b": [0.2, 0.4, 0.3]}
     for method, values in rows.items():
@@ -108,7 +143,7 @@ def test_tables_are_mean_and_std_over_seeds(tmp_path):
     assert "60.0 ± 10.0" in md_path.read_text()
 
 
-def test_only_the_published_study_writes_the_repository_figures_and_results(tmp_path, monkeypatch):
+def test_only_the_published_studies_write_the_repository_figures_and_results(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
     from dmlstudy import plots
@@ -117,6 +152,7 @@ def test_only_the_published_study_writes_the_repository_figures_and_results(tmp_
     monkeypatch.setenv("DMLSTUDY_HOME", str(tmp_path))
     assert study_outputs("default", "figures") == tmp_path / "figures"
     assert study_outputs("default", "results") == tmp_path / "results"
+    assert study_outputs("headline10", "results") == tmp_path / "results" / "headline10"
     assert study_outputs("smoke", "figures") == tmp_path / "runs" / "smoke" / "figures"
     assert (
         study_outputs("smoke", "results", runs_root_override=tmp_path / "elsewhere")
