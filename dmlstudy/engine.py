@@ -164,7 +164,11 @@ def get_client(workers: int = 1):
     threads = int(os.environ.get(THREADS_VARIABLE) or 0)
     key = ("remote", address) if address else ("local", workers, threads)
     if _engine.get("key") == key and _engine["client"].status == "running":
-        return _engine["client"]
+        if address or _engine["cluster"] is None or _worker_count(_engine["client"]) == workers:
+            return _engine["client"]
+        print(
+            f"dmlstudy engine: the local cluster has lost workers ({_worker_count(_engine['client'])} of {workers}); starting a new one"
+        )
     if address:
         client = connect(address)  # before closing the current cluster: an unreachable address changes nothing
         shutdown()
@@ -179,6 +183,13 @@ def get_client(workers: int = 1):
         print(f"dmlstudy engine: local cluster of {workers} worker processes, dashboard {client.dashboard_link}")
     _engine.update(client=client, cluster=cluster, key=key)
     return client
+
+
+def _worker_count(client) -> int:
+    try:
+        return len(client.scheduler_info().get("workers", {}))
+    except Exception:  # a scheduler that no longer answers has no workers for us
+        return 0
 
 
 def shutdown() -> None:

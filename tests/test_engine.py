@@ -208,6 +208,21 @@ def test_local_workers_keep_glibcs_dynamic_malloc_thresholds():
     assert set(client.run(lambda: os.environ.get(engine.THREADS_VARIABLE)).values()) == {str(engine.available_cores())}
 
 
+def test_a_local_cluster_that_lost_its_workers_is_started_again(one_thread_tasks, capsys):
+    """A study once waited for ever on a local cluster whose two workers had both exited between two grids
+    (the scheduler had 'Lost all workers' and nothing restarted them): the next grid must get live workers."""
+    client = engine.get_client(1)
+    engine._engine["cluster"].scale(0)
+    deadline = time.monotonic() + 30
+    while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not client.scheduler_info()["workers"]
+    again = engine.get_client(1)
+    assert again is not client and len(again.scheduler_info()["workers"]) == 1
+    assert "lost workers (0 of 1)" in capsys.readouterr().out
+    assert again.submit(int, "7", pure=False).result(timeout=60) == 7
+
+
 def test_the_slurm_example_books_one_run_per_worker_and_a_gpu_per_job():
     import importlib.util
     from pathlib import Path
