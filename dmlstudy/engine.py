@@ -44,6 +44,7 @@ DEVICE_VARIABLE = "DMLSTUDY_DEVICE"  # the device resolve_device("auto") picks o
 THREADS_VARIABLE = "DMLSTUDY_TASK_THREADS"  # torch/faiss threads of each task on a worker
 CONNECT_SECONDS = 5  # how long to try an address before reporting it unreachable
 STOP_SECONDS = 60  # how long a cancelled task may take to reach its next training step before its worker restarts
+LOST_SECONDS = 60  # how long a grid waits on a local cluster with no worker left before it gives up
 # Dask's statistical profiler samples every running task's stack every 10 ms: CPU taken from the training
 # (benchmarks/README.md, "Execution engine"); the dashboard's profile tab stays empty without it.
 QUIET_WORKER = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
@@ -312,16 +313,27 @@ def run_tasks(
     }
     results, failures = {}, []
     bar = tqdm(total=len(futures), desc=what, leave=False, disable=not progress)
+    completed = as_completed(list(futures), loop=client.loop)
+    watched = _engine.get("client") is client and _engine.get("cluster") is not None  # a local cluster of ours
+    watch: dict[str, float] = {}
     try:
-        for future in as_completed(list(futures), loop=client.loop):
-            label = futures.pop(future)
-            if future.status == "finished":
-                results[label] = future.result()
-            else:
-                failures.append(f"{label} failed: {failure_line(future)}")
-            future.release()  # nothing on a worker holds results: a lost worker never forces recomputation
-            bar.set_postfix(done=len(results), running=_running(client, futures), failed=len(failures), refresh=False)
-            bar.update()
+        while not completed.is_empty():
+            if not completed.has_ready():
+                if watched:
+                    _check_workers_left(client, watch, what=what, left=len(futures))
+                time.sleep(0.1)
+                continue
+            for future in completed.next_batch(block=False):
+                label = futures.pop(future)
+                if future.status == "finished":
+                    results[label] = future.result()
+                else:
+                    failures.append(f"{label} failed: {failure_line(future)}")
+                future.release()  # nothing on a worker holds results: a lost worker never forces recomputation
+                bar.set_postfix(
+                    done=len(results), running=_running(client, futures), failed=len(failures), refresh=False
+                )
+                bar.update()
     finally:
         bar.close()
         stop_tasks(client, futures)  # interrupted: nothing of this grid goes on training behind the caller's back
@@ -330,6 +342,23 @@ def run_tasks(
             f"{len(failures)} of {len(submissions)} {what} failed (finished ones are kept):\n" + "\n".join(failures)
         )
     return results
+
+
+def _check_workers_left(client, watch: dict[str, float], *, what: str, left: int) -> None:
+    """Raise :class:`EngineError` once the engine's local cluster has had no worker for :data:`LOST_SECONDS`
+    (a nanny restarts a dead worker within seconds; both gone is a cluster that will not come back). ``watch``
+    holds when this grid last saw a worker and last looked; the scheduler is asked at most once a second."""
+    now = time.monotonic()
+    if now - watch.get("looked", float("-inf")) < 1.0:
+        return
+    watch["looked"] = now
+    if "seen" not in watch or _worker_count(client):
+        watch["seen"] = now
+    elif now - watch["seen"] > LOST_SECONDS:
+        raise EngineError(
+            f"the local cluster has had no worker for {LOST_SECONDS} s with {left} {what} unfinished (its worker "
+            "processes exited); finished ones are kept: run the same command again to resume on a new cluster"
+        )
 
 
 def stop_tasks(client, futures, *, timeout: float = STOP_SECONDS, poll_seconds: float = 0.05) -> None:

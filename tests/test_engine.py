@@ -223,6 +223,18 @@ def test_a_local_cluster_that_lost_its_workers_is_started_again(one_thread_tasks
     assert again.submit(int, "7", pure=False).result(timeout=60) == 7
 
 
+def test_a_grid_whose_local_workers_all_exited_stops_with_a_clear_error(one_thread_tasks, monkeypatch):
+    """Without the watch, a grid waits for ever on a cluster with no worker left (the headline10 study did)."""
+    monkeypatch.setattr(engine, "LOST_SECONDS", 2)
+    client = engine.get_client(1)
+    threading.Timer(1.0, engine._engine["cluster"].scale, args=(0,)).start()
+    started = time.monotonic()
+    with pytest.raises(engine.EngineError, match=r"no worker for 2 s with 1 naps unfinished.*run the same command"):
+        engine.run_tasks(client, [("nap", time.sleep, (60,), f"nap-{time.time_ns()}")], what="naps", progress=False)
+    assert time.monotonic() - started < 30
+    assert len(engine.get_client(1).scheduler_info()["workers"]) == 1  # the next grid gets a new cluster
+
+
 def test_the_slurm_example_books_one_run_per_worker_and_a_gpu_per_job():
     import importlib.util
     from pathlib import Path
