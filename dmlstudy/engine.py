@@ -165,18 +165,16 @@ def get_client(workers: int = 1):
     threads = int(os.environ.get(THREADS_VARIABLE) or 0)
     key = ("remote", address) if address else ("local", workers, threads)
     if _engine.get("key") == key and _engine["client"].status == "running":
-        if address or _engine["cluster"] is None or _worker_count(_engine["client"]) == workers:
+        alive = workers if address or _engine["cluster"] is None else _worker_count(_engine["client"])
+        if alive == workers:
             return _engine["client"]
-        print(
-            f"dmlstudy engine: the local cluster has lost workers ({_worker_count(_engine['client'])} of {workers}); starting a new one"
-        )
+        print(f"dmlstudy engine: the local cluster has lost workers ({alive} of {workers}); starting a new one")
     if address:
         client = connect(address)  # before closing the current cluster: an unreachable address changes nothing
         shutdown()
         cluster = None
         print(
-            f"dmlstudy engine: scheduler {address}, {len(client.scheduler_info().get('workers', {}))} workers, "
-            f"dashboard {client.dashboard_link}"
+            f"dmlstudy engine: scheduler {address}, {_worker_count(client)} workers, dashboard {client.dashboard_link}"
         )
     else:
         shutdown()

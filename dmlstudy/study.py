@@ -90,10 +90,8 @@ def _read_plan(path: Path) -> dict[str, Any]:
     return plan
 
 
-def reused_study(path: str | Path) -> str:
+def _reused_study(plan: dict[str, Any], path: Path) -> str:
     """The plan's ``reuse_runs_of``: another study whose finished run folders this one starts from ('' if none)."""
-    path = Path(path)
-    plan = _read_plan(path)
     value = plan.get("reuse_runs_of") or ""
     if not isinstance(value, str) or "/" in value or value == str(plan.get("study") or path.stem):
         raise PlanError(f"{path}: 'reuse_runs_of' must name another study (a folder of runs/), got {value!r}")
@@ -103,7 +101,10 @@ def reused_study(path: str | Path) -> str:
 def load_plan(path: str | Path) -> list[PlanEntry]:
     """Read a plan file and expand every entry's grid into :class:`PlanEntry` objects."""
     path = Path(path)
-    plan = _read_plan(path)
+    return _plan_entries(_read_plan(path), path)
+
+
+def _plan_entries(plan: dict[str, Any], path: Path) -> list[PlanEntry]:
     study = str(plan.get("study") or path.stem)
     base = project_root()
     entries: list[PlanEntry] = []
@@ -265,8 +266,9 @@ def run_plan(
     from papermill.exceptions import PapermillExecutionError
 
     root = Path(root) if root else runs_root()
-    entries = [e for e in load_plan(plan) if re.search(only, e.run_name)] if only else load_plan(plan)
-    source = reused_study(plan)
+    spec = _read_plan(Path(plan))
+    entries = [e for e in _plan_entries(spec, Path(plan)) if re.search(only, e.run_name)]
+    source = _reused_study(spec, Path(plan))
     if source and entries and not overwrite:
         copied = copy_finished_runs(root / source, root / entries[0].study)
         print(f"reuse_runs_of {source!r}: {len(copied)} finished run folders copied from {root / source}", flush=True)
