@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from dmlstudy import distributed, runs
@@ -46,6 +46,7 @@ from dmlstudy.data import (
     evaluation_protocol,
 )
 from dmlstudy.data.folds import fold_classes, split_by_classes
+from dmlstudy.data.loading import evaluation_batches, resolve_num_workers
 from dmlstudy.data.tensor_cache import (
     BatchAugmentedTrain,
     DifferentImageSizes,
@@ -292,8 +293,6 @@ def resolve_device(name: str) -> torch.device:
     """``auto``: the device the engine assigned to this worker process (``DMLSTUDY_DEVICE``, e.g. ``cuda:1``
     on a multi-GPU machine, see :mod:`dmlstudy.engine`), else CUDA when present, else the CPU."""
     if name == "auto":
-        import os  # local: keeps this function's edit in one place
-
         name = os.environ.get("DMLSTUDY_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {name!r} requested but CUDA is not available on this machine")
@@ -355,14 +354,6 @@ class EpochTaggedBatches(torch.utils.data.Sampler[list[tuple[int, int]]]):
 
 EVALUATION_MEMO_BYTES = 1 << 30  # evaluation splits whose transformed images fit in this are kept in memory
 _logger = logging.getLogger(__name__)
-
-
-def resolve_num_workers(num_workers: int) -> int:
-    """DataLoader workers of the file pipeline: ``num_workers``, or min(8, usable cores) for -1."""
-    if num_workers >= 0:
-        return num_workers
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(8, cores)
 
 
 def _tensor_splits(
@@ -489,27 +480,6 @@ def _as_input(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return images.contiguous(memory_format=torch.channels_last) if channels_last and images.ndim == 4 else images
 
 
-def _evaluation_batches(dataset, indices: np.ndarray, *, batch_size: int, device: torch.device, num_workers: int):
-    """Image batches of ``dataset[indices]`` on ``device``: slices of the cropped tensor, or a DataLoader over files."""
-    base, rows = dataset, indices
-    while isinstance(base, Subset):
-        rows, base = np.asarray(base.indices)[rows], base.dataset
-    if isinstance(base, EvaluationImages):
-        for start in range(0, len(rows), batch_size):
-            yield base.batch(torch.as_tensor(rows[start : start + batch_size], device=base.crops.device), device)
-        return
-    memoized = isinstance(base, ImageListDataset) and base.is_memoized
-    loader = DataLoader(
-        Subset(dataset, indices.tolist()),
-        batch_size=batch_size,
-        shuffle=False,
-        num_workers=0 if memoized else resolve_num_workers(num_workers),
-        pin_memory=device.type == "cuda",
-    )
-    for images, _ in loader:
-        yield images.to(device, non_blocking=True)
-
-
 @torch.no_grad()
 def embed(
     method: Method,
@@ -536,7 +506,7 @@ def embed(
     chunks = []
     with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         for images in tqdm(
-            _evaluation_batches(dataset, shard, batch_size=batch_size, device=device, num_workers=num_workers),
+            evaluation_batches(dataset, shard, batch_size=batch_size, device=device, num_workers=num_workers),
             desc=f"embedding {len(shard)} images",
             total=-(-len(shard) // batch_size),
             unit="batch",

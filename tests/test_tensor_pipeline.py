@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from torch.utils.data import Subset
 from torchvision.transforms.v2 import functional as TF
 
 from dmlstudy.data import build_dataset, build_transforms
@@ -21,6 +22,7 @@ from dmlstudy.data.batch_transforms import (
     random_resized_crop_boxes,
     sample_uniforms,
 )
+from dmlstudy.data.loading import evaluation_batches
 from dmlstudy.data.tensor_cache import (
     CACHE_FOLDER,
     BatchAugmentedTrain,
@@ -168,6 +170,22 @@ def test_evaluation_view_matches_the_test_transform(tiny_data_root):
         assert (view[index][0] - reference).abs().mean() < 0.03  # ≈ 2 intensity levels of resampling difference
     torch.testing.assert_close(view.batch(slice(0, 3), "cpu"), torch.stack([view[i][0] for i in range(3)]))
     torch.testing.assert_close(normalize_batch(images[:1]), normalize_batch(images[:1].float()))
+
+
+def test_evaluation_batches_read_either_pipeline_in_the_order_asked(tiny_data_root):
+    """The one batching path of every embedding pass (train.embed, DIML's grid embeddings): a Subset of the
+    tensor view is unwrapped to rows of the cropped tensor, a file split goes through a DataLoader."""
+    split = build_dataset("cub200", tiny_data_root / "cub200", "test")
+    view = EvaluationImages(
+        TensorImageSplit(split, torch.from_numpy(cached_images(split, tiny_data_root / "cub200"))), 40
+    )
+    rows = [1, 2, 3, 4, 5, 6, 7]
+    indices = np.array([5, 0, 3, 4, 1])  # unsorted, across batch boundaries
+    from_tensor = torch.cat(list(evaluation_batches(Subset(view, rows), indices, batch_size=2, device="cpu")))
+    torch.testing.assert_close(from_tensor, torch.stack([view[rows[i]][0] for i in indices]))
+    split.transform = build_transforms(40, train=False)
+    from_files = torch.cat(list(evaluation_batches(split, indices, batch_size=2, device="cpu")))
+    torch.testing.assert_close(from_files, torch.stack([split[i][0] for i in indices]))
 
 
 def test_cache_is_reused_without_decoding(tiny_data_root, monkeypatch):

@@ -64,6 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmlstudy import metrics as metric_functions
+from dmlstudy.data.loading import evaluation_batches
 from dmlstudy.losses import multi_similarity_loss
 from dmlstudy.methods.base import EVAL_BATCH_SIZE, Method, global_pool, register_method
 from dmlstudy.models import Backbone
@@ -530,14 +531,12 @@ def embed_grid_dataset(
     device: torch.device | str = "cpu",
 ) -> GridEmbeddings:
     """Global and local embeddings of every image of ``dataset`` (in order), one backbone pass per batch."""
-    from torch.utils.data import DataLoader
-
     backbone, _, _ = _embedding_layer(method)
     was_training = method.training
     method.eval()
     globals_, locals_ = [], {g: [] for g in grid_sizes}
-    for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        global_, local = embed_feature_map(method, backbone(images.to(device)), grid_sizes=grid_sizes)
+    for images in evaluation_batches(dataset, np.arange(len(dataset)), batch_size=batch_size, device=device):
+        global_, local = embed_feature_map(method, backbone(images), grid_sizes=grid_sizes)
         globals_.append(global_.float().cpu())
         for g in grid_sizes:
             locals_[g].append(local[g].float().cpu())
