@@ -71,6 +71,7 @@ lr: float = 0.004  # backbone/embedding learning rate
 eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
 validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
 patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
+autocast: str = 'auto'  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
 tuned: str = ''  # folder of tuned values (plans/tuned, written by `make tune`): each row's learning rates and hyperparameters; "" ＝ defaults
 progress: bool = False  # tqdm bars inside the notebook
 workers: int = 1  # runs trained at once, each in its own process with cores // workers threads

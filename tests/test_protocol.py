@@ -136,3 +136,17 @@ def test_a_regime_sets_the_start_and_schedule_of_every_run_and_keeps_scratch_fol
         ProtocolConfig(regime="imagenet")
     with pytest.raises(ValueError, match="loads weights of backbone 'dml_convnet'.*'resnet18'"):
         ProtocolConfig(regime="pretrained", backbone="resnet18")
+
+
+def test_the_protocol_sets_the_precision_of_every_run_and_refuses_an_unknown_one():
+    from dmlstudy.experiments.protocol import ProtocolConfig
+
+    def config(**protocol):
+        return ProtocolConfig(**protocol).train_config(dataset="synbirds", method="ms", seed=0, name="ms")
+
+    assert config().autocast == "auto"
+    bf16 = config(autocast="bf16")
+    assert bf16.autocast == "bf16"
+    assert bf16.run_dir != config().run_dir  # a bf16 study never reuses the float32 runs of the same plan
+    with pytest.raises(ValueError, match="parameter 'autocast' must be one of .*'fp16'"):
+        ProtocolConfig(autocast="fp16")

@@ -22,7 +22,7 @@ from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exp
 from dmlstudy.regimes import REGIMES, regime, regime_overrides
 from dmlstudy.search_space import merged
 from dmlstudy.study import summarize
-from dmlstudy.train import RunResult, TrainConfig, best_epoch_censored, is_complete, load_datasets, run
+from dmlstudy.train import AUTOCAST_MODES, RunResult, TrainConfig, best_epoch_censored, is_complete, load_datasets, run
 
 
 @dataclass
@@ -48,12 +48,15 @@ class ProtocolConfig(TypedConfig):
     eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
     validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
     patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
+    autocast: str = "auto"  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
     tuned: str = ""  # folder of tuned values (plans/tuned, written by `make tune`): each row's learning rates and hyperparameters; "" = defaults
     progress: bool = False  # tqdm bars inside the notebook
     workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.autocast not in AUTOCAST_MODES:
+            raise ValueError(f"parameter 'autocast' must be one of {list(AUTOCAST_MODES)}, got {self.autocast!r}")
         regime(self.regime, backbone=self.backbone)  # an unknown regime or a backbone its weights do not fit
 
     def protocol_text(self) -> str:
@@ -122,6 +125,7 @@ class ProtocolConfig(TypedConfig):
             eval_every=self.eval_every,
             validation_folds=self.validation_folds,
             patience=self.patience,
+            autocast=self.autocast,
             seed=seed,
             run_name=("" if self.regime == "scratch" else f"{self.regime}-") + f"{dataset}-{name}-seed{seed}",
             resume=True,
