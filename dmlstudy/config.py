@@ -40,6 +40,12 @@ class TypedConfig:
                     f"parameter {spec.name!r} must be of type {expected.__name__}, got {type(value).__name__} {value!r}"
                 )
 
+    def check_choice(self, name: str, choices: typing.Sequence[str]) -> None:
+        """Field ``name`` must be one of ``choices`` (the error names the parameter and lists them)."""
+        value = getattr(self, name)
+        if value not in choices:
+            raise ValueError(f"parameter {name!r} must be one of {list(choices)}, got {value!r}")
+
     @classmethod
     def field_names(cls) -> list[str]:
         return [spec.name for spec in dataclasses.fields(cls)]

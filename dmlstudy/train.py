@@ -196,12 +196,8 @@ class TrainConfig(TypedConfig):
 
     def validate_speed_fields(self) -> None:
         """Ranges of the input-pipeline and compute fields (issue 15)."""
-        if self.input_pipeline not in INPUT_PIPELINES:
-            raise ValueError(
-                f"parameter 'input_pipeline' must be one of {list(INPUT_PIPELINES)}, got {self.input_pipeline!r}"
-            )
-        if self.autocast not in AUTOCAST_MODES:
-            raise ValueError(f"parameter 'autocast' must be one of {list(AUTOCAST_MODES)}, got {self.autocast!r}")
+        self.check_choice("input_pipeline", INPUT_PIPELINES)
+        self.check_choice("autocast", AUTOCAST_MODES)
         if self.num_workers < -1:
             raise ValueError(f"parameter 'num_workers' must be -1 (automatic) or >= 0, got {self.num_workers}")
         if not self.tensor_budget_gib >= 0:

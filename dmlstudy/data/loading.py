@@ -30,8 +30,8 @@ def evaluation_batches(
     dataset, indices: np.ndarray, *, batch_size: int, device: torch.device | str, num_workers: int = 0
 ) -> Iterator[torch.Tensor]:
     """Image batches of ``dataset[indices]`` on ``device``, in order: slices of the cropped tensor, or a DataLoader over files."""
-    device = torch.device(device)
-    base, rows = dataset, np.asarray(indices)
+    device, indices = torch.device(device), np.asarray(indices)
+    base, rows = dataset, indices
     while isinstance(base, Subset):
         rows, base = np.asarray(base.indices)[rows], base.dataset
     if isinstance(base, EvaluationImages):
@@ -40,7 +40,7 @@ def evaluation_batches(
         return
     memoized = isinstance(base, ImageListDataset) and base.is_memoized
     loader = DataLoader(
-        Subset(dataset, np.asarray(indices).tolist()),
+        Subset(dataset, indices.tolist()),
         batch_size=batch_size,
         shuffle=False,
         num_workers=0 if memoized else resolve_num_workers(num_workers),

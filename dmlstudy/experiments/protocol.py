@@ -55,8 +55,7 @@ class ProtocolConfig(TypedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.autocast not in AUTOCAST_MODES:
-            raise ValueError(f"parameter 'autocast' must be one of {list(AUTOCAST_MODES)}, got {self.autocast!r}")
+        self.check_choice("autocast", AUTOCAST_MODES)
         regime(self.regime, backbone=self.backbone)  # an unknown regime or a backbone its weights do not fit
 
     def protocol_text(self) -> str:
