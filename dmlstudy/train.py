@@ -149,10 +149,8 @@ class TrainConfig(TypedConfig):
                 raise ValueError(f"parameter {name!r} must be positive, got {getattr(self, name)}")
         if self.samples_per_class < 2:
             raise ValueError("parameter 'samples_per_class' must be ≥ 2: pair losses need a positive per anchor")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"parameter 'optimizer' must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.lr_schedule not in SCHEDULES:
-            raise ValueError(f"parameter 'lr_schedule' must be one of {sorted(SCHEDULES)}, got {self.lr_schedule!r}")
+        self.check_choice("optimizer", sorted(OPTIMIZERS))
+        self.check_choice("lr_schedule", sorted(SCHEDULES))
         if not is_device_name(self.device):
             raise ValueError(f"parameter 'device' must be auto, cpu or cuda[:i], got {self.device!r}")
         self.validate_speed_fields()

@@ -316,8 +316,7 @@ class TuneConfig(TypedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.pruner not in PRUNERS:
-            raise ValueError(f"parameter 'pruner' must be one of {sorted(PRUNERS)}, got {self.pruner!r}")
+        self.check_choice("pruner", sorted(PRUNERS))
         if self.validation_folds < 2:
             raise ValueError(
                 f"parameter 'validation_folds' must be ≥ 2: trials are scored on validation classes, got {self.validation_folds}"

@@ -88,7 +88,8 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_config, tmp_path):
         ("progress", 1, "parameter 'progress' must be of type bool"),
         ("method_kwargs", [1], "parameter 'method_kwargs' must be of type dict"),
         ("samples_per_class", 1, "samples_per_class"),
-        ("optimizer", "adagrad", "optimizer"),
+        ("optimizer", "adagrad", r"parameter 'optimizer' must be one of \['adam', 'adamw', 'sgd'\], got 'adagrad'"),
+        ("lr_schedule", "step", r"parameter 'lr_schedule' must be one of \['constant', 'cosine'\], got 'step'"),
     ],
 )
 def test_bad_parameters_are_named(name, value, message):

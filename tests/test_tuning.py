@@ -18,6 +18,7 @@ from dmlstudy.config import load_yaml
 from dmlstudy.methods import search_space
 from dmlstudy.train import TrainConfig, build_model
 from dmlstudy.tuning import (
+    TuneConfig,
     TunedValuesError,
     best_so_far,
     finished_trials,
@@ -201,6 +202,20 @@ def _leaves(overrides: dict, space) -> dict:
             node = node[part]
         values[key] = node
     return values
+
+
+@pytest.mark.parametrize(
+    "name,value,message",
+    [
+        ("pruner", "hyperband", r"parameter 'pruner' must be one of \['halving', 'median', 'none'\], got 'hyperband'"),
+        ("validation_folds", 0, r"parameter 'validation_folds' must be ≥ 2: trials are scored on validation classes"),
+        ("trials", 0, r"parameters 'trials' and 'workers' must be ≥ 1"),
+        ("rows", ["ms", "msx"], r"parameter 'rows': unknown rows \['msx'\]; valid: \[.*'ms'"),
+    ],
+)
+def test_a_tuning_plan_with_a_bad_value_names_the_parameter(name, value, message):
+    with pytest.raises(ValueError, match=message):
+        TuneConfig(**{name: value})
 
 
 def test_the_softmax_row_keeps_its_variants_switched_off_parts():
