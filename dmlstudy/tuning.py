@@ -369,6 +369,11 @@ class RowResult:
     seconds: float
 
 
+def trial_values(study: optuna.Study) -> list[float | None]:
+    """Per trial number, the objective of a complete trial and None for a pruned, failed or running one."""
+    return [t.value if t.state == optuna.trial.TrialState.COMPLETE else None for t in study.trials]
+
+
 def tune_row(config: TuneConfig, dataset: str, row: str, *, poll_seconds: float = 1.0) -> RowResult:
     """Tune ``row`` on ``dataset`` (resuming its journal), trial 0 at the paper defaults."""
     started = time.perf_counter()
@@ -390,14 +395,13 @@ def tune_row(config: TuneConfig, dataset: str, row: str, *, poll_seconds: float 
         errors = {t.user_attrs.get("error", "") for t in study.trials} - {""}
         raise RuntimeError(f"tuning {row} on {dataset}: no trial completed; errors: {sorted(errors) or 'none'}")
     best = max(complete, key=lambda t: t.value)
-    values = [t.value if t.state == optuna.trial.TrialState.COMPLETE else None for t in study.trials]
     return RowResult(
         dataset=dataset,
         row=row,
         overrides=search.nested(best.params),
         value=float(best.value),
         trials=finished_trials(study),
-        values=values,
+        values=trial_values(study),
         seconds=time.perf_counter() - started,
     )
 
@@ -540,6 +544,17 @@ def best_so_far(values: list[float | None]) -> list[float]:
         best = max(best, value) if value is not None else best
         curve.append(best if best > -math.inf else math.nan)
     return curve
+
+
+def trials_to_plateau(values: list[float | None], tolerance: float) -> int:
+    """The fewest trials whose best-so-far value is within ``tolerance`` of the best of all ``values`` (0 when no
+    trial completed): how many trials of this budget the row needed (``benchmarks/tune_plateau.yaml`` states the
+    rule that uses it)."""
+    curve = best_so_far(values)
+    final = curve[-1] if curve else math.nan
+    if math.isnan(final):
+        return 0
+    return next(count for count, best in enumerate(curve, start=1) if best >= final - tolerance)
 
 
 def plot_best_so_far(values: dict[tuple[str, str], list[float | None]]):

@@ -28,6 +28,7 @@ from dmlstudy.tuning import (
     row_sampler,
     row_spec,
     trial_config,
+    trials_to_plateau,
     tune,
     tune_row,
     tuned_overrides,
@@ -224,6 +225,14 @@ def test_the_softmax_row_keeps_its_variants_switched_off_parts():
     assert overrides["method"] == "dgcrl"
     assert overrides["method_kwargs"] == {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}
     assert set(overrides) == {"method", "method_kwargs", "lr", "head_lr"}
+
+
+def test_trials_to_plateau_counts_the_trials_whose_best_is_within_tolerance_of_the_last_best():
+    values = [0.40, None, 0.43, 0.41, 0.446, None, 0.449]  # best so far: .40 .40 .43 .43 .446 .446 .449
+    assert trials_to_plateau(values, tolerance=0.005) == 5  # .446 ≥ .449 − .005 first at the fifth trial
+    assert trials_to_plateau(values, tolerance=0.02) == 3
+    assert trials_to_plateau(values, tolerance=0.0) == 7
+    assert trials_to_plateau([None, None], tolerance=0.005) == 0
 
 
 def test_search_space_primitives_reject_paper_values_outside_their_range():
