@@ -9,23 +9,44 @@ order), the gain of the second half of the budget, the trials to a plateau (:fun
 trials_to_plateau`), complete and pruned trials, the trials' summed training seconds, and the value the committed
 ``plans/tuned/<dataset>.yaml`` chose (the study's 4-trial budget) for comparison. It saves the best-so-far figure
 next to the journals (``<runs>/<plan name>/best_so_far.png``). Results go to ``benchmarks/README.md``.
+
+Noise yardstick (``--seed-runs``, default ``runs/default``, the default study's runs when present): a trial's value
+is the best validation R@1 of one seed, so a best-so-far curve creeps up by chance alone. For each row the
+script takes the standard deviation over seeds of the best validation R@1 of the study's scratch runs of that row
+(``<dataset>-<row>-seed<s>-…``: the tuned values, trained on the same folds as a trial) and prints the gain the
+second half of the budget would show if every trial had the same expected value: ``sd · (E[max of n] − E[max of
+m])`` for ``n`` complete trials in all and ``m`` in the first half (expected maxima of standard normal samples).
+
+Confirmation (``--confirm-seeds 1 2 3 4``): a best-so-far value is a maximum over noisy single-seed trials, so it
+overstates its configuration (the winner's curse). For every row whose best trial of the whole budget is not its
+best of the first 4 (the study's budget), both configurations train again with each of the given seeds — fresh
+seeds, not seed 0 that chose them — on the same folds, through the engine, and the paired difference of their
+best validation R@1 is judged by the study's rule (:func:`dmlstudy.experiments.kit.judge`: 95 % t-interval,
+±1 point equivalence margin). Still validation classes only: no test image is read.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pandas as pd
 
+from dmlstudy import engine
 from dmlstudy.config import load_yaml
+from dmlstudy.experiments.kit import judge
 from dmlstudy.tuning import (
     OBJECTIVE,
     best_so_far,
     load_tune_config,
     open_storage,
     plot_best_so_far,
+    row_sampler,
+    trial_config,
     trial_values,
     trials_to_plateau,
     tuned_file,
@@ -38,14 +59,93 @@ def committed_value(dataset: str, row: str) -> float | None:
     return rows.get(row, {}).get(OBJECTIVE)
 
 
+def seed_spread(runs: Path, dataset: str, row: str) -> float | None:
+    """Sd over seeds of the best validation R@1 of the scratch runs ``<dataset>-<row>-seed<s>-<digest>``."""
+    pattern = re.compile(rf"{re.escape(dataset)}-{re.escape(row)}-seed\d+-[0-9a-f]{{8}}")
+    values = [
+        pd.read_csv(history)[OBJECTIVE].max()
+        for history in sorted(runs.glob(f"{dataset}-{row}-seed*/history.csv"))
+        if pattern.fullmatch(history.parent.name)
+    ]
+    return float(np.std(values, ddof=1)) if len(values) >= 3 else None
+
+
+def expected_maximum(count: int) -> float:
+    """E[max of ``count`` independent standard normal samples] (0 for one sample), by quadrature."""
+    if count <= 1:
+        return 0.0
+    from scipy.stats import norm
+
+    x = np.linspace(-8.0, 8.0, 16001)
+    density = count * norm.pdf(x) * norm.cdf(x) ** (count - 1)
+    return float(np.trapezoid(x * density, x))
+
+
+def best_trial(study: optuna.Study, first: int | None = None) -> optuna.trial.FrozenTrial:
+    """The complete trial with the highest value (among the first ``first`` trial numbers, if given)."""
+    complete = [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if first is None or trial.number < first
+    ]
+    return max(complete, key=lambda trial: trial.value)
+
+
+def confirm(config, studies: dict[tuple[str, str], optuna.Study], seeds: list[int]) -> pd.DataFrame:
+    """Train each changed row's 4-trial and whole-budget choices with ``seeds`` and judge the paired difference."""
+    runs, pairs = {}, {}
+    for (dataset, row), study in studies.items():
+        early, late = best_trial(study, first=4), best_trial(study)
+        if early.number == late.number:
+            continue
+        pairs[(dataset, row)] = (early, late)
+        for trial in (early, late):
+            overrides = row_sampler(row)(optuna.trial.FixedTrial(trial.params))
+            for seed in seeds:
+                base = dataclasses.replace(config.base_config(dataset), seed=seed)
+                runs[(dataset, row, trial.number, seed)] = trial_config(
+                    base, overrides, f"{dataset}-{row}-trial{trial.number}-seed{seed}"
+                )
+    client = engine.get_client(config.workers)
+    metrics = engine.run_tasks(
+        client,
+        [(key, engine.train_task, (engine.task_values(run),), engine.run_task_key(run)) for key, run in runs.items()],
+        what="confirmation runs",
+    )
+    table = []
+    for (dataset, row), (early, late) in pairs.items():
+        late_values = [metrics[(dataset, row, late.number, seed)][OBJECTIVE] for seed in seeds]
+        early_values = [metrics[(dataset, row, early.number, seed)][OBJECTIVE] for seed in seeds]
+        verdict = judge([100 * (a - b) for a, b in zip(late_values, early_values)])
+        table.append(
+            {
+                "dataset": dataset,
+                "row": row,
+                "4-trial choice": f"trial {early.number}: {early.value:.3f}",
+                "budget choice": f"trial {late.number}: {late.value:.3f}",
+                "seeds": " ".join(map(str, seeds)),
+                "4-trial mean": np.mean(early_values),
+                "budget mean": np.mean(late_values),
+                "Δ points": verdict.mean,
+                "CI low": verdict.low,
+                "CI high": verdict.high,
+                "verdict": verdict.outcome,
+                "seeds to decide": verdict.seeds_to_decide,
+            }
+        )
+    return pd.DataFrame(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", default="benchmarks/tune_plateau.yaml")
     parser.add_argument("--tolerance", type=float, default=0.005, help="validation R@1 (0.005 = 0.5 points)")
+    parser.add_argument("--seed-runs", default="runs/default", help="a study's runs folder for the seed spread")
+    parser.add_argument("--confirm-seeds", type=int, nargs="*", default=[], help="retrain changed choices with these")
     args = parser.parse_args()
     config = load_tune_config(args.plan)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    table, curves = [], {}
+    table, curves, studies = [], {}, {}
     for dataset in config.datasets:
         base = config.base_config(dataset)
         for row in config.rows:
@@ -58,11 +158,20 @@ def main() -> None:
             curve = best_so_far(values)
             curves[(dataset, row)] = values
             half, finished = config.trials // 2, len(values) >= config.trials
+            if finished:
+                studies[(dataset, row)] = study
             states = [trial.state for trial in study.trials]
             seconds = sum(
                 (trial.datetime_complete - trial.datetime_start).total_seconds()
                 for trial in study.trials
                 if trial.datetime_complete and trial.datetime_start
+            )
+            complete = [value is not None for value in values]
+            spread = seed_spread(Path(args.seed_runs), dataset, row)
+            chance = (
+                spread * (expected_maximum(sum(complete)) - expected_maximum(sum(complete[:half])))
+                if spread is not None and finished
+                else None
             )
             table.append(
                 {
@@ -75,6 +184,8 @@ def main() -> None:
                     "second-half gain": curve[-1] - curve[half - 1] if finished else None,
                     "plateaued": (curve[-1] - curve[half - 1] < args.tolerance) if finished else "unfinished",
                     "trials to plateau": trials_to_plateau(values, args.tolerance) if finished else None,
+                    "seed sd": spread,
+                    "chance gain": chance,
                     "complete": states.count(optuna.trial.TrialState.COMPLETE),
                     "pruned": states.count(optuna.trial.TrialState.PRUNED),
                     "trial seconds": round(seconds),
@@ -88,6 +199,8 @@ def main() -> None:
         path = Path(base.run_dir.parent) / "best_so_far.png"
         figure.savefig(path, dpi=120, bbox_inches="tight")
         print(f"figure: {path}")
+    if args.confirm_seeds and studies:
+        print(confirm(config, studies, args.confirm_seeds).to_markdown(index=False, floatfmt=".3f"))
 
 
 if __name__ == "__main__":
