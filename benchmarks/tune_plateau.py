@@ -8,7 +8,8 @@ Per dataset × row it prints the best validation R@1 after 4, 8 and all trials (
 order), the gain of the second half of the budget, the trials to a plateau (:func:`dmlstudy.tuning.
 trials_to_plateau`), complete and pruned trials, the trials' summed training seconds, and the value the committed
 ``plans/tuned/<dataset>.yaml`` chose (the study's 4-trial budget) for comparison. It saves the best-so-far figure
-next to the journals (``<runs>/<plan name>/best_so_far.png``). Results go to ``benchmarks/README.md``.
+next to the journals (``<runs>/<plan name>/best_so_far.png``, or ``--figure``). Results go to
+``benchmarks/README.md`` and ``benchmarks/tune_plateau.png``.
 
 Noise yardstick (``--seed-runs``, default ``runs/default``, the default study's runs when present): a trial's value
 is the best validation R@1 of one seed, so a best-so-far curve creeps up by chance alone. For each row the
@@ -19,10 +20,11 @@ m])`` for ``n`` complete trials in all and ``m`` in the first half (expected max
 
 Confirmation (``--confirm-seeds 1 2 3 4``): a best-so-far value is a maximum over noisy single-seed trials, so it
 overstates its configuration (the winner's curse). For every row whose best trial of the whole budget is not its
-best of the first 4 (the study's budget), both configurations train again with each of the given seeds — fresh
-seeds, not seed 0 that chose them — on the same folds, through the engine, and the paired difference of their
-best validation R@1 is judged by the study's rule (:func:`dmlstudy.experiments.kit.judge`: 95 % t-interval,
-±1 point equivalence margin). Still validation classes only: no test image is read.
+best of the first 4 (the study's budget), both configurations and the committed ``plans/tuned/`` values train
+again with each of the given seeds — fresh seeds, not seed 0 that chose them — on the same folds, through the
+engine. The paired differences of the budget choice's best validation R@1 from each of the other two are judged
+by the study's rule (:func:`dmlstudy.experiments.kit.judge`: 95 % t-interval, ±1 point equivalence margin).
+Still validation classes only: no test image is read.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import pandas as pd
 from dmlstudy import engine
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments.kit import judge
+from dmlstudy.search_space import merged
 from dmlstudy.tuning import (
     OBJECTIVE,
     best_so_far,
@@ -46,10 +49,12 @@ from dmlstudy.tuning import (
     open_storage,
     plot_best_so_far,
     row_sampler,
+    row_spec,
     trial_config,
     trial_values,
     trials_to_plateau,
     tuned_file,
+    tuned_overrides,
 )
 
 
@@ -91,32 +96,47 @@ def best_trial(study: optuna.Study, first: int | None = None) -> optuna.trial.Fr
     return max(complete, key=lambda trial: trial.value)
 
 
-def confirm(config, studies: dict[tuple[str, str], optuna.Study], seeds: list[int]) -> pd.DataFrame:
-    """Train each changed row's 4-trial and whole-budget choices with ``seeds`` and judge the paired difference."""
-    runs, pairs = {}, {}
+def confirm(
+    config, studies: dict[tuple[str, str], optuna.Study], seeds: list[int], committed: str = "plans/tuned"
+) -> pd.DataFrame:
+    """Train each changed row's 4-trial choice, whole-budget choice and committed values (``committed``: the
+    tuned-values folder the study read) with ``seeds``; judge the budget choice against the other two, paired."""
+    runs, arms = {}, {}
     for (dataset, row), study in studies.items():
         early, late = best_trial(study, first=4), best_trial(study)
         if early.number == late.number:
             continue
-        pairs[(dataset, row)] = (early, late)
-        for trial in (early, late):
-            overrides = row_sampler(row)(optuna.trial.FixedTrial(trial.params))
+        arms[(dataset, row)] = (early, late)
+        choices = {
+            "early": row_sampler(row)(optuna.trial.FixedTrial(early.params)),
+            "late": row_sampler(row)(optuna.trial.FixedTrial(late.params)),
+            "committed": merged(row_spec(row), tuned_overrides(committed, dataset, row)),
+        }
+        names = {"early": f"trial{early.number}", "late": f"trial{late.number}", "committed": "committed"}
+        if choices["committed"] == choices["early"]:
+            names["committed"] = names["early"]  # the same values: the same runs
+        for arm, overrides in choices.items():
             for seed in seeds:
                 base = dataclasses.replace(config.base_config(dataset), seed=seed)
-                runs[(dataset, row, trial.number, seed)] = trial_config(
-                    base, overrides, f"{dataset}-{row}-trial{trial.number}-seed{seed}"
+                runs[(dataset, row, arm, seed)] = trial_config(
+                    base, overrides, f"{dataset}-{row}-{names[arm]}-seed{seed}"
                 )
     client = engine.get_client(config.workers)
+    unique = {engine.run_task_key(run): run for run in runs.values()}
     metrics = engine.run_tasks(
         client,
-        [(key, engine.train_task, (engine.task_values(run),), engine.run_task_key(run)) for key, run in runs.items()],
+        [(key, engine.train_task, (engine.task_values(run),), key) for key, run in unique.items()],
         what="confirmation runs",
     )
     table = []
-    for (dataset, row), (early, late) in pairs.items():
-        late_values = [metrics[(dataset, row, late.number, seed)][OBJECTIVE] for seed in seeds]
-        early_values = [metrics[(dataset, row, early.number, seed)][OBJECTIVE] for seed in seeds]
-        verdict = judge([100 * (a - b) for a, b in zip(late_values, early_values)])
+    for (dataset, row), (early, late) in arms.items():
+        values = {
+            arm: [metrics[engine.run_task_key(runs[(dataset, row, arm, seed)])][OBJECTIVE] for seed in seeds]
+            for arm in ("early", "late", "committed")
+        }
+        versus = {
+            arm: judge([100 * (a - b) for a, b in zip(values["late"], values[arm])]) for arm in ("early", "committed")
+        }
         table.append(
             {
                 "dataset": dataset,
@@ -124,13 +144,19 @@ def confirm(config, studies: dict[tuple[str, str], optuna.Study], seeds: list[in
                 "4-trial choice": f"trial {early.number}: {early.value:.3f}",
                 "budget choice": f"trial {late.number}: {late.value:.3f}",
                 "seeds": " ".join(map(str, seeds)),
-                "4-trial mean": np.mean(early_values),
-                "budget mean": np.mean(late_values),
-                "Δ points": verdict.mean,
-                "CI low": verdict.low,
-                "CI high": verdict.high,
-                "verdict": verdict.outcome,
-                "seeds to decide": verdict.seeds_to_decide,
+                "4-trial mean": np.mean(values["early"]),
+                "committed mean": np.mean(values["committed"]),
+                "budget mean": np.mean(values["late"]),
+                **{
+                    f"{label}: {column}": value
+                    for arm, label in (("early", "vs 4-trial"), ("committed", "vs committed"))
+                    for column, value in (
+                        ("Δ", versus[arm].mean),
+                        ("CI", f"{versus[arm].low:.1f} … {versus[arm].high:.1f}"),
+                        ("verdict", versus[arm].outcome),
+                        ("seeds to decide", versus[arm].seeds_to_decide),
+                    )
+                },
             }
         )
     return pd.DataFrame(table)
@@ -141,6 +167,7 @@ def main() -> None:
     parser.add_argument("--plan", default="benchmarks/tune_plateau.yaml")
     parser.add_argument("--tolerance", type=float, default=0.005, help="validation R@1 (0.005 = 0.5 points)")
     parser.add_argument("--seed-runs", default="runs/default", help="a study's runs folder for the seed spread")
+    parser.add_argument("--figure", default="", help="best-so-far figure [default: <runs>/<plan name>/best_so_far.png]")
     parser.add_argument("--confirm-seeds", type=int, nargs="*", default=[], help="retrain changed choices with these")
     args = parser.parse_args()
     config = load_tune_config(args.plan)
@@ -196,7 +223,7 @@ def main() -> None:
     print(frame.to_markdown(index=False, floatfmt=".3f"))
     if curves:
         figure = plot_best_so_far(curves)
-        path = Path(base.run_dir.parent) / "best_so_far.png"
+        path = Path(args.figure) if args.figure else Path(base.run_dir.parent) / "best_so_far.png"
         figure.savefig(path, dpi=120, bbox_inches="tight")
         print(f"figure: {path}")
     if args.confirm_seeds and studies:

@@ -558,15 +558,15 @@ def trials_to_plateau(values: list[float | None], tolerance: float) -> int:
 
 
 def plot_best_so_far(values: dict[tuple[str, str], list[float | None]]):
-    """Best-so-far validation R@1 against trial number, one line per row, one panel per dataset: a flat end says
-    the row's search has plateaued."""
+    """Best-so-far validation R@1 against trial number, one line per row, one panel per dataset on its own
+    scale: a flat end says the row's search has plateaued."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     datasets = list(dict.fromkeys(dataset for dataset, _ in values))
     rows = list(dict.fromkeys(row for _, row in values))
     colours = {row: plt.get_cmap("tab20")(index % 20) for index, row in enumerate(rows)}  # one colour per row
-    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False, sharey=True)
+    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False, sharey=False)
     for axis, dataset in zip(axes[0], datasets):
         for (name, row), row_values in values.items():
             if name == dataset:
