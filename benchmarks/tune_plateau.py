@@ -24,7 +24,8 @@ best of the first 4 (the study's budget), both configurations and the committed 
 again with each of the given seeds — fresh seeds, not seed 0 that chose them — on the same folds, through the
 engine. The paired differences of the budget choice's best validation R@1 from each of the other two are judged
 by the study's rule (:func:`dmlstudy.experiments.kit.judge`: 95 % t-interval, ±1 point equivalence margin).
-Still validation classes only: no test image is read.
+``--confirm-rows glyphs:softmax …`` restricts the confirmation to those rows. Still validation classes only: no
+test image is read.
 """
 
 from __future__ import annotations
@@ -169,6 +170,9 @@ def main() -> None:
     parser.add_argument("--seed-runs", default="runs/default", help="a study's runs folder for the seed spread")
     parser.add_argument("--figure", default="", help="best-so-far figure [default: <runs>/<plan name>/best_so_far.png]")
     parser.add_argument("--confirm-seeds", type=int, nargs="*", default=[], help="retrain changed choices with these")
+    parser.add_argument(
+        "--confirm-rows", nargs="*", default=[], metavar="DATASET:ROW", help="confirm only these rows [default: all]"
+    )
     args = parser.parse_args()
     config = load_tune_config(args.plan)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -226,6 +230,8 @@ def main() -> None:
         path = Path(args.figure) if args.figure else Path(base.run_dir.parent) / "best_so_far.png"
         figure.savefig(path, dpi=120, bbox_inches="tight")
         print(f"figure: {path}")
+    if args.confirm_rows:
+        studies = {key: study for key, study in studies.items() if ":".join(key) in args.confirm_rows}
     if args.confirm_seeds and studies:
         print(confirm(config, studies, args.confirm_seeds).to_markdown(index=False, floatfmt=".3f"))
 
