@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One GPU lease's checks, prepared ahead and time-boxed, in order of value (benchmarks/README.md, "On a GPU").
+#
+#   bash benchmarks/gpu_lease.sh start SECONDS   # setup, CUDA tests, the default study started on the GPU
+#   bash benchmarks/gpu_lease.sh wait SECONDS    # a later call on the same warm machine: the study's end
+#   bash benchmarks/gpu_lease.sh methods SECONDS # bench_gpu.py --parts methods profile
+#
+# SECONDS is the device call's timeout_s: "start" and "wait" return about 35 s before it, their logs copied.
+#
+# "start": carried wheels (.whl/, see benchmarks/README.md) installed beside the image's torch, the datasets
+# generated, the CUDA-only tests, then `dmlstudy study run` over plans/default.yaml with `workers: 8` (the only
+# change) in its own session, so it outlives the call. "start" polls it until it ends or the deadline and
+# returns with it still running; "wait" polls it again until it ends or the deadline, then stops it (SIGTERM:
+# finished runs are kept). Every 10 s a line of
+# progress.tsv records the study's seconds, its finished run folders and its finished entries, so a study
+# stopped by the box still says how far it got. Logs go to $OUT (the device tool's folder), else ./gpu_out.
+set -u
+OUT=${OUT:-gpu_out}
+LEASE=/tmp/lease
+mkdir -p "$OUT" "$LEASE"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
+STUDY_PLAN=$LEASE/gpu_default.yaml
+
+collect() {
+  cp "$LEASE"/*.log "$LEASE"/*.tsv "$OUT"/ 2>/dev/null
+  python3 - "$OUT/entries.json" <<'EOF' 2>/dev/null
+import json, pathlib, sys
+records = {p.parent.name: json.loads(p.read_text()) for p in sorted(pathlib.Path("runs/default").glob("*/study_entry.json"))}
+pathlib.Path(sys.argv[1]).write_text(json.dumps({k: {"status": v["status"], "seconds": v["seconds"], "error": v["error"]} for k, v in records.items()}, indent=1))
+EOF
+  tail -n 25 "$LEASE/setup.log"; tail -n 4 "$LEASE/progress.tsv"; cat "$OUT/entries.json"
+}
+
+progress() {
+  local finished entries
+  finished=$(find runs/default -maxdepth 2 -name checkpoint.pt 2>/dev/null | while read -r f; do d=$(dirname "$f"); [ -f "$d/metrics.json" ] && echo; done | wc -l)
+  entries=$(grep -l '"complete"' runs/default/*/study_entry.json 2>/dev/null | wc -l)
+  printf '%s\t%s\t%s\n' "$1" "$finished" "$entries" >>"$LEASE/progress.tsv"
+}
+
+poll() {  # until the study ends or $1 seconds since this script began (minus a margin for stopping and copying)
+  while kill -0 "$(cat "$LEASE/study.pid")" 2>/dev/null && ((SECONDS + 10 < $1 - 25)); do
+    sleep 10
+    progress $(($(date +%s) - $(cat "$LEASE/study.start")))
+  done
+}
+
+case "${1:-start}" in
+start)
+  box=${2:-480}
+  {
+    date -u; nvidia-smi -L 2>&1; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+    nproc
+    t=$SECONDS
+    [ -n "${SKIP_WHEELS:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    echo "wheels installed in $((SECONDS - t)) s"
+    t=$SECONDS
+    python3 -m dmlstudy data generate
+    echo "data generate: $((SECONDS - t)) s"
+    t=$SECONDS
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_pipeline.py tests/test_diml.py -k "cuda or resident or autocast or masked"
+    echo "CUDA tests: $((SECONDS - t)) s"
+  } >"$LEASE/setup.log" 2>&1
+  sed 's/^  workers: 2$/  workers: 8/' plans/default.yaml >"$STUDY_PLAN"
+  grep -q '^  workers: 8$' "$STUDY_PLAN" || echo "plan copy has no workers: 8" >>"$LEASE/setup.log"
+  printf 'seconds\tfinished_runs\tfinished_entries\n' >"$LEASE/progress.tsv"
+  setsid nohup bash -c "start=\$(date +%s); python3 -m dmlstudy study run $STUDY_PLAN; echo \"study exit \$? after \$(( \$(date +%s) - start )) s\"" \
+    >"$LEASE/study.log" 2>&1 </dev/null &
+  echo $! >"$LEASE/study.pid"
+  date +%s >"$LEASE/study.start"
+  poll "$box"
+  collect
+  ;;
+wait)
+  poll "${2:-150}"
+  collect >/dev/null
+  if kill -0 "$(cat "$LEASE/study.pid")" 2>/dev/null; then
+    echo "study stopped by the lease's time box" >>"$LEASE/study.log"
+    pkill -TERM -f "dmlstudy study run"
+    sleep 10
+  fi
+  progress stopped
+  collect
+  ;;
+methods)
+  timeout $((${2:-150} - 20)) python3 benchmarks/bench_gpu.py --parts methods profile >"$LEASE/methods.log" 2>&1
+  echo "exit $?" >>"$LEASE/methods.log"
+  collect
+  ;;
+esac
