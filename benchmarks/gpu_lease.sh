@@ -33,7 +33,7 @@ EOF
 
 progress() {
   local finished entries
-  finished=$(find runs/default -maxdepth 2 -name checkpoint.pt 2>/dev/null | while read -r f; do d=$(dirname "$f"); [ -f "$d/metrics.json" ] && echo; done | wc -l)
+  finished=$(python3 -c 'import pathlib; from dmlstudy.runs import is_complete; print(sum(map(is_complete, pathlib.Path("runs/default").glob("*/"))))' 2>/dev/null)
   entries=$(grep -l '"complete"' runs/default/*/study_entry.json 2>/dev/null | wc -l)
   printf '%s\t%s\t%s\n' "$1" "$finished" "$entries" >>"$LEASE/progress.tsv"
 }
