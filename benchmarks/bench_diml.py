@@ -9,8 +9,13 @@
    three are compared on that subset.
 2. Training-step overhead: one optimizer step (forward, loss, backward, AdamW) of DIML-MS against the plain
    MS baseline, same backbone, batch and images, alternated in one process.
+3. ``--run-epsilon E``: a real DIML-MS training run on SynBirds (all training classes, ``--run-steps`` steps,
+   one evaluation on 16 test classes) at ε = E, with the time spent in the transport solver (``_transport``)
+   measured. Small ε (the tuned SynBirds value is 0.021) puts Sinkhorn in the log domain. To compare two
+   versions of the solver, run this file from a checkout of each (copied into the older one), alternately.
 
-Usage: ``python benchmarks/bench_diml.py [--queries 5000] [--loop-queries 40] [--threads 1]``
+Usage: ``python benchmarks/bench_diml.py [--queries 5000] [--loop-queries 40] [--threads 1]``;
+``python benchmarks/bench_diml.py --skip-rerank --skip-training --run-epsilon 0.021 --threads 1``
 Prints a markdown table (copy it to ``benchmarks/results_diml.md``).
 """
 
@@ -171,6 +176,53 @@ def bench_training(args) -> list[dict]:
     ]
 
 
+def bench_small_epsilon_run(args) -> list[dict]:
+    import dmlstudy.methods.diml as diml_module
+    from dmlstudy import train
+
+    solver = diml_module._transport
+    spent = {"seconds": 0.0, "calls": 0}
+    iterations: list[float] = []
+
+    def timed(*positional, **keywords):
+        started = time.perf_counter()
+        plan, pair_iterations = solver(*positional, **keywords)
+        spent["seconds"] += time.perf_counter() - started
+        spent["calls"] += 1
+        iterations.append(float(pair_iterations.float().mean()))
+        return plan, pair_iterations
+
+    diml_module._transport = timed
+    config = train.TrainConfig(
+        study="bench_diml",
+        runs_root=args.runs_root,
+        dataset="synbirds",
+        method="diml",
+        method_kwargs={"epsilon": args.run_epsilon},
+        epochs=1,
+        steps_per_epoch=args.run_steps,
+        train_classes=0,
+        test_classes=16,
+        final_test=False,
+        overwrite=True,
+        num_workers=0,
+    )
+    started = time.perf_counter()
+    train.run(config)
+    total = time.perf_counter() - started
+    diml_module._transport = solver
+    return [
+        {
+            "ε": args.run_epsilon,
+            "steps": args.run_steps,
+            "run (s)": total,
+            "transport (s)": spent["seconds"],
+            "transport calls": spent["calls"],
+            "mean Sinkhorn iterations": float(np.mean(iterations)),
+        }
+    ]
+
+
 def markdown(rows: list[dict]) -> str:
     keys = list(rows[0])
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -192,20 +244,30 @@ def main() -> None:
     parser.add_argument("--batch-classes", type=int, default=16)
     parser.add_argument("--batch-samples", type=int, default=4)
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--skip-rerank", action="store_true")
+    parser.add_argument("--run-epsilon", type=float, default=0.0, help="0: no training run")
+    parser.add_argument("--run-steps", type=int, default=30)
+    parser.add_argument("--runs-root", default=str(Path(__file__).resolve().parents[1] / "runs"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
         f"# DIML benchmark, {datetime.date.today()}, {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s)"
     )
-    print(
-        f"\n## Re-ranking: {args.queries} queries, K = {args.top_k}, G = {args.grid}, d = {args.dim}, ε = 0.05, tolerance {TransportOptions().tolerance:g}\n"
-    )
-    print(markdown(bench_rerank(args)))
+    if not args.skip_rerank:
+        tolerance = TransportOptions().tolerance
+        print(
+            f"\n## Re-ranking: {args.queries} queries, K = {args.top_k}, G = {args.grid}, d = {args.dim}, ε = 0.05, "
+            f"tolerance {tolerance:g}\n"
+        )
+        print(markdown(bench_rerank(args)))
     if not args.skip_training:
         print(
             f"\n## Training step: batch {args.batch_classes}×{args.batch_samples}, 64 px, dml_convnet, d = {args.dim}\n"
         )
         print(markdown(bench_training(args)))
+    if args.run_epsilon > 0:
+        print(f"\n## DIML-MS training run on SynBirds, ε = {args.run_epsilon}, {args.run_steps} steps\n")
+        print(markdown(bench_small_epsilon_run(args)))
 
 
 if __name__ == "__main__":

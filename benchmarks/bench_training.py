@@ -36,6 +36,11 @@ evaluation of the study's protocol computes, on its validation classes).
 Embedding (``--embedding``): CPU seconds to embed the test split at each ``--eval-batch-sizes`` for each of
 ``--methods`` (median of ``--repeats``, first ``--threads`` count), and whether the embeddings equal those at
 the largest size: the measurement behind ``EVAL_BATCH_SIZE``.
+
+Optimizer (``--optimizer``): one full training step (loss, backward, AdamW step) of each of ``--methods`` on a
+random 64-px batch, with AdamW's multi-tensor (``foreach``) and its fused kernel, interleaved for ``--repeats``
+rounds after one warm-up round, first ``--threads`` count: median milliseconds per step and of the optimizer
+step alone; the measurement behind ``dmlstudy.train.OPTIMIZERS``.
 """
 
 from __future__ import annotations
@@ -288,6 +293,47 @@ def embedding(args: argparse.Namespace) -> None:
         print(f"| {method_name} | " + " | ".join(cells) + " |", flush=True)
 
 
+def optimizer_step(args: argparse.Namespace) -> None:
+    from dmlstudy.methods import build_method
+    from dmlstudy.models import build_backbone
+
+    torch.set_num_threads(args.threads[0])
+    variants = {"foreach": {"foreach": True}, "fused": {"fused": True}}
+    print(
+        f"\n| method ({args.threads[0]} thread) | parameters (M) | "
+        + " | ".join(f"{v} ms/step | {v} optimizer ms" for v in variants)
+        + " |"
+    )
+    print("|---" * (2 + 2 * len(variants)) + "|")
+    for method_name in args.methods:
+        generator = torch.Generator().manual_seed(0)
+        images = torch.randn(args.batch, 3, 64, 64, generator=generator)
+        labels = torch.arange(args.batch // 4).repeat_interleave(4)
+        built = {}
+        for name, options in variants.items():
+            torch.manual_seed(0)
+            method = build_method(
+                method_name, backbone=build_backbone("dml_convnet"), embedding_dim=128, num_classes=100
+            )
+            built[name] = method, torch.optim.AdamW(method.parameters(), lr=1e-3, **options)
+        step_ms = {name: [] for name in variants}
+        optimizer_ms = {name: [] for name in variants}
+        for round_index in range(args.repeats + 1):
+            for name, (method, optimizer) in built.items():
+                started = time.perf_counter()
+                loss, _ = method.loss(images, labels)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                stepped = time.perf_counter()
+                optimizer.step()
+                if round_index:
+                    step_ms[name].append(1e3 * (time.perf_counter() - started))
+                    optimizer_ms[name].append(1e3 * (time.perf_counter() - stepped))
+        parameters = sum(p.numel() for p in built["fused"][0].parameters()) / 1e6
+        cells = [f"{statistics.median(step_ms[v]):.1f} | {statistics.median(optimizer_ms[v]):.1f}" for v in variants]
+        print(f"| {method_name} | {parameters:.2f} | " + " | ".join(cells) + " |", flush=True)
+
+
 def quality(args: argparse.Namespace) -> None:
     print("| dataset | pipeline | R@1 per seed | mean ± sd | seconds |\n|---|---|---|---|---|")
     torch.set_num_threads(args.threads[-1])
@@ -338,6 +384,7 @@ def main() -> None:
     parser.add_argument("--quality", action="store_true", help="only the R@1 check of --variants (6 epochs)")
     parser.add_argument("--evaluation", action="store_true", help="only the cost of one test evaluation")
     parser.add_argument("--embedding", action="store_true", help="only embedding time per evaluation batch size")
+    parser.add_argument("--optimizer", action="store_true", help="only AdamW foreach against fused, per method")
     parser.add_argument("--eval-batch-sizes", type=int, nargs="+", default=[32, 64, 128, 256])
     parser.add_argument("--methods", nargs="+", default=["ms", "crt", "diml", "cross_attention", "dgcrl", "triplet"])
     parser.add_argument("--datasets", nargs="+", default=["synbirds", "glyphs"])
@@ -351,6 +398,8 @@ def main() -> None:
         evaluation(args)
     elif args.embedding:
         embedding(args)
+    elif args.optimizer:
+        optimizer_step(args)
     else:
         speed(args)
 

@@ -240,6 +240,10 @@ def selection_rule(selection: str) -> str:
 
 INPUT_PIPELINES = ("auto", "tensor", "files")
 AUTOCAST_MODES = ("auto", "bf16", "off")
+# Not fused=True: torch's fused CPU AdamW took a CRT step's optimizer part from 51 to 12.5 ms, but a run
+# resumed in a process that had run engine tasks then diverged from the uninterrupted one (1e-3 in the
+# embeddings; the multi-tensor default stays identical), so it would break the same-seed-same-records contract
+# (benchmarks/README.md, "Fused AdamW, tried").
 OPTIMIZERS = {
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,

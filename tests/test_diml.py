@@ -145,8 +145,45 @@ def test_the_gpu_solver_stops_every_pair_where_the_compacting_one_does(log_domai
     )
     assert iterations.min() < iterations.max()  # pairs stopped at different iterations (some at the cap)
     assert torch.equal(iterations_masked, iterations)
-    torch.testing.assert_close(a_masked, a, rtol=1e-4, atol=0)  # float rounding: the widths differ
-    torch.testing.assert_close(b_masked, b, rtol=1e-4, atol=0)
+    # float rounding (the widths differ; on the CPU the log domain iterates by absorption): 1e-4 relative on
+    # the scalings, which is 1e-4 absolute on the potentials log a, log b
+    close = dict(rtol=0, atol=1e-4) if log_domain else dict(rtol=1e-4, atol=0)
+    torch.testing.assert_close(a_masked, a, **close)
+    torch.testing.assert_close(b_masked, b, **close)
+
+
+def test_absorbing_log_domain_solver_follows_the_log_sum_exp_iterations(monkeypatch):
+    """At small ε the CPU's log domain iterates plain scalings and absorbs them into the potentials; it must
+    run the same iterations as log-sum-exp updates (the masked solver, read every iteration), pair by pair."""
+    generator = torch.Generator().manual_seed(3)
+    cells, pairs, epsilon = 16, 400, 0.01
+    cost = 2 * torch.rand(cells, cells, pairs, generator=generator)
+    cost[:, 5, :50] = 2.0  # a target cell far from every source cell: its scaling must grow by e^(2/ε)
+    source = normalize_marginal(torch.rand(cells, pairs, generator=generator), dim=0)
+    source[:3, :7] = 0.0
+    source = normalize_marginal(source, dim=0)
+    target = normalize_marginal(torch.rand(cells, pairs, generator=generator), dim=0)
+    log_kernel = cost / -epsilon
+    absorbed = []
+    monkeypatch.setattr(diml, "_absorbed", lambda k, f, g: absorbed.append(k.shape[-1]) or diml_absorbed(k, f, g))
+    settings = dict(log_domain=True, max_iterations=100, tolerance=1e-3)
+    f, g, iterations = diml._sinkhorn_scalings(log_kernel, source, target, **settings)
+    f_ref, g_ref, iterations_ref = diml._sinkhorn_scalings_masked(log_kernel, source, target, read_every=1, **settings)
+    assert len(absorbed) > 1  # the first kernel, then absorptions of some pairs
+    assert (iterations != iterations_ref).float().mean() < 0.01  # a stopping test may land across the tolerance
+    plan, reference = (
+        diml._plan(f, log_kernel, g, log_domain=True),
+        diml._plan(f_ref, log_kernel, g_ref, log_domain=True),
+    )
+    assert torch.isfinite(plan).all()
+    torch.testing.assert_close(plan, reference, atol=2e-4, rtol=0)
+    torch.testing.assert_close(plan.sum(dim=0), target, atol=1e-5, rtol=0)  # columns exact after each b update
+    alone = diml._sinkhorn_scalings(log_kernel[..., 60:61], source[:, 60:61], target[:, 60:61], **settings)
+    assert alone[2].item() == iterations[60]  # batching changes nothing but the float rounding
+    torch.testing.assert_close(alone[0][:, 0], f[:, 60], atol=1e-5, rtol=1e-6)
+
+
+diml_absorbed = diml._absorbed
 
 
 def test_cuda_gets_the_masked_solver_and_large_batches():

@@ -74,7 +74,7 @@ from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.records import seed_everything
 from dmlstudy.study import mean_std_text
-from dmlstudy.train import RunResult, best_epoch_censored, evaluation_column, load_datasets
+from dmlstudy.train import OPTIMIZERS, RunResult, best_epoch_censored, evaluation_column, load_datasets
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.
@@ -720,7 +720,7 @@ def _interleaved_steps(
             **dict(spec.get("method_kwargs") or {}),
         )
         groups = models[name].parameter_groups(lr=protocol.lr, head_lr=1e-2, weight_decay=1e-4)
-        optimizers[name] = torch.optim.AdamW([{k: v for k, v in g.items() if k != "name"} for g in groups])
+        optimizers[name] = OPTIMIZERS["adamw"]([{k: v for k, v in g.items() if k != "name"} for g in groups])
     timings: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(rounds + 1):
         order = list(variants) if round_index % 2 == 0 else list(reversed(list(variants)))

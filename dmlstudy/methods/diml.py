@@ -33,7 +33,9 @@ Decisions where the paper and the study notes leave room (all stated again where
   slowest one, and a pair's result does not depend on its batch. ``log_domain=None`` picks the
   log-domain iterations automatically when the kernel's dynamic range ``max C / ε`` exceeds
   :data:`LOG_DOMAIN_RANGE` (small ε), where ``exp(−C/ε)`` would underflow or the scalings overflow
-  float32.
+  float32. On the CPU the log domain is computed by absorption (scaling iterations on a stabilised kernel,
+  potentials updated only when a pair's scalings leave ``[1e-8, 1e8]``): the same iterations as log-sum-exp
+  updates, up to float rounding, at about the cost of the plain ones; CUDA keeps the log-sum-exp updates.
 * Re-ranking batches a chunk of queries × all their K candidates per Sinkhorn call, the chunk sized so its
   ``G² × G² × q·K`` kernel stays near 2 MB (about a core's L2 cache); the candidates' local embeddings are
   gathered one query at a time.
@@ -80,6 +82,7 @@ SINKHORN_BLOCK_ELEMENTS = (
 # On CUDA a batch is as large as this (128 MB kernels: the GPU has no cache to fit) and the solve never waits
 # for the device but every CONVERGENCE_READ_EVERY iterations (see _sinkhorn_scalings_masked).
 SINKHORN_GPU_BLOCK_ELEMENTS = 2**25
+ABSORB_RANGE = 1e8  # log-domain solver on the CPU: scalings outside [1e-8, 1e8] are absorbed (see _sinkhorn_scalings)
 CONVERGENCE_READ_EVERY = 8
 MIN_MARGINAL_MASS = 1e-12  # weight sums at or below this fall back to uniform marginals
 _TINY = torch.finfo(torch.float32).tiny
@@ -191,6 +194,21 @@ def _scaling_steps(log_domain: bool):
     return log_row, log_update_a, log_update_b, log_row_residuals
 
 
+def _first_log_step(
+    log_kernel: torch.Tensor, source: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Potentials ``f``, ``g`` after the first Sinkhorn update from ``b = 1``, in the log domain (exact at any ε)."""
+    _, update_f, update_g, _ = _scaling_steps(True)
+    f = update_f(source, torch.logsumexp(log_kernel, dim=-2))
+    return f, update_g(target, log_kernel, f)
+
+
+def _absorbed(log_kernel: torch.Tensor, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The stabilised kernel ``K̃ = exp(log K + f ⊕ g)`` of pairs-last tensors (``N × M × P``, ``N × P``,
+    ``M × P``): the transport plan of the potentials f, g."""
+    return (log_kernel + f.unsqueeze(1) + g.unsqueeze(0)).exp_()
+
+
 def _sinkhorn_scalings(
     kernel: torch.Tensor,
     source: torch.Tensor,
@@ -208,17 +226,35 @@ def _sinkhorn_scalings(
     pair's result does not depend on the other pairs of the batch, exactly as a per-pair loop. Converged
     pairs are frozen, and the working set is compacted once a quarter of it has converged (cost ∝ the
     pairs still iterating).
+
+    ``log_domain`` (``kernel`` is then ``log K``, the result the potentials ``f = log a``, ``g = log b``):
+    the same iterations, computed by absorption (Schmitzer, "Stabilized sparse scaling algorithms for
+    entropy regularized transport problems", SIAM J. Sci. Comput. 2019, Alg. 2) instead of a log-sum-exp
+    per update. The first update runs in the log domain; then the loop iterates plain scalings ``u``, ``v``
+    on ``K̃ = exp(log K + f ⊕ g)``, so that ``f + log u`` and ``g + log v`` are the log-domain potentials,
+    and a pair whose scalings leave ``[1/ABSORB_RANGE, ABSORB_RANGE]`` (zero-mass cells aside) has them
+    absorbed into ``f``, ``g`` and its slice of ``K̃`` recomputed. Per pair, so batching still changes
+    nothing. Entries of ``K̃`` that underflow are at most ``1e-38`` of a plan entry times scalings within the
+    range, below float32 resolution of the marginals.
     """
-    row, update_a, update_b, row_residuals = _scaling_steps(log_domain)
-    fill = 0.0 if log_domain else 1.0
+    row, update_a, update_b, row_residuals = _scaling_steps(False)
     pairs = kernel.shape[-1]
-    a_out, b_out = torch.full_like(source, fill), torch.full_like(target, fill)
+    log_kernel = kernel if log_domain else None
+    f = g = None
+    if log_domain:
+        f, g = _first_log_step(log_kernel, source, target)
+        kernel = _absorbed(log_kernel, f, g)
+
+    def final(scaling, potential):
+        return scaling if potential is None else potential + scaling.log()
+
+    a_out, b_out = torch.ones_like(source), torch.ones_like(target)
     iterations = torch.full((pairs,), max_iterations, dtype=torch.long, device=source.device)
     ids = torch.arange(pairs, device=source.device)
     work_kernel, work_source, work_target, a, b = kernel, source, target, a_out.clone(), b_out.clone()
     active = torch.ones(pairs, dtype=torch.bool, device=source.device)
     stopped = 0  # pairs of the working set that have stopped (frozen: no longer updated)
-    for step in range(max_iterations):
+    for step in range(1 if log_domain else 0, max_iterations):
         kernel_b = row(work_kernel, b)
         if step > 0:
             newly = _row_marginal_errors(row_residuals(a, kernel_b, work_source)) <= tolerance
@@ -233,12 +269,16 @@ def _sinkhorn_scalings(
                     break
                 if stopped * 4 >= len(active):  # compact: drop the stopped pairs from the work
                     done = ~active
-                    a_out[:, ids[done]], b_out[:, ids[done]] = a[:, done], b[:, done]
+                    a_out[:, ids[done]] = final(a[:, done], None if f is None else f[:, done])
+                    b_out[:, ids[done]] = final(b[:, done], None if g is None else g[:, done])
                     keep = active.nonzero().squeeze(1)
                     n, m, width = work_kernel.shape
                     work_kernel = (
                         work_kernel.reshape(n * m, width).index_select(1, keep).view(n, m, -1)
                     )  # 2-D: ≈ 2× faster than on 3-D
+                    if log_domain:
+                        log_kernel = log_kernel.reshape(n * m, width).index_select(1, keep).view(n, m, -1)
+                        f, g = f.index_select(-1, keep), g.index_select(-1, keep)
                     ids, work_source, work_target = (
                         ids[keep],
                         work_source.index_select(-1, keep),
@@ -252,8 +292,43 @@ def _sinkhorn_scalings(
             a, b = torch.where(active, new_a, a), torch.where(active, new_b, b)
         else:
             a, b = new_a, new_b
-    a_out[:, ids], b_out[:, ids] = a, b
+        if log_domain:
+            work_kernel = _absorb_out_of_range(log_kernel, work_kernel, f, g, a, b, work_source, work_target, active)
+    if f is None:
+        a_out[:, ids], b_out[:, ids] = a, b
+    else:
+        a_out[:, ids], b_out[:, ids] = final(a, f), final(b, g)
     return a_out, b_out, iterations
+
+
+def _absorb_out_of_range(
+    log_kernel: torch.Tensor,
+    kernel: torch.Tensor,
+    f: torch.Tensor,
+    g: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    source: torch.Tensor,
+    target: torch.Tensor,
+    active: torch.Tensor,
+) -> torch.Tensor:
+    """Absorb the scalings of the active pairs that left ``[1/ABSORB_RANGE, ABSORB_RANGE]`` (cells of zero
+    mass, whose scaling is 0, aside) into the potentials, in place, and return the kernel with those pairs'
+    slices recomputed."""
+
+    def out_of_range(scaling, mass):
+        return ((scaling > ABSORB_RANGE) | ((scaling < 1.0 / ABSORB_RANGE) & (mass > 0))).any(dim=0)
+
+    absorb = (out_of_range(a, source) | out_of_range(b, target)) & active
+    if not bool(absorb.any()):
+        return kernel
+    index = absorb.nonzero().squeeze(1)
+    f[:, index] += a[:, index].log()
+    g[:, index] += b[:, index].log()
+    a[:, index], b[:, index] = 1.0, 1.0
+    n, m, width = kernel.shape
+    slices = _absorbed(log_kernel.reshape(n * m, width).index_select(1, index).view(n, m, -1), f[:, index], g[:, index])
+    return kernel.reshape(n * m, width).index_copy_(1, index, slices.reshape(n * m, -1)).view(n, m, width)
 
 
 def _sinkhorn_scalings_masked(
