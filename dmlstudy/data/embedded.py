@@ -168,8 +168,11 @@ def parallel_map(
 ) -> list[R]:
     """``[function(x) for x in items]`` over ``workers`` processes, results in input order.
 
-    ``function`` must be a module-level function. Uses ``fork`` where the platform has it (fast start;
-    the children only run numpy/PIL code), ``spawn`` otherwise. ``workers <= 1`` runs in this process.
+    ``function`` must be a module-level function. Uses ``forkserver`` where the platform has it, ``spawn``
+    otherwise: never a plain ``fork``, which copies the caller's locks as they are. In a Jupyter kernel (ZMQ
+    threads) or beside tqdm's monitor thread a forked child could start with a lock held and wait forever; a
+    CI run hung so in ``test_smoke_plan`` (the kernel generating the datasets, 2026-11-26). ``workers <= 1``
+    runs in this process.
     ``progress``: the description of a tqdm bar over the items (none when empty).
     """
     with tqdm(total=len(items), desc=progress, unit="item", disable=not progress) as bar:
@@ -180,7 +183,7 @@ def parallel_map(
                 bar.update()
             return results
         methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         with context.Pool(processes=min(workers, len(items))) as pool:
             results = []
             for result in pool.imap(function, items, chunksize=chunksize):  # imap keeps the input order
