@@ -36,7 +36,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dmlstudy import metrics  # noqa: E402
+import dmlstudy.methods.diml as diml_module  # noqa: E402
+from dmlstudy import metrics, train  # noqa: E402
 from dmlstudy.methods import build_method  # noqa: E402
 from dmlstudy.methods.diml import TransportOptions, candidate_structural_similarity  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
@@ -177,9 +178,6 @@ def bench_training(args) -> list[dict]:
 
 
 def bench_small_epsilon_run(args) -> list[dict]:
-    import dmlstudy.methods.diml as diml_module
-    from dmlstudy import train
-
     solver = diml_module._transport
     spent = {"seconds": 0.0, "calls": 0}
     iterations: list[float] = []
@@ -192,7 +190,6 @@ def bench_small_epsilon_run(args) -> list[dict]:
         iterations.append(float(pair_iterations.float().mean()))
         return plan, pair_iterations
 
-    diml_module._transport = timed
     config = train.TrainConfig(
         study="bench_diml",
         runs_root=args.runs_root,
@@ -207,10 +204,13 @@ def bench_small_epsilon_run(args) -> list[dict]:
         overwrite=True,
         num_workers=0,
     )
-    started = time.perf_counter()
-    train.run(config)
-    total = time.perf_counter() - started
-    diml_module._transport = solver
+    diml_module._transport = timed
+    try:
+        started = time.perf_counter()
+        train.run(config)
+        total = time.perf_counter() - started
+    finally:
+        diml_module._transport = solver
     return [
         {
             "ε": args.run_epsilon,

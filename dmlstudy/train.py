@@ -240,10 +240,10 @@ def selection_rule(selection: str) -> str:
 
 INPUT_PIPELINES = ("auto", "tensor", "files")
 AUTOCAST_MODES = ("auto", "bf16", "off")
-# Not fused=True: torch's fused CPU AdamW took a CRT step's optimizer part from 51 to 12.5 ms, but a run
-# resumed in a process that had run engine tasks then diverged from the uninterrupted one (1e-3 in the
-# embeddings; the multi-tensor default stays identical), so it would break the same-seed-same-records contract
-# (benchmarks/README.md, "Fused AdamW, tried").
+# Not fused=True: torch's fused CPU AdamW took a CRT step's optimizer part from 54 to 13 ms, but its results
+# depended on what the process had run before (after the engine tests, a run resumed in the pytest process
+# drifted 2e-3 from the uninterrupted one; the multi-tensor default stays identical), which breaks the
+# same-seed-same-records contract (benchmarks/README.md, "Fused AdamW (tried, not adopted)").
 OPTIMIZERS = {
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,

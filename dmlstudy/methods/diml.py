@@ -239,14 +239,16 @@ def _sinkhorn_scalings(
     """
     row, update_a, update_b, row_residuals = _scaling_steps(False)
     pairs = kernel.shape[-1]
-    log_kernel = kernel if log_domain else None
-    f = g = None
+    log_kernel = f = g = None
     if log_domain:
+        log_kernel = kernel
         f, g = _first_log_step(log_kernel, source, target)
         kernel = _absorbed(log_kernel, f, g)
 
-    def final(scaling, potential):
-        return scaling if potential is None else potential + scaling.log()
+    def finished(select):  # the result of the working set's pairs ``select``: scalings, or potentials
+        if log_domain:
+            return f[:, select] + a[:, select].log(), g[:, select] + b[:, select].log()
+        return a[:, select], b[:, select]
 
     a_out, b_out = torch.ones_like(source), torch.ones_like(target)
     iterations = torch.full((pairs,), max_iterations, dtype=torch.long, device=source.device)
@@ -269,8 +271,7 @@ def _sinkhorn_scalings(
                     break
                 if stopped * 4 >= len(active):  # compact: drop the stopped pairs from the work
                     done = ~active
-                    a_out[:, ids[done]] = final(a[:, done], None if f is None else f[:, done])
-                    b_out[:, ids[done]] = final(b[:, done], None if g is None else g[:, done])
+                    a_out[:, ids[done]], b_out[:, ids[done]] = finished(done)
                     keep = active.nonzero().squeeze(1)
                     n, m, width = work_kernel.shape
                     work_kernel = (
@@ -294,10 +295,7 @@ def _sinkhorn_scalings(
             a, b = new_a, new_b
         if log_domain:
             work_kernel = _absorb_out_of_range(log_kernel, work_kernel, f, g, a, b, work_source, work_target, active)
-    if f is None:
-        a_out[:, ids], b_out[:, ids] = a, b
-    else:
-        a_out[:, ids], b_out[:, ids] = final(a, f), final(b, g)
+    a_out[:, ids], b_out[:, ids] = finished(slice(None))
     return a_out, b_out, iterations
 
 
