@@ -44,6 +44,7 @@ DEVICE_VARIABLE = "DMLSTUDY_DEVICE"  # the device resolve_device("auto") picks o
 THREADS_VARIABLE = "DMLSTUDY_TASK_THREADS"  # torch/faiss threads of each task on a worker
 CONNECT_SECONDS = 5  # how long to try an address before reporting it unreachable
 STOP_SECONDS = 60  # how long a cancelled task may take to reach its next training step before its worker restarts
+LOCK_POLL_SECONDS = 2.0  # how often a run task looks again at a run folder another process is writing
 LOST_SECONDS = 60  # how long a grid waits on a local cluster with no worker left before it gives up
 # Dask's statistical profiler samples every running task's stack every 10 ms: CPU taken from the training
 # (benchmarks/README.md, "Execution engine"); the dashboard's profile tab stays empty without it.
@@ -246,7 +247,12 @@ def task_values(config) -> dict[str, Any]:
 
 
 def train_task(values: dict[str, Any]) -> dict[str, float]:
-    """Train (or resume, or just load the metrics of) the run of TrainConfig ``values``: idempotent."""
+    """Train (or resume, or just load the metrics of) the run of TrainConfig ``values``: idempotent.
+
+    A run folder that a live process outside the engine is writing (a notebook of the same plan training that
+    run itself, :class:`dmlstudy.runs.RunLock`) is waited for, every :data:`LOCK_POLL_SECONDS`, and then
+    loaded or resumed; a cancelled task stops waiting. (A dead writer's lock is free at once: the OS drops
+    it with the process.)"""
     import json
 
     from dmlstudy import runs
@@ -255,8 +261,17 @@ def train_task(values: dict[str, Any]) -> dict[str, float]:
     config = TrainConfig(**{**values, "resume": True, "progress": False})
     if is_complete(config):
         return json.loads((config.run_dir / "metrics.json").read_text())
-    with task_state(), runs.stop_when(_cancelled_test()):
-        return run(config).metrics
+    cancelled = _cancelled_test()
+    with task_state(), runs.stop_when(cancelled):
+        while True:
+            try:
+                return run(config).metrics
+            except runs.RunLockedError:
+                if cancelled():
+                    raise runs.RunStopped(
+                        f"cancelled while waiting for another process to finish {config.run_dir}"
+                    ) from None
+                time.sleep(LOCK_POLL_SECONDS)
 
 
 def _cancelled_test() -> Callable[[], bool]:
@@ -301,12 +316,16 @@ def run_tasks(
     """Submit ``(label, function, args, key)`` tasks (on the given worker addresses only, if any), follow them
     with one tqdm bar (done / running / failed in its postfix), and return ``{label: result}``. Every task runs
     to its end; failures are raised together afterwards as a :class:`GridRunError` naming each failed label
-    with its traceback's last line."""
+    with its traceback's last line. A grid's tasks have priority ``−len(submissions)``: when several grids
+    share a cluster (notebooks of one plan side by side, :mod:`dmlstudy.study`), the smaller grid's tasks go
+    first, so a notebook's next short grid is not queued behind another's hundred runs."""
     from distributed import as_completed
     from tqdm.auto import tqdm
 
     futures = {
-        client.submit(function, *args, key=key, retries=retries, pure=False, workers=workers): label
+        client.submit(
+            function, *args, key=key, retries=retries, pure=False, workers=workers, priority=-len(submissions)
+        ): label
         for label, function, args, key in submissions
     }
     results, failures = {}, []

@@ -437,7 +437,8 @@ class RunSession:
     distributed run that write nothing (they only read the policy's outcome).
 
     Attributes after entering: ``reusable`` (a complete run of this configuration is there: load it) and
-    ``resume_from`` (the checkpoint to continue from, or None).
+    ``resume_from`` (the checkpoint to continue from, or None). A complete run that is not to be overwritten
+    is read without taking the lock.
     """
 
     def __init__(self, config, *, writer: bool = True) -> None:
@@ -448,7 +449,10 @@ class RunSession:
 
     def __enter__(self) -> RunSession:
         try:
-            if self.writer:
+            # a finished run is only read (its records are complete and its checkpoint is replaced atomically):
+            # no lock, so that notebooks executing side by side can load the same run at once
+            read_only = not self.config.overwrite and is_complete(self.run_dir)
+            if self.writer and not read_only:
                 check_stop(self.run_dir, self.config.epochs)  # a task cancelled before it started takes no lock
                 self._make_folder()
                 lock = RunLock(self.run_dir)

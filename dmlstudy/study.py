@@ -29,6 +29,18 @@ SIGTERM/SIGINT stop the plan after recording the current entry as ``interrupted`
 and exit 143/130 (:class:`dmlstudy.runs.RunInterrupted`). Plans are read with
 :func:`dmlstudy.config.load_yaml` (``lr: 1e-3`` is a float).
 
+Entries at once: ``concurrent_entries: N`` (plan level, default 1) executes up to N entries side by side, in
+plan order, and first starts one local cluster of the entries' largest ``workers`` that every notebook's
+kernel attaches to (``DMLSTUDY_SCHEDULER``, unless that already names a cluster): one pool of runs for the
+whole plan, so the workers that one notebook leaves idle while it waits for its last run, or while it draws
+its figures, train another notebook's runs. A run two notebooks ask for is one task (runs are keyed by their
+folder) and trains once; a task whose run a notebook trains in its own kernel (``01_train``) waits for it
+(:func:`dmlstudy.engine.train_task`), but that kernel fails on a run a worker is already writing, so such an
+entry goes first or after the others. Smaller grids go first (:func:`dmlstudy.engine.run_tasks`), so a
+notebook's short ablation grids are not queued behind another's hundred runs. An entry with
+``after_earlier: true`` starts only when every entry before it has ended (one that reads all of the study's
+runs). Each entry's ``seconds`` then overlap: the plan's wall time is what ``make study`` prints.
+
 ``study table`` groups runs by configuration: the ``--by`` columns plus every configuration field that
 varies among the gathered runs (:func:`configuration_columns`), so runs of different settings are never
 averaged together as if they were seeds.
@@ -36,14 +48,16 @@ averaged together as if they were seeds.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +82,7 @@ class PlanEntry:
     run_name: str
     notebook: Path
     parameters: dict[str, Any] = field(default_factory=dict)
+    after_earlier: bool = False  # start only once every earlier entry of the plan has ended
 
     def run_dir(self, root: Path) -> Path:
         return root / self.study / self.run_name
@@ -98,6 +113,14 @@ def _reused_study(plan: dict[str, Any], path: Path) -> str:
     return value
 
 
+def _concurrent_entries(plan: dict[str, Any], path: Path) -> int:
+    """The plan's ``concurrent_entries``: how many entries execute side by side (default 1)."""
+    value = plan.get("concurrent_entries", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{path}: 'concurrent_entries' must be an integer ≥ 1, got {value!r}")
+    return value
+
+
 def load_plan(path: str | Path) -> list[PlanEntry]:
     """Read a plan file and expand every entry's grid into :class:`PlanEntry` objects."""
     path = Path(path)
@@ -114,6 +137,11 @@ def _plan_entries(plan: dict[str, Any], path: Path) -> list[PlanEntry]:
         for key in ("parameters", "grid"):
             if not isinstance(entry.get(key) or {}, dict):
                 raise PlanError(f"{path}: entry {entry['name']!r}: '{key}' must be a mapping, got {entry[key]!r}")
+        after_earlier = entry.get("after_earlier", False)
+        if not isinstance(after_earlier, bool):
+            raise PlanError(
+                f"{path}: entry {entry['name']!r}: 'after_earlier' must be true or false, got {after_earlier!r}"
+            )
         notebook = Path(entry["notebook"])
         notebook = notebook if notebook.is_absolute() else base / notebook
         if not notebook.is_file():
@@ -123,7 +151,8 @@ def _plan_entries(plan: dict[str, Any], path: Path) -> list[PlanEntry]:
         for values in itertools.product(*(grid[key] if isinstance(grid[key], list) else [grid[key]] for key in keys)):
             combination = dict(zip(keys, values))
             name = "-".join([entry["name"], *(f"{key}={_slug(value)}" for key, value in combination.items())])
-            entries.append(PlanEntry(study, name, notebook, {**(entry.get("parameters") or {}), **combination}))
+            parameters = {**(entry.get("parameters") or {}), **combination}
+            entries.append(PlanEntry(study, name, notebook, parameters, after_earlier))
     names = [e.run_name for e in entries]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -157,7 +186,7 @@ def injected_parameters(
 @dataclass
 class EntryOutcome:
     entry: PlanEntry
-    status: str  # complete, skipped or failed
+    status: str  # complete, skipped, failed or interrupted
     seconds: float = 0.0
     error: str = ""
 
@@ -189,11 +218,12 @@ def kernel_config():
 
 
 class PlanProgress:
-    """What :func:`run_plan` shows while it works: a tqdm bar over the plan's entries, named after the running
-    entry, whose postfix counts that entry's time (a daemon thread refreshes it every ``heartbeat`` seconds, so
-    a notebook whose one training cell runs for minutes is never silent), with papermill's bar over the
-    notebook's cells beneath it (:meth:`cell_bar`). Messages go above the bars (:meth:`write`). The notebooks'
-    own bars are not forwarded: plans run them with ``progress: false``, and widget bars have no text form.
+    """What :func:`run_plan` shows while it works: a tqdm bar over the plan's entries whose postfix names each
+    running entry with its time so far (a daemon thread refreshes it every ``heartbeat`` seconds, so a notebook
+    whose one training cell runs for minutes is never silent), with papermill's bar over the notebook's cells
+    beneath it when one entry runs at a time (:meth:`cell_bar`). Messages go above the bars (:meth:`write`).
+    The notebooks' own bars are not forwarded: plans run them with ``progress: false``, and widget bars have
+    no text form.
     """
 
     def __init__(self, total: int, *, enabled: bool = True, heartbeat: float = 5.0) -> None:
@@ -202,29 +232,34 @@ class PlanProgress:
         self._tqdm = tqdm
         self.bar = tqdm(total=total, desc="plan", unit="entry", disable=not enabled, dynamic_ncols=True)
         self.enabled, self.heartbeat = enabled, heartbeat
-        self.entry, self.started = "", time.perf_counter()
+        self.running: dict[str, float] = {}  # entry name → when it started
         self._stop, self._lock = threading.Event(), threading.Lock()
         self._thread = threading.Thread(target=self._tick, name="plan-progress", daemon=True)
         if enabled:
             self._thread.start()
 
+    def _postfix(self) -> str:
+        now = time.perf_counter()
+        return ", ".join(
+            f"{name} running {self._tqdm.format_interval(now - started)}" for name, started in self.running.items()
+        )
+
     def _tick(self) -> None:
         while not self._stop.wait(self.heartbeat):
             with self._lock:
-                if self.entry:
-                    self.bar.set_postfix_str(
-                        f"{self.entry} running {self._tqdm.format_interval(time.perf_counter() - self.started)}"
-                    )
+                if self.running:
+                    self.bar.set_postfix_str(self._postfix())
 
     def start(self, name: str) -> None:
         with self._lock:
-            self.entry, self.started = name, time.perf_counter()
-            self.bar.set_postfix_str(f"{name} starting")
+            self.running[name] = time.perf_counter()
+            self.bar.set_postfix_str(self._postfix())
 
-    def done(self) -> None:
+    def done(self, name: str = "") -> None:
+        """One entry ended (``name``; a skipped entry never started and passes none)."""
         with self._lock:
-            self.entry = ""
-            self.bar.set_postfix_str("", refresh=False)
+            self.running.pop(name, None)
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
             self.bar.update(1)
 
     def write(self, text: str) -> None:
@@ -261,13 +296,12 @@ def run_plan(
     progress: bool = True,
     overwrite: bool = False,
 ) -> list[EntryOutcome]:
-    """Execute every entry of a plan with papermill (see the module docstring); returns one outcome per entry."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
+    """Execute every entry of a plan with papermill (see the module docstring); returns one outcome per entry,
+    in plan order."""
     root = Path(root) if root else runs_root()
     spec = _read_plan(Path(plan))
     entries = [e for e in _plan_entries(spec, Path(plan)) if re.search(only, e.run_name)]
+    concurrent = _concurrent_entries(spec, Path(plan))
     source = _reused_study(spec, Path(plan))
     if source and entries and not overwrite:
         copied = copy_finished_runs(root / source, root / entries[0].study)
@@ -276,134 +310,211 @@ def run_plan(
     prepared = [
         (entry, injected_parameters(entry, declared[entry.notebook], root, overwrite=overwrite)) for entry in entries
     ]
-    outcomes: list[EntryOutcome] = []
+    outcomes: dict[int, EntryOutcome] = {}
     with PlanProgress(len(prepared), enabled=progress) as shown:
+        waiting = []
         for number, (entry, parameters) in enumerate(prepared, start=1):
-            run_dir = entry.run_dir(root)
-            record = run_dir / "study_entry.json"
-            if not overwrite and _is_complete(record, parameters):
-                outcomes.append(EntryOutcome(entry, "skipped"))
+            if not overwrite and _is_complete(entry.run_dir(root) / "study_entry.json", parameters):
+                outcomes[number] = EntryOutcome(entry, "skipped")
                 shown.write(f"[{number}/{len(prepared)}] {entry.run_name}: complete, skipped")
                 shown.done()
-                continue
-            run_dir.mkdir(parents=True, exist_ok=True)
-            shown.write(f"[{number}/{len(prepared)}] {entry.run_name}: {entry.notebook.name} {parameters}")
-            shown.start(entry.run_name)
-            started = time.perf_counter()
-            try:
-                with _plan_interruptible(plan, record, entry, parameters, started):
-                    papermill.execute_notebook(
-                        str(entry.notebook),
-                        str(run_dir / entry.notebook.name),
-                        parameters=parameters,
-                        kernel_name=kernel_name,
-                        cwd=str(project_root()),
-                        progress_bar=shown.cell_bar(),
-                        config=kernel_config(),
-                    )
-                outcome = EntryOutcome(entry, "complete", time.perf_counter() - started)
-            except PapermillExecutionError as error:
-                outcome = EntryOutcome(
-                    entry,
-                    "failed",
-                    time.perf_counter() - started,
-                    f"cell {error.exec_count}: {error.ename}: {error.evalue}",
+            else:
+                waiting.append((number, entry, parameters))
+        concurrent = min(concurrent, len(waiting))
+        with _shared_cluster(waiting if concurrent > 1 else []), _PlanInterrupts(plan) as interrupts:
+            outcomes.update(
+                _execute_entries(
+                    waiting,
+                    root=root,
+                    concurrent=concurrent,
+                    kernel_name=kernel_name,
+                    shown=shown,
+                    total=len(prepared),
+                    interrupts=interrupts,
                 )
-            except Exception as error:  # a kernel that died, a notebook that could not be read, …
-                outcome = EntryOutcome(
-                    entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}"
-                )
-            write_json(
-                record,
-                {
-                    "status": outcome.status,
-                    "notebook": str(entry.notebook),
-                    "parameters": parameters,
-                    "seconds": outcome.seconds,
-                    "error": outcome.error,
-                },
             )
-            shown.write(f"    {outcome.status} in {outcome.seconds:.0f} s {outcome.error}")
-            shown.done()
-            outcomes.append(outcome)
-    failures = [o for o in outcomes if o.status == "failed"]
+    ordered = [outcomes[number] for number in sorted(outcomes)]
+    failures = [o for o in ordered if o.status == "failed"]
     print(
-        f"plan {Path(plan).name}: {sum(o.status == 'complete' for o in outcomes)} ran, "
-        f"{sum(o.status == 'skipped' for o in outcomes)} skipped, {len(failures)} failed",
+        f"plan {Path(plan).name}: {sum(o.status == 'complete' for o in ordered)} ran, "
+        f"{sum(o.status == 'skipped' for o in ordered)} skipped, {len(failures)} failed",
         flush=True,
     )
     for failure in failures:
         print(f"  FAILED {failure.entry.run_name} ({failure.entry.notebook.name}) — {failure.error}", flush=True)
+    return ordered
+
+
+def _execute_entries(
+    waiting: list[tuple[int, PlanEntry, dict[str, Any]]],
+    *,
+    root: Path,
+    concurrent: int,
+    kernel_name: str,
+    shown: PlanProgress,
+    total: int,
+    interrupts: _PlanInterrupts,
+) -> dict[int, EntryOutcome]:
+    """Execute ``waiting`` in order, up to ``concurrent`` at once (an ``after_earlier`` entry waits until none
+    runs); raises :class:`dmlstudy.runs.RunInterrupted` once the running ones have ended after a signal."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    outcomes: dict[int, EntryOutcome] = {}
+    running: dict[Any, tuple[int, PlanEntry]] = {}
+    pending = list(waiting)
+    cells = shown.cell_bar() if concurrent == 1 else False
+    with ThreadPoolExecutor(max_workers=max(concurrent, 1), thread_name_prefix="plan-entry") as pool:
+        while (pending and not interrupts.received) or running:
+            while pending and len(running) < concurrent and not interrupts.received:
+                number, entry, parameters = pending[0]
+                if entry.after_earlier and running:
+                    break
+                pending.pop(0)
+                shown.write(f"[{number}/{total}] {entry.run_name}: {entry.notebook.name} {parameters}")
+                shown.start(entry.run_name)
+                future = pool.submit(
+                    _execute_entry, entry, parameters, root, kernel_name=kernel_name, cells=cells, interrupts=interrupts
+                )
+                running[future] = (number, entry)
+            finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in finished:
+                number, entry = running.pop(future)
+                outcome = outcomes[number] = future.result()
+                shown.write(
+                    f"    {entry.run_name} {outcome.status} in {outcome.seconds:.0f} s {outcome.error}".rstrip()
+                )
+                shown.done(entry.run_name)
+    interrupted = [outcome.entry.run_name for outcome in outcomes.values() if outcome.status == "interrupted"]
+    if interrupts.received:
+        raise interrupts.stopped(interrupted)
     return outcomes
 
 
-def _plan_interruptible(plan: str | Path, record: Path, entry: PlanEntry, parameters: dict[str, Any], started: float):
-    """SIGTERM/SIGINT while an entry executes (main thread only; handlers restored after).
+def _execute_entry(
+    entry: PlanEntry,
+    parameters: dict[str, Any],
+    root: Path,
+    *,
+    kernel_name: str,
+    cells: dict[str, Any] | bool,
+    interrupts: _PlanInterrupts,
+) -> EntryOutcome:
+    """One notebook through papermill, its outcome written to its ``study_entry.json``."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    run_dir = entry.run_dir(root)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(entry.notebook),
+            str(run_dir / entry.notebook.name),
+            parameters=parameters,
+            kernel_name=kernel_name,
+            cwd=str(project_root()),
+            progress_bar=cells,
+            config=kernel_config(),
+        )
+        outcome = EntryOutcome(entry, "complete", time.perf_counter() - started)
+    except PapermillExecutionError as error:
+        outcome = EntryOutcome(
+            entry, "failed", time.perf_counter() - started, f"cell {error.exec_count}: {error.ename}: {error.evalue}"
+        )
+    except Exception as error:  # a kernel that died, a notebook that could not be read, …
+        outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}")
+    if interrupts.received:
+        outcome = EntryOutcome(entry, "interrupted", outcome.seconds, interrupts.message([entry.run_name]))
+    write_json(
+        run_dir / "study_entry.json",
+        {
+            "status": outcome.status,
+            "notebook": str(entry.notebook),
+            "parameters": parameters,
+            "seconds": outcome.seconds,
+            "error": outcome.error,
+        },
+    )
+    return outcome
+
+
+@contextlib.contextmanager
+def _shared_cluster(waiting: list[tuple[int, PlanEntry, dict[str, Any]]]) -> Iterator[None]:
+    """For entries that execute side by side: one local cluster of their largest ``workers`` (the engine's
+    :func:`~dmlstudy.engine.start_local_cluster`), named to every kernel through ``DMLSTUDY_SCHEDULER`` and
+    closed at the end. Nothing when ``waiting`` is empty or ``DMLSTUDY_SCHEDULER`` already names a cluster."""
+    from dmlstudy import engine
+
+    if not waiting or engine.scheduler_address():
+        yield
+        return
+    workers = max(int(parameters.get("workers", 1) or 1) for _, _, parameters in waiting)
+    threads = int(os.environ.get(engine.THREADS_VARIABLE) or 0) or None
+    cluster, client = engine.start_local_cluster(workers, threads=threads)
+    print(
+        f"plan: {len(waiting)} entries, up to several at once, share one local cluster of {workers} workers "
+        f"({cluster.scheduler_address}, dashboard {client.dashboard_link})",
+        flush=True,
+    )
+    os.environ[engine.SCHEDULER_VARIABLE] = cluster.scheduler_address
+    try:
+        yield
+    finally:
+        os.environ.pop(engine.SCHEDULER_VARIABLE, None)
+        with contextlib.suppress(Exception):  # closing must not hide what happened in the entries
+            client.close()
+            cluster.close()
+
+
+class _PlanInterrupts:
+    """SIGTERM/SIGINT while a plan executes entries (main thread only; handlers restored after).
 
     Papermill starts each kernel in its own session, so a signal sent to ``dmlstudy study run`` does not
-    reach it: the handler forwards the signal to this process's children (the kernel, whose
-    :func:`dmlstudy.train.run` then keeps its checkpoint and stops), waits for the notebook to end, records
-    the entry as ``interrupted``, prints how to resume the plan and raises
-    :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal stops at once.
+    reach it: the first signal is forwarded to this process's children (the kernels, whose
+    :func:`dmlstudy.train.run` then keeps its checkpoint and stops, and the plan's cluster); no further entry
+    starts, each running one is recorded as ``interrupted`` when its notebook ends, and the plan prints how to
+    resume and raises :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal stops at once.
     """
-    import contextlib
 
-    import psutil
+    def __init__(self, plan: str | Path) -> None:
+        self.plan = Path(plan)
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
 
-    from dmlstudy.runs import RunInterrupted
-
-    received: list[int] = []
-
-    def stop() -> None:
-        signum = received[0]
-        message = (
-            f"plan {Path(plan).name} interrupted by {signal.Signals(signum).name} during entry {entry.run_name}; "
-            f"finished entries are kept and interrupted runs resume: dmlstudy study run {plan}"
+    def message(self, running: Iterable[str]) -> str:
+        names = ", ".join(running) or "none running"
+        return (
+            f"plan {self.plan.name} interrupted by {signal.Signals(self.received[0]).name} (entries: {names}); "
+            f"finished entries are kept and interrupted runs resume: dmlstudy study run {self.plan}"
         )
-        write_json(
-            record,
-            {
-                "status": "interrupted",
-                "notebook": str(entry.notebook),
-                "parameters": parameters,
-                "seconds": time.perf_counter() - started,
-                "error": message,
-            },
-        )
+
+    def stopped(self, running: Iterable[str]):
+        from dmlstudy.runs import RunInterrupted
+
+        message = self.message(running)
         print(message, file=sys.stderr, flush=True)
-        raise RunInterrupted(signum, message)
+        return RunInterrupted(self.received[0], message)
 
-    def handler(signum, frame) -> None:
-        first = not received
-        received.append(signum)
-        if not first:
-            stop()
+    def _handler(self, signum, frame) -> None:
+        import psutil
+
+        self.received.append(signum)
+        if len(self.received) > 1:
+            raise self.stopped([])
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 child.send_signal(signum)
 
-    @contextlib.contextmanager
-    def guard():
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        except RunInterrupted:
-            raise
-        except BaseException:
-            if not received:
-                raise
-            stop()
-        else:
-            if received:
-                stop()
-        finally:
-            for number, action in previous.items():
-                signal.signal(number, action)
+    def __enter__(self) -> _PlanInterrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {
+                number: signal.signal(number, self._handler) for number in (signal.SIGTERM, signal.SIGINT)
+            }
+        return self
 
-    return guard()
+    def __exit__(self, *exc_info) -> None:
+        for number, action in self._previous.items():
+            signal.signal(number, action)
 
 
 def configuration_columns(frame: pd.DataFrame, by: Iterable[str]) -> list[str]:

@@ -169,7 +169,7 @@ def test_plan_progress_keeps_ticking_during_a_long_entry():
                 break
             ticked.wait(0.01)
         assert ticked.is_set()
-        shown.done()
+        shown.done("slow-entry")
         assert shown.bar.n == 1 and "slow-entry" not in str(shown.bar.postfix)
 
 

@@ -235,6 +235,102 @@ def test_a_grid_whose_local_workers_all_exited_stops_with_a_clear_error(one_thre
     assert len(engine.get_client(1).scheduler_info()["workers"]) == 1  # the next grid gets a new cluster
 
 
+def test_a_run_task_waits_for_a_run_folder_another_process_is_writing(tiny_config, one_thread_tasks):
+    """A plan's 01_train notebook trains its run in its own kernel; a run task of another notebook asking for
+    the same run must wait for it and then load it, not fail with RunLockedError."""
+    from dmlstudy.runs import RunLock
+
+    config = tiny_config(run_name="held")
+    config.run_dir.mkdir(parents=True)
+    lock = RunLock(config.run_dir)
+    lock.acquire()
+    client, outcome = engine.get_client(1), {}
+
+    def grid():
+        try:
+            outcome["metrics"] = engine.run_tasks(
+                client,
+                [("held", engine.train_task, (config.to_dict(),), f"held-{time.time_ns()}")],
+                what="runs",
+                progress=False,
+            )["held"]
+        except Exception as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=grid)
+    try:
+        thread.start()
+        thread.join(timeout=3 * engine.LOCK_POLL_SECONDS)
+        assert thread.is_alive() and not outcome, f"the task did not wait for the held run folder: {outcome}"
+    finally:
+        lock.release()
+    thread.join(timeout=300)
+    assert (
+        "error" not in outcome
+        and outcome["metrics"]["R@1"] == json.loads((config.run_dir / "metrics.json").read_text())["R@1"]
+    )
+
+
+def test_grids_sharing_a_cluster_run_a_shared_task_once_and_the_smaller_grid_first(tmp_path, one_thread_tasks):
+    """Two notebooks of a plan side by side submit to one cluster (dmlstudy.study, ``concurrent_entries``): a run
+    both ask for trains once, and the short grid's waiting tasks go before the long one's, whichever came first
+    (Dask's own order favours neither: it depends on submission times)."""
+    from distributed import Client
+
+    cluster, first = engine.start_local_cluster(1, threads=1)
+    second = Client(cluster.scheduler_address, set_as_default=False)
+
+    def grids_side_by_side(folder, earlier, later):
+        """``earlier`` from one client, its first task held until ``later`` (from the other) reached the
+        scheduler; the order in which the tasks started, and each grid's results."""
+        folder.mkdir()
+        log, gate = folder / "log", folder / "gate"
+
+        def task(name: str) -> str:
+            with open(log, "a") as handle:
+                handle.write(name + "\n")
+            while name == earlier[0] and not gate.exists():
+                time.sleep(0.02)
+            return name
+
+        token, results = time.time_ns(), {}
+
+        def submit(client, names, label):
+            grid = [(name, task, (name,), f"{name}-{token}") for name in names]
+            results[label] = engine.run_tasks(client, grid, what=label, progress=False)
+
+        threads = [
+            threading.Thread(target=submit, args=(first, earlier, "earlier")),
+            threading.Thread(target=submit, args=(second, later, "later")),
+        ]
+        threads[0].start()
+        deadline = time.monotonic() + 60
+        while not (log.exists() and earlier[0] in log.read_text()):
+            assert time.monotonic() < deadline, "the first grid's first task never started"
+            time.sleep(0.02)
+        threads[1].start()
+        while not first.run_on_scheduler(lambda dask_scheduler: f"{later[0]}-{token}" in dask_scheduler.tasks):
+            assert time.monotonic() < deadline, "the second grid never reached the scheduler"
+            time.sleep(0.02)
+        gate.write_text("")
+        for thread in threads:
+            thread.join(timeout=120)
+        return log.read_text().split(), results
+
+    long_grid = [f"long{i}" for i in range(5)]
+    try:
+        order, results = grids_side_by_side(tmp_path / "long-first", [*long_grid, "shared"], ["short0", "shared"])
+        assert results["earlier"]["shared"] == results["later"]["shared"] == "shared"
+        assert order.count("shared") == 1 and sorted(order) == sorted([*long_grid, "short0", "shared"])
+        assert order[:2] == ["long0", "short0"], order
+        order, _ = grids_side_by_side(tmp_path / "short-first", ["short0", "short1"], long_grid)
+        assert order[:2] == ["short0", "short1"], order
+    finally:
+        second.close()
+        first.close()
+        cluster.close()
+
+
 def test_the_slurm_example_books_one_run_per_worker_and_a_gpu_per_job():
     import importlib.util
     from pathlib import Path

@@ -106,6 +106,31 @@ def test_concurrent_writers_one_fails_clearly_and_records_stay_consistent(tiny_c
     assert len(pd.read_csv(config.run_dir / "history.csv")) == checkpoint["epoch"] + 1 == len(checkpoint["history"])
 
 
+def test_a_finished_run_is_loaded_while_another_process_holds_its_folder(tiny_config):
+    """Notebooks of one plan side by side (``concurrent_entries``) load the same finished runs at once."""
+    first = run(tiny_config(run_name="shared"))
+    before = record_bytes(first.run_dir)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from dmlstudy.runs import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); "
+            "print('held', flush=True); time.sleep(120)",
+            str(first.run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        again = run(tiny_config(run_name="shared"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert again.metrics == json.loads((first.run_dir / "metrics.json").read_text())
+    assert {name: data for name, data in record_bytes(first.run_dir).items() if name in before} == before
+
+
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tiny_config):
     config = tiny_config(run_name="stale")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

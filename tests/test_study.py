@@ -1,6 +1,7 @@
 """The papermill study runner: plan expansion, resume, failures with their cell, tables over seeds."""
 
 import json
+import os
 
 import nbformat
 import numpy as np
@@ -119,6 +120,69 @@ def test_a_plan_starts_from_the_finished_runs_of_the_study_it_reuses(toy_noteboo
         text = f"study: s\nreuse_runs_of: {value}\nentries:\n  - name: ok\n    notebook: {toy_notebooks}/echo.ipynb\n"
         with pytest.raises(PlanError, match="'reuse_runs_of' must name another study"):
             run_plan(write_plan(toy_notebooks, text), root=root)
+
+
+def test_concurrent_entries_run_side_by_side_on_one_cluster_and_after_earlier_waits(toy_notebooks, monkeypatch):
+    """Entries a and b each wait for the other to have started (they fail if run one after the other); c, with
+    ``after_earlier``, must find both ended; all three kernels see the one cluster the plan started."""
+    monkeypatch.delenv("DMLSTUDY_SCHEDULER", raising=False)
+    marks = toy_notebooks / "marks"
+    marks.mkdir()
+    write_notebook(
+        toy_notebooks / "meet.ipynb",
+        "me: str = 'a'\nother: str = 'b'\nworkers: int = 1",
+        "import os, pathlib, time\n"
+        f"marks = pathlib.Path({str(marks)!r})\n"
+        "(marks / f'{me}.started').write_text(os.environ.get('DMLSTUDY_SCHEDULER', ''))\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not (marks / f'{other}.started').exists():\n"
+        "    assert time.monotonic() < deadline, f'{other} never started while {me} ran'\n"
+        "    time.sleep(0.05)\n"
+        "(marks / f'{me}.ended').write_text('')",
+    )
+    write_notebook(
+        toy_notebooks / "last.ipynb",
+        "workers: int = 1",
+        "import os, pathlib\n"
+        f"marks = pathlib.Path({str(marks)!r})\n"
+        "assert (marks / 'a.ended').exists() and (marks / 'b.ended').exists(), 'started before a and b ended'\n"
+        "(marks / 'c.started').write_text(os.environ.get('DMLSTUDY_SCHEDULER', ''))",
+    )
+    meet = toy_notebooks / "meet.ipynb"
+    plan = write_plan(
+        toy_notebooks,
+        f"study: s\nconcurrent_entries: 3\nentries:\n"
+        f"  - name: a\n    notebook: {meet}\n    parameters: {{me: a, other: b, workers: 2}}\n"
+        f"  - name: b\n    notebook: {meet}\n    parameters: {{me: b, other: a}}\n"
+        f"  - name: c\n    notebook: {toy_notebooks / 'last.ipynb'}\n    after_earlier: true\n",
+    )
+    outcomes = run_plan(plan, root=toy_notebooks / "runs", progress=False)
+    assert [(o.entry.run_name, o.status, o.error) for o in outcomes] == [
+        ("a", "complete", ""),
+        ("b", "complete", ""),
+        ("c", "complete", ""),
+    ]
+    addresses = {(marks / f"{name}.started").read_text() for name in "abc"}
+    assert len(addresses) == 1 and addresses.pop().startswith("tcp://")
+    assert "DMLSTUDY_SCHEDULER" not in os.environ
+    assert [o.status for o in run_plan(plan, root=toy_notebooks / "runs", progress=False)] == ["skipped"] * 3
+
+
+def test_concurrent_entries_and_after_earlier_are_checked(toy_notebooks):
+    echo = toy_notebooks / "echo.ipynb"
+    for text, message in [
+        (
+            f"concurrent_entries: 0\nentries:\n  - name: a\n    notebook: {echo}\n",
+            "'concurrent_entries' must be an integer ≥ 1, got 0",
+        ),
+        (f"concurrent_entries: two\nentries:\n  - name: a\n    notebook: {echo}\n", "got 'two'"),
+        (
+            f"entries:\n  - name: a\n    notebook: {echo}\n    after_earlier: yes please\n",
+            "entry 'a': 'after_earlier' must be true or false",
+        ),
+    ]:
+        with pytest.raises(PlanError, match=message):
+            run_plan(write_plan(toy_notebooks, text), root=toy_notebooks / "runs", progress=False)
 
 
 def test_tables_are_mean_and_std_over_seeds(tmp_path):
