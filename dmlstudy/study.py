@@ -450,7 +450,11 @@ def _shared_cluster(waiting: list[tuple[int, PlanEntry, dict[str, Any]]]) -> Ite
         return
     workers = max(int(parameters.get("workers", 1) or 1) for _, _, parameters in waiting)
     threads = int(os.environ.get(engine.THREADS_VARIABLE) or 0) or None
+    environment = dict(os.environ)
     cluster, client = engine.start_local_cluster(workers, threads=threads)
+    # Dask sets OMP_NUM_THREADS=1 (and MKL's, OpenBLAS's) in this process for its workers; the kernels get this
+    # process's own environment, as when each starts its own cluster, so their in-process work computes alike
+    _restore_environment(environment)
     print(
         f"plan: {len(waiting)} entries, up to several at once, share one local cluster of {workers} workers "
         f"({cluster.scheduler_address}, dashboard {client.dashboard_link})",
@@ -460,10 +464,16 @@ def _shared_cluster(waiting: list[tuple[int, PlanEntry, dict[str, Any]]]) -> Ite
     try:
         yield
     finally:
-        os.environ.pop(engine.SCHEDULER_VARIABLE, None)
+        _restore_environment(environment)
         with contextlib.suppress(Exception):  # closing must not hide what happened in the entries
             client.close()
             cluster.close()
+
+
+def _restore_environment(saved: dict[str, str]) -> None:
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    os.environ.update(saved)
 
 
 class _PlanInterrupts:

@@ -134,6 +134,7 @@ def test_concurrent_entries_run_side_by_side_on_one_cluster_and_after_earlier_wa
         "import os, pathlib, time\n"
         f"marks = pathlib.Path({str(marks)!r})\n"
         "(marks / f'{me}.started').write_text(os.environ.get('DMLSTUDY_SCHEDULER', ''))\n"
+        "(marks / f'{me}.omp').write_text(os.environ.get('OMP_NUM_THREADS', 'unset'))\n"
         "deadline = time.monotonic() + 60\n"
         "while not (marks / f'{other}.started').exists():\n"
         "    assert time.monotonic() < deadline, f'{other} never started while {me} ran'\n"
@@ -156,6 +157,7 @@ def test_concurrent_entries_run_side_by_side_on_one_cluster_and_after_earlier_wa
         f"  - name: b\n    notebook: {meet}\n    parameters: {{me: b, other: a}}\n"
         f"  - name: c\n    notebook: {toy_notebooks / 'last.ipynb'}\n    after_earlier: true\n",
     )
+    environment = dict(os.environ)
     outcomes = run_plan(plan, root=toy_notebooks / "runs", progress=False)
     assert [(o.entry.run_name, o.status, o.error) for o in outcomes] == [
         ("a", "complete", ""),
@@ -165,6 +167,9 @@ def test_concurrent_entries_run_side_by_side_on_one_cluster_and_after_earlier_wa
     addresses = {(marks / f"{name}.started").read_text() for name in "abc"}
     assert len(addresses) == 1 and addresses.pop().startswith("tcp://")
     assert "DMLSTUDY_SCHEDULER" not in os.environ
+    # the kernels get this process's environment, not the OMP_NUM_THREADS=1 Dask sets for its workers
+    assert {(marks / f"{name}.omp").read_text() for name in "ab"} == {os.environ.get("OMP_NUM_THREADS", "unset")}
+    assert os.environ == environment
     assert [o.status for o in run_plan(plan, root=toy_notebooks / "runs", progress=False)] == ["skipped"] * 3
 
 
