@@ -247,3 +247,27 @@ def test_a_single_run_shows_its_value_without_a_spread():
     table = summarize(frame, by=["method"], metrics=["R@1"]).set_index("method")
     assert table.loc["a", "R@1"] == "50.0" and table.loc["a", "R@1_std"] == 0.0
     assert table.loc["b", "R@1"] == "30.0 ± 14.1"
+
+
+def test_the_study_timeline_counts_the_runs_training_at_once(tmp_path):
+    """benchmarks/study_timeline.py, the measurement behind "Notebooks side by side": runs a (0–10 s) and b
+    (5–20 s) overlap for 5 s; nothing trains for 10 s; c (from 30 s, unfinished) counts until the newest record,
+    d's end (32–40 s)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "study_timeline.py"
+    spec = importlib.util.spec_from_file_location("study_timeline", path)
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    for name, start, end in [("a", 1000, 1010), ("b", 1005, 1020), ("c", 1030, None), ("d", 1032, 1040)]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text("x")
+        os.utime(tmp_path / name / "config.yaml", (start, start))
+        if end is not None:
+            (tmp_path / name / "metrics.json").write_text("{}")
+            os.utime(tmp_path / name / "metrics.json", (end, end))
+    intervals = timeline.run_intervals(tmp_path)
+    assert [name for *_, name in intervals] == ["a", "b", "c", "d"]
+    span, seconds = timeline.occupancy(intervals)
+    assert span == 40 and seconds == {0: 10, 1: 17, 2: 13}
