@@ -173,6 +173,47 @@ def test_concurrent_entries_run_side_by_side_on_one_cluster_and_after_earlier_wa
     assert [o.status for o in run_plan(plan, root=toy_notebooks / "runs", progress=False)] == ["skipped"] * 3
 
 
+def test_sigterm_stops_entries_side_by_side_and_records_each_as_interrupted(toy_notebooks, monkeypatch):
+    """``dmlstudy study run`` with two entries running at once and a third waiting: SIGTERM reaches both
+    kernels, both are recorded ``interrupted``, the third never starts, and the exit says how to resume."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.delenv("DMLSTUDY_SCHEDULER", raising=False)
+    marks = toy_notebooks / "marks"
+    marks.mkdir()
+    write_notebook(
+        toy_notebooks / "sleep.ipynb",
+        "me: str = 'a'",
+        f"import pathlib, time\n(pathlib.Path({str(marks)!r}) / me).write_text('')\ntime.sleep(300)",
+    )
+    sleep = toy_notebooks / "sleep.ipynb"
+    plan = write_plan(
+        toy_notebooks,
+        f"study: s\nconcurrent_entries: 2\nentries:\n"
+        f"  - name: a\n    notebook: {sleep}\n    parameters: {{me: a}}\n"
+        f"  - name: b\n    notebook: {sleep}\n    parameters: {{me: b}}\n"
+        f"  - name: c\n    notebook: {sleep}\n    parameters: {{me: c}}\n",
+    )
+    root = toy_notebooks / "runs"
+    command = [sys.executable, "-m", "dmlstudy", "study", "run", str(plan), "--runs-root", str(root)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ((marks / "a").exists() and (marks / "b").exists()):
+        assert process.poll() is None and time.monotonic() < deadline, "the two entries never both started"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert "interrupted by SIGTERM (entries: " in stderr and f"dmlstudy study run {plan}" in stderr
+    for name in "ab":
+        record = json.loads((root / "s" / name / "study_entry.json").read_text())
+        assert record["status"] == "interrupted" and f"entries: {name})" in record["error"]
+    assert not (marks / "c").exists() and not (root / "s" / "c").exists()
+
+
 def test_concurrent_entries_and_after_earlier_are_checked(toy_notebooks):
     echo = toy_notebooks / "echo.ipynb"
     for text, message in [
