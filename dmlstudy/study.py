@@ -423,7 +423,7 @@ def _execute_entry(
         )
     except Exception as error:  # a kernel that died, a notebook that could not be read, …
         outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}")
-    if interrupts.received:
+    if interrupts.received and outcome.status != "complete":  # one that ended before the signal stays complete
         outcome = EntryOutcome(entry, "interrupted", outcome.seconds, interrupts.message([entry.run_name]))
     write_json(
         run_dir / "study_entry.json",
@@ -483,7 +483,8 @@ class _PlanInterrupts:
     reach it: the first signal is forwarded to this process's children (the kernels, whose
     :func:`dmlstudy.train.run` then keeps its checkpoint and stops, and the plan's cluster); no further entry
     starts, each running one is recorded as ``interrupted`` when its notebook ends, and the plan prints how to
-    resume and raises :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal stops at once.
+    resume and raises :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal raises it at once in
+    the main thread (the process still ends only when the signalled kernels have).
     """
 
     def __init__(self, plan: str | Path) -> None:
