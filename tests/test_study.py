@@ -122,12 +122,18 @@ def test_a_plan_starts_from_the_finished_runs_of_the_study_it_reuses(toy_noteboo
             run_plan(write_plan(toy_notebooks, text), root=root)
 
 
-def test_concurrent_entries_run_side_by_side_on_one_cluster_and_after_earlier_waits(toy_notebooks, monkeypatch):
+@pytest.fixture
+def marks(toy_notebooks, monkeypatch):
+    """A folder where the toy notebooks of a plan run side by side leave their marks; no outside scheduler."""
+    monkeypatch.delenv("DMLSTUDY_SCHEDULER", raising=False)
+    folder = toy_notebooks / "marks"
+    folder.mkdir()
+    return folder
+
+
+def test_concurrent_entries_run_side_by_side_on_one_cluster_and_after_earlier_waits(toy_notebooks, marks):
     """Entries a and b each wait for the other to have started (they fail if run one after the other); c, with
     ``after_earlier``, must find both ended; all three kernels see the one cluster the plan started."""
-    monkeypatch.delenv("DMLSTUDY_SCHEDULER", raising=False)
-    marks = toy_notebooks / "marks"
-    marks.mkdir()
     write_notebook(
         toy_notebooks / "meet.ipynb",
         "me: str = 'a'\nother: str = 'b'\nworkers: int = 1",
@@ -173,7 +179,7 @@ def test_concurrent_entries_run_side_by_side_on_one_cluster_and_after_earlier_wa
     assert [o.status for o in run_plan(plan, root=toy_notebooks / "runs", progress=False)] == ["skipped"] * 3
 
 
-def test_sigterm_stops_entries_side_by_side_and_records_each_as_interrupted(toy_notebooks, monkeypatch):
+def test_sigterm_stops_entries_side_by_side_and_records_each_as_interrupted(toy_notebooks, marks):
     """``dmlstudy study run`` with two entries running at once and a third waiting: SIGTERM reaches both
     kernels, both are recorded ``interrupted``, the third never starts, and the exit says how to resume."""
     import signal
@@ -181,9 +187,6 @@ def test_sigterm_stops_entries_side_by_side_and_records_each_as_interrupted(toy_
     import sys
     import time
 
-    monkeypatch.delenv("DMLSTUDY_SCHEDULER", raising=False)
-    marks = toy_notebooks / "marks"
-    marks.mkdir()
     write_notebook(
         toy_notebooks / "sleep.ipynb",
         "me: str = 'a'",
