@@ -321,13 +321,14 @@ def run_plan(
             else:
                 waiting.append((number, entry, parameters))
         concurrent = min(concurrent, len(waiting))
-        with _shared_cluster(waiting if concurrent > 1 else []), _PlanInterrupts(plan) as interrupts:
+        with _shared_cluster(waiting if concurrent > 1 else []) as environment, _PlanInterrupts(plan) as interrupts:
             outcomes.update(
                 _execute_entries(
                     waiting,
                     root=root,
                     concurrent=concurrent,
                     kernel_name=kernel_name,
+                    environment=environment,
                     shown=shown,
                     total=len(prepared),
                     interrupts=interrupts,
@@ -351,6 +352,7 @@ def _execute_entries(
     root: Path,
     concurrent: int,
     kernel_name: str,
+    environment: dict[str, str],
     shown: PlanProgress,
     total: int,
     interrupts: _PlanInterrupts,
@@ -363,6 +365,7 @@ def _execute_entries(
     running: dict[Any, tuple[int, PlanEntry]] = {}
     pending = list(waiting)
     cells = shown.cell_bar() if concurrent == 1 else False
+    manager = _kernel_manager(environment)
     with ThreadPoolExecutor(max_workers=max(concurrent, 1), thread_name_prefix="plan-entry") as pool:
         while (pending and not interrupts.received) or running:
             while pending and len(running) < concurrent and not interrupts.received:
@@ -373,7 +376,13 @@ def _execute_entries(
                 shown.write(f"[{number}/{total}] {entry.run_name}: {entry.notebook.name} {parameters}")
                 shown.start(entry.run_name)
                 future = pool.submit(
-                    _execute_entry, entry, parameters, root, kernel_name=kernel_name, cells=cells, interrupts=interrupts
+                    _execute_entry,
+                    entry,
+                    parameters,
+                    root,
+                    kernel=(kernel_name, manager),
+                    cells=cells,
+                    interrupts=interrupts,
                 )
                 running[future] = (number, entry)
             finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -395,11 +404,12 @@ def _execute_entry(
     parameters: dict[str, Any],
     root: Path,
     *,
-    kernel_name: str,
+    kernel: tuple[str, type],
     cells: dict[str, Any] | bool,
     interrupts: _PlanInterrupts,
 ) -> EntryOutcome:
-    """One notebook through papermill, its outcome written to its ``study_entry.json``."""
+    """One notebook through papermill (``kernel``: the kernel's name and manager class), its outcome written to
+    its ``study_entry.json``."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -411,7 +421,8 @@ def _execute_entry(
             str(entry.notebook),
             str(run_dir / entry.notebook.name),
             parameters=parameters,
-            kernel_name=kernel_name,
+            kernel_name=kernel[0],
+            kernel_manager_class=kernel[1],
             cwd=str(project_root()),
             progress_bar=cells,
             config=kernel_config(),
@@ -439,41 +450,52 @@ def _execute_entry(
 
 
 @contextlib.contextmanager
-def _shared_cluster(waiting: list[tuple[int, PlanEntry, dict[str, Any]]]) -> Iterator[None]:
-    """For entries that execute side by side: one local cluster of their largest ``workers`` (the engine's
-    :func:`~dmlstudy.engine.start_local_cluster`), named to every kernel through ``DMLSTUDY_SCHEDULER`` and
-    closed at the end. Nothing when ``waiting`` is empty or ``DMLSTUDY_SCHEDULER`` already names a cluster."""
+def _shared_cluster(waiting: list[tuple[int, PlanEntry, dict[str, Any]]]) -> Iterator[dict[str, str]]:
+    """The environment the plan's kernels start with: this process's, as it was before the plan. For entries
+    that execute side by side, plus ``DMLSTUDY_SCHEDULER`` naming one local cluster of their largest
+    ``workers`` (the engine's :func:`~dmlstudy.engine.start_local_cluster`), closed at the end; no cluster when
+    ``waiting`` is empty or ``DMLSTUDY_SCHEDULER`` already names one.
+
+    The kernels get that environment explicitly (:func:`_kernel_manager`), not this process's ``os.environ``:
+    each Dask nanny sets ``OMP_NUM_THREADS=1`` (and MKL's, OpenBLAS's) in the process that holds it whenever it
+    (re)starts its worker, which would give kernels started after it one thread. ``os.environ`` is restored
+    when the plan ends."""
     from dmlstudy import engine
 
+    environment = dict(os.environ)
     if not waiting or engine.scheduler_address():
-        yield
+        yield environment
         return
     workers = max(int(parameters.get("workers", 1) or 1) for _, _, parameters in waiting)
     threads = int(os.environ.get(engine.THREADS_VARIABLE) or 0) or None
-    environment = dict(os.environ)
     cluster, client = engine.start_local_cluster(workers, threads=threads)
-    # Dask sets OMP_NUM_THREADS=1 (and MKL's, OpenBLAS's) in this process for its workers; the kernels get this
-    # process's own environment, as when each starts its own cluster, so their in-process work computes alike
-    _restore_environment(environment)
     print(
         f"plan: {len(waiting)} entries, up to several at once, share one local cluster of {workers} workers "
         f"({cluster.scheduler_address}, dashboard {client.dashboard_link})",
         flush=True,
     )
-    os.environ[engine.SCHEDULER_VARIABLE] = cluster.scheduler_address
     try:
-        yield
+        yield {**environment, engine.SCHEDULER_VARIABLE: cluster.scheduler_address}
     finally:
-        _restore_environment(environment)
         with contextlib.suppress(Exception):  # closing must not hide what happened in the entries
             client.close()
             cluster.close()
+        for key in set(os.environ) - set(environment):
+            del os.environ[key]
+        os.environ.update(environment)
 
 
-def _restore_environment(saved: dict[str, str]) -> None:
-    for key in set(os.environ) - set(saved):
-        del os.environ[key]
-    os.environ.update(saved)
+def _kernel_manager(environment: dict[str, str]) -> type:
+    """A kernel manager class (nbclient's default, :class:`jupyter_client.AsyncKernelManager`) whose kernels
+    start with ``environment``."""
+    from jupyter_client import AsyncKernelManager
+
+    class PlanKernelManager(AsyncKernelManager):
+        async def start_kernel(self, **kwargs: Any) -> None:
+            kwargs.setdefault("env", dict(environment))
+            await super().start_kernel(**kwargs)
+
+    return PlanKernelManager
 
 
 class _PlanInterrupts:
