@@ -44,7 +44,6 @@ DEVICE_VARIABLE = "DMLSTUDY_DEVICE"  # the device resolve_device("auto") picks o
 THREADS_VARIABLE = "DMLSTUDY_TASK_THREADS"  # torch/faiss threads of each task on a worker
 CONNECT_SECONDS = 5  # how long to try an address before reporting it unreachable
 STOP_SECONDS = 60  # how long a cancelled task may take to reach its next training step before its worker restarts
-LOCK_POLL_SECONDS = 2.0  # how often a run task looks again at a run folder another process is writing
 LOST_SECONDS = 60  # how long a grid waits on a local cluster with no worker left before it gives up
 # Dask's statistical profiler samples every running task's stack every 10 ms: CPU taken from the training
 # (benchmarks/README.md, "Execution engine"); the dashboard's profile tab stays empty without it.
@@ -249,10 +248,10 @@ def task_values(config) -> dict[str, Any]:
 def train_task(values: dict[str, Any]) -> dict[str, float]:
     """Train (or resume, or just load the metrics of) the run of TrainConfig ``values``: idempotent.
 
-    A run folder that a live process outside the engine is writing (a notebook of the same plan training that
-    run itself, :class:`dmlstudy.runs.RunLock`) is waited for, every :data:`LOCK_POLL_SECONDS`, and then
-    loaded or resumed; a cancelled task stops waiting. (A dead writer's lock is free at once: the OS drops
-    it with the process.)"""
+    The run resumes, so a run folder that a live process outside the engine is writing (a notebook of the same
+    plan training that run itself) is waited for and then loaded or continued (:mod:`dmlstudy.runs`, "One
+    writer"); a cancelled task stops waiting. (A dead writer's lock is free at once: the OS drops it with the
+    process.)"""
     import json
 
     from dmlstudy import runs
@@ -261,17 +260,8 @@ def train_task(values: dict[str, Any]) -> dict[str, float]:
     config = TrainConfig(**{**values, "resume": True, "progress": False})
     if is_complete(config):
         return json.loads((config.run_dir / "metrics.json").read_text())
-    cancelled = _cancelled_test()
-    with task_state(), runs.stop_when(cancelled):
-        while True:
-            try:
-                return run(config).metrics
-            except runs.RunLockedError:
-                if cancelled():
-                    raise runs.RunStopped(
-                        f"cancelled while waiting for another process to finish {config.run_dir}"
-                    ) from None
-                time.sleep(LOCK_POLL_SECONDS)
+    with task_state(), runs.stop_when(_cancelled_test()):
+        return run(config).metrics
 
 
 def _cancelled_test() -> Callable[[], bool]:

@@ -25,8 +25,12 @@ Decisions (issue 16):
   an interrupted run started again without it begins at epoch 1 (with a warning).
 * **One writer.** :class:`RunLock` holds a ``filelock`` lock on ``<run>/.run.lock`` for the run's whole
   life and writes the holder's PID, host and command to ``<run>/.run.lock.json``; a second writer fails
-  at once with :class:`RunLockedError` naming them. The OS drops the lock of a process that died, so a
-  holder file left behind is stale: it is taken over with a warning naming the dead process.
+  at once with :class:`RunLockedError` naming them, unless it resumes (``resume=True``, as every run of a
+  study plan and of the engine does): a resumed run waits for the live writer, saying once whom it waits for,
+  and then loads the finished run or continues it (a notebook of a plan that trains its run in its own kernel,
+  the ``01_train`` tutorial, and another notebook's run task asking for the same run may come in either order).
+  The OS drops the lock of a process that died, so a holder file left behind is stale: it is taken over with a
+  warning naming the dead process.
 * **Signals.** While a run trains, SIGTERM and SIGINT stop it between two record writes (a write in
   progress is finished first), keep the checkpoint of the last finished epoch, print one line saying how
   to resume, and raise :class:`RunInterrupted`, a ``SystemExit`` with code 143 (SIGTERM) or 130
@@ -80,6 +84,7 @@ HASHED_WHEN_SET = {  # field → the value that reproduces the runs recorded bef
 }
 RECORD_FILES = ("metrics.json", "checkpoint.pt", "history.csv", "embeddings.npz", "environment.json", "config.yaml")
 LOCK_FILE, HOLDER_FILE = ".run.lock", ".run.lock.json"
+LOCK_POLL_SECONDS = 2.0  # how often a resumed run looks again at a run folder another live process is writing
 
 
 class RunWarning(UserWarning):
@@ -335,19 +340,20 @@ class RunLock:
         except (OSError, ValueError):
             return {}
 
+    def describe_holder(self) -> str:
+        """``run folder … is being written by PID … on host …, since … (command)``."""
+        holder = self._holder()
+        who = f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')}" if holder else "another process"
+        since = f", since {holder['started']}" if holder.get("started") else ""
+        return f"run folder {self.run_dir} is being written by {who}{since} ({holder.get('command', '')})"
+
     def acquire(self) -> None:
         from filelock import Timeout
 
         try:
             self.lock.acquire(timeout=0)
         except Timeout:
-            holder = self._holder()
-            who = f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')}" if holder else "another process"
-            since = f", since {holder['started']}" if holder.get("started") else ""
-            raise RunLockedError(
-                f"run folder {self.run_dir} is being written by {who}{since} ({holder.get('command', '')}); "
-                "wait for it to finish or stop that process"
-            ) from None
+            raise RunLockedError(f"{self.describe_holder()}; wait for it to finish or stop that process") from None
         previous = self._holder()
         if previous and previous.get("pid") != os.getpid():
             warn(
@@ -456,7 +462,7 @@ class RunSession:
                 check_stop(self.run_dir, self.config.epochs)  # a task cancelled before it started takes no lock
                 self._make_folder()
                 lock = RunLock(self.run_dir)
-                lock.acquire()
+                self._acquire(lock)
                 self._stack.callback(lock.release)
                 self._stack.enter_context(interruptible(self.run_dir, self.config.epochs))
             self._apply_policy()
@@ -467,6 +473,23 @@ class RunSession:
 
     def __exit__(self, kind, error, traceback) -> bool:
         return bool(self._stack.__exit__(kind, error, traceback))
+
+    def _acquire(self, lock: RunLock) -> None:
+        """Take the run folder's lock; a resumed run waits for a live writer (checking every
+        :data:`LOCK_POLL_SECONDS` whether the code that started it asked it to stop), a new one fails at once."""
+        waiting = False
+        while True:
+            try:
+                lock.acquire()
+                return
+            except RunLockedError:
+                if not self.config.resume:
+                    raise
+                if not waiting:
+                    print(f"waiting: {lock.describe_holder()}; resume continues once it ends", file=sys.stderr)
+                    waiting = True
+            time.sleep(LOCK_POLL_SECONDS)
+            check_stop(self.run_dir, self.config.epochs)
 
     def _make_folder(self) -> None:
         try:

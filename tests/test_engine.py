@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dmlstudy import engine
+from dmlstudy import engine, runs
 from dmlstudy.experiments.protocol import run_grid
 from dmlstudy.train import resolve_device
 
@@ -260,7 +260,7 @@ def test_a_run_task_waits_for_a_run_folder_another_process_is_writing(tiny_confi
     thread = threading.Thread(target=grid)
     try:
         thread.start()
-        thread.join(timeout=3 * engine.LOCK_POLL_SECONDS)
+        thread.join(timeout=3 * runs.LOCK_POLL_SECONDS)
         assert thread.is_alive() and not outcome, f"the task did not wait for the held run folder: {outcome}"
     finally:
         lock.release()

@@ -19,7 +19,15 @@ import yaml
 from dmlstudy import records
 from dmlstudy.cli import build_parser, config_options, main
 from dmlstudy.config import load_yaml
-from dmlstudy.runs import HOLDER_FILE, RunConflictError, RunStopped, RunWarning, identity_hash, stop_when
+from dmlstudy.runs import (
+    HOLDER_FILE,
+    RunConflictError,
+    RunLockedError,
+    RunStopped,
+    RunWarning,
+    identity_hash,
+    stop_when,
+)
 from dmlstudy.train import TrainConfig, run
 
 
@@ -129,6 +137,38 @@ def test_a_finished_run_is_loaded_while_another_process_holds_its_folder(tiny_co
         holder.wait()
     assert again.metrics == json.loads((first.run_dir / "metrics.json").read_text())
     assert {name: data for name, data in record_bytes(first.run_dir).items() if name in before} == before
+
+
+def test_a_resumed_run_waits_for_the_live_writer_and_a_new_one_does_not(tiny_config, capfd):
+    """A plan's 01_train notebook trains its run in its own kernel while another notebook's run task may already
+    be writing it (or the other way round): resuming waits for the writer instead of failing the notebook."""
+    config = tiny_config(run_name="waited", resume=True)
+    config.run_dir.mkdir(parents=True)
+    released = config.run_dir.parent / "released"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import pathlib, sys, time; from dmlstudy.runs import RunLock; lock = RunLock(sys.argv[1]); "
+            "lock.acquire(); print('held', flush=True); time.sleep(3); pathlib.Path(sys.argv[2]).touch(); "
+            "lock.release()",
+            str(config.run_dir),
+            str(released),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLockedError, match=f"is being written by PID {holder.pid} on host"):
+            run(TrainConfig(**{**config.to_dict(), "resume": False}))
+        result = run(config)
+        assert released.exists(), "the resumed run took the folder before its writer let go"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"waiting: run folder {config.run_dir} is being written by PID {holder.pid}" in capfd.readouterr().err
+    assert result.metrics == json.loads((config.run_dir / "metrics.json").read_text())
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tiny_config):
