@@ -505,8 +505,9 @@ class _PlanInterrupts:
     reach it: the first signal is forwarded to this process's children (the kernels, whose
     :func:`dmlstudy.train.run` then keeps its checkpoint and stops, and the plan's cluster); no further entry
     starts, each running one is recorded as ``interrupted`` when its notebook ends, and the plan prints how to
-    resume and raises :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal raises it at once in
-    the main thread (the process still ends only when the signalled kernels have).
+    resume and raises :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal kills this process's
+    children (kernels and cluster; each run keeps its last finished epoch's checkpoint, whose writes are atomic)
+    and raises it at once in the main thread.
     """
 
     def __init__(self, plan: str | Path) -> None:
@@ -516,8 +517,9 @@ class _PlanInterrupts:
 
     def message(self, running: Iterable[str]) -> str:
         names = ", ".join(running) or "none running"
+        forced = "; a second signal killed the kernels and workers" if len(self.received) > 1 else ""
         return (
-            f"plan {self.plan.name} interrupted by {signal.Signals(self.received[0]).name} (entries: {names}); "
+            f"plan {self.plan.name} interrupted by {signal.Signals(self.received[0]).name} (entries: {names}){forced}; "
             f"finished entries are kept and interrupted runs resume: dmlstudy study run {self.plan}"
         )
 
@@ -532,11 +534,15 @@ class _PlanInterrupts:
         import psutil
 
         self.received.append(signum)
-        if len(self.received) > 1:
-            raise self.stopped([])
+        first = len(self.received) == 1
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                child.send_signal(signum)
+                if first:
+                    child.send_signal(signum)
+                else:
+                    child.kill()
+        if not first:
+            raise self.stopped([])
 
     def __enter__(self) -> _PlanInterrupts:
         if threading.current_thread() is threading.main_thread():

@@ -217,6 +217,44 @@ def test_sigterm_stops_entries_side_by_side_and_records_each_as_interrupted(toy_
     assert not (marks / "c").exists() and not (root / "s" / "c").exists()
 
 
+def test_a_second_sigterm_kills_kernels_that_ignore_the_first(toy_notebooks, marks):
+    """A user who signals twice wants the plan gone: its kernels (and cluster) are killed, not waited for."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    write_notebook(
+        toy_notebooks / "stubborn.ipynb",
+        "me: str = 'a'",
+        "import os, pathlib, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"(pathlib.Path({str(marks)!r}) / me).write_text(str(os.getpid()))\ntime.sleep(300)",
+    )
+    plan = write_plan(
+        toy_notebooks, f"study: s\nentries:\n  - name: a\n    notebook: {toy_notebooks / 'stubborn.ipynb'}\n"
+    )
+    command = [sys.executable, "-m", "dmlstudy", "study", "run", str(plan), "--runs-root", str(toy_notebooks / "runs")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (marks / "a").exists() or not (marks / "a").read_text():
+            assert process.poll() is None and time.monotonic() < deadline, "the entry never started"
+            time.sleep(0.05)
+        kernel = int((marks / "a").read_text())
+        process.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=3)  # the kernel ignores SIGTERM: the plan waits for it
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    assert "a second signal killed the kernels and workers" in stderr
+    assert not psutil.pid_exists(kernel) or psutil.Process(kernel).status() == psutil.STATUS_ZOMBIE
+
+
 def test_concurrent_entries_and_after_earlier_are_checked(toy_notebooks):
     echo = toy_notebooks / "echo.ipynb"
     for text, message in [
