@@ -28,12 +28,12 @@ study: $(STAMP)
 	echo "runs and executed notebooks: runs/   tables: results/   figures: figures/"; \
 	exit $$status
 
-## per-method Optuna tuning on validation classes (make tune PLAN=plans/tune_smoke.yaml for the CI-sized one): plans/tuned/<dataset>.yaml and figures/tuning_best_so_far.png
-tune: PLAN = plans/tune.yaml
+## per-method Optuna tuning on validation classes, in both regimes (make tune PLAN=plans/tune_smoke.yaml for the CI-sized one): plans/tuned/<dataset>.yaml, plans/tuned/pretrained/<dataset>.yaml and their best-so-far figures
+tune: PLAN = plans/tune.yaml plans/tune_pretrained.yaml
 tune: $(STAMP)
-	@start=$$(date +%s); \
-	$(BIN)/dmlstudy data generate && \
-	$(BIN)/dmlstudy tune $(PLAN); status=$$?; \
+	@start=$$(date +%s); status=0; \
+	$(BIN)/dmlstudy data generate || status=$$?; \
+	for plan in $(PLAN); do [ $$status -eq 0 ] || break; $(BIN)/dmlstudy tune $$plan || status=$$?; done; \
 	echo "tune finished in $$(( $$(date +%s) - start )) s (status $$status)"; \
 	exit $$status
 

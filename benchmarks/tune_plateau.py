@@ -7,16 +7,17 @@ Run: ``.venv/bin/dmlstudy tune benchmarks/tune_plateau.yaml`` first, then
 Per dataset × row it prints the best validation R@1 after 4, 8 and all trials (best-so-far in trial-number
 order), the gain of the second half of the budget, the trials to a plateau (:func:`dmlstudy.tuning.
 trials_to_plateau`), complete and pruned trials, the trials' summed training seconds, and the value the committed
-``plans/tuned/<dataset>.yaml`` chose (the study's 4-trial budget) for comparison. It saves the best-so-far figure
+``plans/tuned/<dataset>.yaml`` chose (scratch) for comparison. It saves the best-so-far figure
 next to the journals (``<runs>/<plan name>/best_so_far.png``, or ``--figure``). Results go to
 ``benchmarks/README.md`` and ``benchmarks/tune_plateau.png``.
 
 Noise yardstick (``--seed-runs``, default ``runs/default``, the default study's runs when present): a trial's value
 is the best validation R@1 of one seed, so a best-so-far curve creeps up by chance alone. For each row the
-script takes the standard deviation over seeds of the best validation R@1 of the study's scratch runs of that row
-(``<dataset>-<row>-seed<s>-…``: the tuned values, trained on the same folds as a trial) and prints the gain the
-second half of the budget would show if every trial had the same expected value: ``sd · (E[max of n] − E[max of
-m])`` for ``n`` complete trials in all and ``m`` in the first half (expected maxima of standard normal samples).
+script takes the standard deviation over seeds of the best validation R@1 of the study's runs of that row in the
+plan's regime (``[pretrained-]<dataset>-<row>-seed<s>-…``: the tuned values, trained on the same folds as a
+trial) and prints the gain the second half of the budget would show if every trial had the same expected value:
+``sd · (E[max of n] − E[max of m])`` for ``n`` complete trials in all and ``m`` in the first half (expected maxima
+of standard normal samples).
 
 Confirmation (``--confirm-seeds 1 2 3 4``): a best-so-far value is a maximum over noisy single-seed trials, so it
 overstates its configuration (the winner's curse). For every row whose best trial of the whole budget is not its
@@ -65,12 +66,14 @@ def committed_value(dataset: str, row: str) -> float | None:
     return rows.get(row, {}).get(OBJECTIVE)
 
 
-def seed_spread(runs: Path, dataset: str, row: str) -> float | None:
-    """Sd over seeds of the best validation R@1 of the scratch runs ``<dataset>-<row>-seed<s>-<digest>``."""
-    pattern = re.compile(rf"{re.escape(dataset)}-{re.escape(row)}-seed\d+-[0-9a-f]{{8}}")
+def seed_spread(runs: Path, dataset: str, row: str, regime: str = "scratch") -> float | None:
+    """Sd over seeds of the best validation R@1 of the study's runs of ``regime``,
+    ``[<regime>-]<dataset>-<row>-seed<s>-<digest>`` (the scratch runs have no prefix)."""
+    label = ("" if regime == "scratch" else f"{regime}-") + f"{dataset}-{row}"
+    pattern = re.compile(rf"{re.escape(label)}-seed\d+-[0-9a-f]{{8}}")
     values = [
         pd.read_csv(history)[OBJECTIVE].max()
-        for history in sorted(runs.glob(f"{dataset}-{row}-seed*/history.csv"))
+        for history in sorted(runs.glob(f"{label}-seed*/history.csv"))
         if pattern.fullmatch(history.parent.name)
     ]
     return float(np.std(values, ddof=1)) if len(values) >= 3 else None
@@ -198,7 +201,7 @@ def main() -> None:
                 if trial.datetime_complete and trial.datetime_start
             )
             complete = [value is not None for value in values]
-            spread = seed_spread(Path(args.seed_runs), dataset, row)
+            spread = seed_spread(Path(args.seed_runs), dataset, row, config.regime)
             chance = (
                 spread * (expected_maximum(sum(complete)) - expected_maximum(sum(complete[:half])))
                 if spread is not None and finished
@@ -220,7 +223,7 @@ def main() -> None:
                     "complete": states.count(optuna.trial.TrialState.COMPLETE),
                     "pruned": states.count(optuna.trial.TrialState.PRUNED),
                     "trial seconds": round(seconds),
-                    "committed (4 trials)": committed_value(dataset, row),
+                    "plans/tuned": committed_value(dataset, row),
                 }
             )
     frame = pd.DataFrame(table)

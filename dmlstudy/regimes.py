@@ -21,8 +21,10 @@ and 1, both embedded datasets, ``final_test=False``: the test classes unread), f
 best validation R@1 over the four runs 64.1 / 69.9 / 76.1 for 0.1 / 0.3 / 1 — the codebases' 10× lower rate
 starves a small backbone whose source set is far from the target — and, in a second probe, 77.5 for 3
 against 77.4 for 1 (a tie within thread-count and seed noise); 1 was kept, the backbone at the rate its
-tuning explored. The learning rates are the scratch regime's tuned values (``plans/tuned``): the same tuning
-budget for every method, spent once, not again per regime.
+tuning explored. Each regime's learning rates and hyperparameters are tuned in that regime, with the same budget
+for every method (``make tune``: ``plans/tuned`` from scratch, ``plans/tuned/pretrained``); until 2026-11-26 the
+pretrained regime reused the scratch values, and ``benchmarks/README.md`` ("Tuning in the pretrained regime")
+says what that had cost.
 """
 
 from __future__ import annotations

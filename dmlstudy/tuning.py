@@ -17,6 +17,10 @@ Decisions:
   :func:`dmlstudy.methods.search_space`); :func:`suggest` turns one into Optuna suggestions. Every row gets the
   same sampler (TPE, seeded with ``sampler_seed``, ``startup_trials`` random trials first) and the same number
   of trials; trial 0 is the row's paper defaults (enqueued when the study is created).
+* **Regime**: every trial starts and trains as the plan's ``regime`` says (:mod:`dmlstudy.regimes`). ``make
+  tune`` tunes every row in both of the study's regimes with the same budget: ``plans/tune.yaml`` from scratch
+  (``plans/tuned/<dataset>.yaml``), ``plans/tune_pretrained.yaml`` pretrained (``plans/tuned/pretrained/``), and
+  each regime of the study reads its own (:meth:`dmlstudy.experiments.protocol.ProtocolConfig.tuned_folder`).
 * **Objective**: the trial run's best validation R@1 (``val_R@1`` of ``metrics.json``): the training classes
   are split into class-disjoint folds, one is held out as validation classes, and the trial never loads the
   test split (``final_test=False``). Each trial trains until validation R@1 has not improved for ``patience``
@@ -58,6 +62,7 @@ from dmlstudy import engine
 from dmlstudy import search_space as search
 from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.methods import VARIANT_SEARCH_SPACES, list_methods, method_info, search_space
+from dmlstudy.regimes import REGIMES, regime, regime_overrides
 from dmlstudy.train import TrainConfig, load_datasets
 
 SearchSpace = Callable[[optuna.trial.BaseTrial], dict[str, Any]]
@@ -313,10 +318,12 @@ class TuneConfig(TypedConfig):
     steps_per_epoch: int = 0  # 0: full passes over the training classes
     train_classes: int = 0  # 0: all training classes
     test_classes: int = 0  # unused by trials (the test split is never loaded); kept for the run identity
+    regime: str = "scratch"  # scratch or pretrained: how every trial starts and trains (dmlstudy/regimes.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_choice("pruner", sorted(PRUNERS))
+        regime(self.regime, backbone=self.backbone)  # an unknown regime or a backbone its weights do not fit
         if self.validation_folds < 2:
             raise ValueError(
                 f"parameter 'validation_folds' must be ≥ 2: trials are scored on validation classes, got {self.validation_folds}"
@@ -331,6 +338,7 @@ class TuneConfig(TypedConfig):
         """The TrainConfig of a trial on ``dataset`` before the row's overrides."""
         values = {name: getattr(self, name) for name in TRIAL_FIELDS}
         values |= {"study": self.name, "dataset": dataset, "final_test": False, "resume": True, "progress": False}
+        values |= regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs)
         return TrainConfig(**values)
 
 
@@ -418,6 +426,7 @@ def run_tune_plan(path: str | Path, *, command: str = "", poll_seconds: float = 
         "command": command or f"dmlstudy tune {path}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine_description(config.workers),
+        "regime": f"{config.regime} ({REGIMES[config.regime].summary})",
         "duration": f"{time.perf_counter() - started:.0f} s (this invocation; resumed trials are not retrained)",
     }
     written = [

@@ -102,6 +102,24 @@ def test_tuned_values_reach_rows_variants_and_yield_to_explicit_settings(tmp_pat
     assert ProtocolConfig(lr=0.004).train_config(dataset="synbirds", method="ms", seed=0, name="ms").lr == 0.004
 
 
+def test_a_regime_tuned_on_its_own_reads_its_own_values_and_says_so(tmp_path):
+    from dmlstudy.experiments.protocol import ProtocolConfig
+    from dmlstudy.tuning import RowResult, write_tuned
+
+    folder = _tuned_folder(tmp_path)
+    pretrained = ProtocolConfig(tuned=str(folder), regime="pretrained")
+    assert pretrained.train_config(dataset="synbirds", method="ms", seed=0, name="ms").lr == 0.002, "reused"
+    assert f"tuned values of {folder}," in pretrained.protocol_text()
+    own = RowResult("synbirds", "ms", {"lr": 0.0007}, 0.6, 4, [], 1.0)
+    write_tuned(folder / "pretrained" / "synbirds.yaml", "synbirds", [own], {"command": "test"})
+    assert pretrained.train_config(dataset="synbirds", method="ms", seed=0, name="ms").lr == 0.0007
+    assert f"tuned values of {folder / 'pretrained'}," in pretrained.protocol_text()
+    scratch = ProtocolConfig(tuned=str(folder))
+    assert scratch.train_config(dataset="synbirds", method="ms", seed=0, name="ms").lr == 0.002
+    with pytest.raises(FileNotFoundError, match=r"pretrained/glyphs\.yaml does not exist"):
+        pretrained.train_config(dataset="glyphs", method="ms", seed=0, name="ms")  # never the scratch file instead
+
+
 def test_a_missing_tuned_file_is_named(tmp_path):
     from dmlstudy.experiments.protocol import ProtocolConfig
 

@@ -10,6 +10,7 @@ import optuna
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from dmlstudy import engine, tuning
 from dmlstudy import search_space as search
@@ -18,6 +19,7 @@ from dmlstudy.config import load_yaml
 from dmlstudy.methods import search_space
 from dmlstudy.train import TrainConfig, build_model
 from dmlstudy.tuning import (
+    RowResult,
     TuneConfig,
     TunedValuesError,
     best_so_far,
@@ -32,6 +34,7 @@ from dmlstudy.tuning import (
     tune,
     tune_row,
     tuned_overrides,
+    write_tuned,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,11 +215,26 @@ def _leaves(overrides: dict, space) -> dict:
         ("validation_folds", 0, r"parameter 'validation_folds' must be ≥ 2: trials are scored on validation classes"),
         ("trials", 0, r"parameters 'trials' and 'workers' must be ≥ 1"),
         ("rows", ["ms", "msx"], r"parameter 'rows': unknown rows \['msx'\]; valid: \[.*'ms'"),
+        ("regime", "imagenet", r"parameter 'regime': unknown regime 'imagenet'; valid: \['pretrained', 'scratch'\]"),
     ],
 )
 def test_a_tuning_plan_with_a_bad_value_names_the_parameter(name, value, message):
     with pytest.raises(ValueError, match=message):
         TuneConfig(**{name: value})
+
+
+def test_trials_start_and_train_as_the_plans_regime_says():
+    from dmlstudy.regimes import regime_overrides
+
+    scratch, pretrained = (
+        TuneConfig(regime=name, epochs=6).base_config("glyphs") for name in ("scratch", "pretrained")
+    )
+    assert scratch.checkpoint_path == "" and not scratch.freeze_bn and scratch.warmup_epochs == 0
+    overrides = regime_overrides("pretrained", backbone="dml_convnet", epochs=6)
+    assert {name: getattr(pretrained, name) for name in overrides} == overrides and overrides["freeze_bn"]
+    assert pretrained.final_test is False and pretrained.run_dir != scratch.run_dir
+    with pytest.raises(ValueError, match="parameter 'regime': 'pretrained' loads weights of backbone 'dml_convnet'"):
+        TuneConfig(regime="pretrained", backbone="resnet18")
 
 
 def test_the_softmax_row_keeps_its_variants_switched_off_parts():
@@ -395,3 +413,33 @@ def test_dmlstudy_tune_on_the_smoke_plan_writes_checked_tuned_values_and_the_fig
             metrics = json.loads((best_run / "metrics.json").read_text())
             assert entry["val_R@1"] == pytest.approx(metrics["val_R@1"], abs=1e-6)
             assert "R@1" not in metrics  # final_test=False: the test classes were never evaluated
+
+
+def test_the_regime_tuning_check_pairs_each_seeds_runs_by_their_tuned_values(tmp_path):
+    """benchmarks/regime_tuning.py, the rule of plans/tune_pretrained.yaml: per seed, the pretrained run with the
+    scratch values against the one with the pretrained regime's own values, judged on seeds 1-4 only."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "regime_tuning.py"
+    spec = importlib.util.spec_from_file_location("regime_tuning", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    tuned, runs = tmp_path / "tuned", tmp_path / "runs"
+    write_tuned(tuned / "glyphs.yaml", "glyphs", [RowResult("glyphs", "ms", {"lr": 0.002}, 0.5, 4, [], 1.0)], {})
+    own = {"lr": 0.0005, "method_kwargs": {"loss_kwargs": {"alpha": 3.0}}}
+    write_tuned(tuned / "pretrained" / "glyphs.yaml", "glyphs", [RowResult("glyphs", "ms", own, 0.6, 4, [], 1.0)], {})
+    values = {0: (0.50, 0.60), 1: (0.50, 0.53), 2: (0.52, 0.54), 3: (0.49, 0.52), 4: (0.51, 0.535)}
+    for seed, (reused, mine) in values.items():
+        for digest, config, value in (
+            ("0000000a", {"lr": 0.002, "method_kwargs": {}}, reused),
+            ("0000000b", {"lr": 0.0005, "method_kwargs": {"loss_kwargs": {"alpha": 3.0}}}, mine),
+        ):
+            folder = runs / f"pretrained-glyphs-ms-seed{seed}-{digest}"
+            folder.mkdir(parents=True)
+            (folder / "config.yaml").write_text(yaml.safe_dump(config))
+            (folder / "metrics.json").write_text(json.dumps({"val_R@1": value}))
+    (runs / "pretrained-glyphs-ms-seed0-0000000c").mkdir()  # a run still training: no metrics.json
+    table = check.verdicts(check.paired_values(runs, tuned), [1, 2, 3, 4]).set_index("row")
+    assert table.loc["ms", "seeds"] == "1 2 3 4"
+    assert table.loc["ms", "Δ"] == pytest.approx(2.625) and table.loc["ms", "verdict"] == "held"
+    assert table.loc["ms", "seed 0 Δ (chose the values)"] == pytest.approx(10.0)

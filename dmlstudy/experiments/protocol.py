@@ -49,7 +49,7 @@ class ProtocolConfig(TypedConfig):
     validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
     patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
     autocast: str = "auto"  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
-    tuned: str = ""  # folder of tuned values (plans/tuned, written by `make tune`): each row's learning rates and hyperparameters; "" = defaults
+    tuned: str = ""  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; "" = defaults
     progress: bool = False  # tqdm bars inside the notebook
     workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
 
@@ -62,7 +62,7 @@ class ProtocolConfig(TypedConfig):
         """One line describing the protocol, printed above every table: sizes, learning rates, how each run's
         reported checkpoint was chosen."""
         sizes = "all" if not self.train_classes else f"first {self.train_classes}"
-        rates = f"AdamW, tuned values of {self.tuned}" if self.tuned else f"AdamW lr {self.lr:g}"
+        rates = f"AdamW, tuned values of {self.tuned_folder()}" if self.tuned else f"AdamW lr {self.lr:g}"
         if self.validation_folds:
             schedule = (
                 f"up to {self.epochs} epochs × {self.steps_per_epoch or 'full'} steps"
@@ -82,16 +82,28 @@ class ProtocolConfig(TypedConfig):
             f"paired seeds {self.seeds}"
         )
 
+    def tuned_folder(self) -> str:
+        """The folder of ``<dataset>.yaml`` tuned values this protocol reads: ``<tuned>/<regime>`` when the
+        regime was tuned on its own (``plans/tuned/pretrained``, written by ``make tune``), else ``tuned`` (the
+        scratch regime's values, which another regime then reuses: said in every table's protocol line)."""
+        from dmlstudy.paths import project_root
+
+        own = Path(self.tuned) / self.regime
+        resolved = own if own.is_absolute() else project_root() / own
+        return str(own) if self.regime != "scratch" and resolved.is_dir() else self.tuned
+
     def tuned_values(self, *, dataset: str, name: str, method: str) -> dict[str, Any]:
-        """The TrainConfig overrides ``make tune`` chose for this run's row on ``dataset`` (:mod:`dmlstudy.tuning`):
-        the row named ``name`` (a method or a shared variant such as ``softmax``) when it was tuned, else the
-        row of its method (an ablation variant starts from its method's tuned values); {} without ``tuned``."""
+        """The TrainConfig overrides ``make tune`` chose for this run's row on ``dataset`` in this regime
+        (:mod:`dmlstudy.tuning`, :meth:`tuned_folder`): the row named ``name`` (a method or a shared variant such
+        as ``softmax``) when it was tuned, else the row of its method (an ablation variant starts from its
+        method's tuned values); {} without ``tuned``."""
         if not self.tuned:
             return {}
         from dmlstudy.paths import project_root
         from dmlstudy.tuning import tuned_file, tuned_overrides
 
-        folder = Path(self.tuned) if Path(self.tuned).is_absolute() else project_root() / self.tuned
+        tuned = self.tuned_folder()
+        folder = Path(tuned) if Path(tuned).is_absolute() else project_root() / tuned
         path = tuned_file(folder, dataset)
         if not path.is_file():
             raise FileNotFoundError(
