@@ -46,7 +46,9 @@ def matches(config: dict, overrides: dict) -> bool:
 
 def paired_values(runs: Path, tuned: Path) -> pd.DataFrame:
     """One row per (dataset, row, seed) with the best validation R@1 of its run with the scratch values
-    (``reused``) and with the pretrained regime's own values (``own``), where both exist."""
+    (``reused``) and with the pretrained regime's own values (``own``), where both exist. Where the pretrained
+    tuning chose the scratch values (the two studies share their TPE seed, so their first random trials are
+    the same), one run is both."""
     records = []
     for metrics in sorted(runs.glob("pretrained-*/metrics.json")):
         name = FOLDER.fullmatch(metrics.parent.name)
@@ -56,10 +58,9 @@ def paired_values(runs: Path, tuned: Path) -> pd.DataFrame:
         config = load_yaml((metrics.parent / "config.yaml").read_text())
         own = tuned_overrides(tuned / "pretrained", dataset, row)
         reused = tuned_overrides(tuned, dataset, row)
-        kind = "own" if matches(config, own) else "reused" if matches(config, reused) else None
-        if kind is not None:
-            value = json.loads(metrics.read_text())[OBJECTIVE]
-            records.append({"dataset": dataset, "row": row, "seed": seed, "kind": kind, "value": 100 * value})
+        kinds = [kind for kind, values in (("own", own), ("reused", reused)) if matches(config, values)]
+        value = 100 * json.loads(metrics.read_text())[OBJECTIVE]
+        records += [{"dataset": dataset, "row": row, "seed": seed, "kind": kind, "value": value} for kind in kinds]
     frame = pd.DataFrame(records)
     if frame.empty:
         return frame
@@ -78,6 +79,7 @@ def verdicts(pairs: pd.DataFrame, seeds: list[int]) -> pd.DataFrame:
             {
                 "dataset": dataset,
                 "row": row,
+                "values": "the same runs" if (judged.own == judged.reused).all() else "changed",
                 "seeds": " ".join(map(str, sorted(judged.seed))),
                 "reused (scratch values)": np.mean(judged.reused),
                 "own (pretrained values)": np.mean(judged.own),

@@ -425,9 +425,11 @@ def test_the_regime_tuning_check_pairs_each_seeds_runs_by_their_tuned_values(tmp
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
     tuned, runs = tmp_path / "tuned", tmp_path / "runs"
-    write_tuned(tuned / "glyphs.yaml", "glyphs", [RowResult("glyphs", "ms", {"lr": 0.002}, 0.5, 4, [], 1.0)], {})
+    same = RowResult("glyphs", "triplet", {"lr": 0.001}, 0.5, 4, [], 1.0)  # both tunings chose these
+    write_tuned(tuned / "glyphs.yaml", "glyphs", [RowResult("glyphs", "ms", {"lr": 0.002}, 0.5, 4, [], 1.0), same], {})
     own = {"lr": 0.0005, "method_kwargs": {"loss_kwargs": {"alpha": 3.0}}}
-    write_tuned(tuned / "pretrained" / "glyphs.yaml", "glyphs", [RowResult("glyphs", "ms", own, 0.6, 4, [], 1.0)], {})
+    mine = RowResult("glyphs", "ms", own, 0.6, 4, [], 1.0)
+    write_tuned(tuned / "pretrained" / "glyphs.yaml", "glyphs", [mine, same], {})
     values = {0: (0.50, 0.60), 1: (0.50, 0.53), 2: (0.52, 0.54), 3: (0.49, 0.52), 4: (0.51, 0.535)}
     for seed, (reused, mine) in values.items():
         for digest, config, value in (
@@ -438,8 +440,14 @@ def test_the_regime_tuning_check_pairs_each_seeds_runs_by_their_tuned_values(tmp
             folder.mkdir(parents=True)
             (folder / "config.yaml").write_text(yaml.safe_dump(config))
             (folder / "metrics.json").write_text(json.dumps({"val_R@1": value}))
+        folder = runs / f"pretrained-glyphs-triplet-seed{seed}-0000000d"
+        folder.mkdir()
+        (folder / "config.yaml").write_text(yaml.safe_dump({"lr": 0.001}))
+        (folder / "metrics.json").write_text(json.dumps({"val_R@1": reused}))
     (runs / "pretrained-glyphs-ms-seed0-0000000c").mkdir()  # a run still training: no metrics.json
     table = check.verdicts(check.paired_values(runs, tuned), [1, 2, 3, 4]).set_index("row")
     assert table.loc["ms", "seeds"] == "1 2 3 4"
     assert table.loc["ms", "Δ"] == pytest.approx(2.625) and table.loc["ms", "verdict"] == "held"
     assert table.loc["ms", "seed 0 Δ (chose the values)"] == pytest.approx(10.0)
+    assert table.loc["ms", "values"] == "changed" and table.loc["triplet", "values"] == "the same runs"
+    assert table.loc["triplet", "Δ"] == 0
