@@ -250,6 +250,7 @@ def test_figures_readme_lists_every_png_with_its_notebook(tmp_path):
         "compare_umap.png",
         "explore_retrievals.png",
         "stray.png",
+        "tuning_best_so_far_pretrained.png",
     ]
     for name in names:
         (tmp_path / name).write_bytes(b"\x89PNG")
@@ -269,7 +270,10 @@ def test_figures_readme_lists_every_png_with_its_notebook(tmp_path):
         assert f"![]({name})" in text
         line = next(line for line in text.splitlines() if line.startswith(f"**{name}**"))
         notebook = next((nb for prefix, nb in expected.items() if name.startswith(prefix)), None)
-        assert (f"notebooks/{notebook}.ipynb" in line) if notebook else ("unknown" in line)
+        if name.startswith("tuning_"):
+            assert "made by `make tune` (`dmlstudy tune plans/tune_pretrained.yaml`)" in line
+        else:
+            assert (f"notebooks/{notebook}.ipynb" in line) if notebook else ("unknown command" in line)
     assert "notes.txt" not in text
     assert text.index("crt_heatmaps.png") < text.index("cross_attention_maps.png") < text.index("compare_umap.png")
     published = compare.figures_readme(tmp_path, study="default")  # the repository's plans/default.yaml

@@ -1122,6 +1122,12 @@ FIGURE_PREFIXES = {  # file-name prefix → the notebook that writes figures wit
 }
 
 
+FIGURE_COMMANDS = {  # figures that no notebook draws → the command that writes them
+    "tuning_best_so_far.png": "`make tune` (`dmlstudy tune plans/tune.yaml`)",
+    "tuning_best_so_far_pretrained.png": "`make tune` (`dmlstudy tune plans/tune_pretrained.yaml`)",
+}
+
+
 def figure_notebook(name: str) -> str | None:
     """The notebook that made figure ``name`` (by its longest matching prefix), or None."""
     matches = [prefix for prefix in FIGURE_PREFIXES if name.startswith(prefix)]
@@ -1159,7 +1165,7 @@ def figures_readme(folder: str | Path, *, study: str = "") -> str:
     for notebook in [*order, None]:
         if notebook not in by_notebook:
             continue
-        lines += [f"## {notebook or 'no notebook prefix'}", ""]
+        lines += [f"## {notebook or 'not made by a notebook'}", ""]
         if notebook in entries:
             lines += [
                 f"Plan entry `{entries[notebook]}` of `plans/{study}.yaml`; executed notebook "
@@ -1167,7 +1173,11 @@ def figures_readme(folder: str | Path, *, study: str = "") -> str:
                 "",
             ]
         for name in by_notebook[notebook]:
-            made_by = f"made by `notebooks/{notebook}`" if notebook else "made by: unknown (no known file-name prefix)"
+            made_by = (
+                f"made by `notebooks/{notebook}`"
+                if notebook
+                else f"made by {FIGURE_COMMANDS.get(name, 'an unknown command (no known file-name prefix)')}"
+            )
             lines += [f"**{name}** — {made_by}", "", f"![]({name})", ""]
     if not names:
         lines += ["(no figures yet)", ""]
