@@ -11,9 +11,10 @@ A plan (``plans/*.yaml``)::
 
 Each expanded entry is executed in ``runs/<study>/<run_name>/`` (the executed notebook is written beside
 the run's records; ``study`` and ``run_name`` are injected when the notebook has those parameters). An
-entry whose ``study_entry.json`` says ``complete`` with the same parameters is skipped, so re-running a
-plan resumes where it stopped; a failing notebook is recorded and the plan continues; the failures are
-listed at the end with the cell that failed.
+entry whose ``study_entry.json`` says ``complete`` with the same parameters and the same tuned-values files
+(:func:`entry_inputs`: after ``make tune`` the entries that train with them run again) is skipped, so
+re-running a plan resumes where it stopped; a failing notebook is recorded and the plan continues; the
+failures are listed at the end with the cell that failed.
 
 A plan may start from another study's runs: ``reuse_runs_of: default`` copies every finished run folder of
 ``runs/default/`` that ``runs/<study>/`` lacks before the first entry (:func:`dmlstudy.runs.copy_finished_runs`),
@@ -191,12 +192,33 @@ class EntryOutcome:
     error: str = ""
 
 
+def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
+    """What an entry reads besides its parameters and its runs: the tuned-values files under its ``tuned``
+    folder (``plans/tuned/**/*.yaml``, relative path → SHA-256), so that a plan re-executes an entry after
+    ``make tune`` has changed the values it trains with ({} for an entry without ``tuned``)."""
+    tuned = str(parameters.get("tuned") or "")
+    if not tuned:
+        return {}
+    folder = Path(tuned) if Path(tuned).is_absolute() else project_root() / tuned
+    files = sorted(folder.rglob("*.yaml")) if folder.is_dir() else [folder] if folder.is_file() else []
+    return {str(file.relative_to(folder) if folder.is_dir() else file.name): _digest(file) for file in files}
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _is_complete(record: Path, parameters: dict[str, Any]) -> bool:
+    """Whether ``record`` (an entry's ``study_entry.json``) says complete with these parameters and inputs."""
     if not record.is_file():
         return False
     stored = json.loads(record.read_text())
-    return stored.get("status") == "complete" and stored.get("parameters") == json.loads(
-        json.dumps(parameters, default=str)
+    return (
+        stored.get("status") == "complete"
+        and stored.get("parameters") == json.loads(json.dumps(parameters, default=str))
+        and stored.get("inputs", {}) == entry_inputs(parameters)
     )
 
 
@@ -415,6 +437,7 @@ def _execute_entry(
 
     run_dir = entry.run_dir(root)
     run_dir.mkdir(parents=True, exist_ok=True)
+    inputs = entry_inputs(parameters)
     started = time.perf_counter()
     try:
         papermill.execute_notebook(
@@ -442,6 +465,7 @@ def _execute_entry(
             "status": outcome.status,
             "notebook": str(entry.notebook),
             "parameters": parameters,
+            "inputs": inputs,
             "seconds": outcome.seconds,
             "error": outcome.error,
         },

@@ -122,6 +122,27 @@ def test_a_plan_starts_from_the_finished_runs_of_the_study_it_reuses(toy_noteboo
             run_plan(write_plan(toy_notebooks, text), root=root)
 
 
+def test_an_entry_runs_again_when_the_tuned_values_it_reads_change(toy_notebooks):
+    """After `make tune` rewrites plans/tuned/, `make study` must not skip the entries that train with them."""
+    tuned = toy_notebooks / "tuned"
+    (tuned / "pretrained").mkdir(parents=True)
+    (tuned / "synbirds.yaml").write_text("rows: {}\n")
+    (tuned / "pretrained" / "synbirds.yaml").write_text("rows: {}\n")
+    write_notebook(toy_notebooks / "tuned.ipynb", "tuned: str = ''", "print(tuned)")
+    plan = write_plan(
+        toy_notebooks,
+        f"study: s\nentries:\n  - name: reads\n    notebook: {toy_notebooks / 'tuned.ipynb'}\n"
+        f"    parameters: {{tuned: {tuned}}}\n  - name: plain\n    notebook: {toy_notebooks / 'echo.ipynb'}\n",
+    )
+    root = toy_notebooks / "runs"
+    assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete", "complete"]
+    assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["skipped", "skipped"]
+    (tuned / "pretrained" / "synbirds.yaml").write_text("rows: {ms: {overrides: {lr: 0.001}}}\n")
+    assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete", "skipped"]
+    record = json.loads((root / "s" / "reads" / "study_entry.json").read_text())
+    assert set(record["inputs"]) == {"synbirds.yaml", "pretrained/synbirds.yaml"}
+
+
 @pytest.fixture
 def marks(toy_notebooks, monkeypatch):
     """A folder where the toy notebooks of a plan run side by side leave their marks; no outside scheduler."""
