@@ -198,7 +198,7 @@ def listing(what: str) -> dict[str, str]:
         plans = project_root() / "plans"
         return {
             str(path.relative_to(project_root())): _plan_description(path)
-            for path in [*sorted(plans.glob("*.yaml")), *sorted(plans.glob("*/*.yaml"))]
+            for path in sorted(plans.rglob("*.yaml"), key=lambda path: (len(path.parts), path))  # shallow first
         }
     raise ValueError(f"cannot list {what!r}; valid: {', '.join(LISTABLE)}")
 
@@ -214,8 +214,8 @@ def _list(args: argparse.Namespace) -> int:
     if args.what == "plans":
         print(
             "\nrun a study plan: dmlstudy study run plans/<plan>.yaml; train one paper config: dmlstudy train --config "
-            "plans/papers/<config>.yaml; tune: dmlstudy tune plans/tune.yaml (writes plans/tuned/<dataset>.yaml, "
-            "which the study reads)"
+            "plans/papers/<config>.yaml; tune: make tune (dmlstudy tune plans/tune.yaml, then plans/tune_pretrained.yaml: "
+            "writes plans/tuned/<dataset>.yaml and plans/tuned/pretrained/<dataset>.yaml, which the study reads)"
         )
     return 0
 

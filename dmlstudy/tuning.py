@@ -431,7 +431,11 @@ def run_tune_plan(path: str | Path, *, command: str = "", poll_seconds: float = 
     }
     written = [
         write_tuned(
-            Path(config.out_dir) / f"{dataset}.yaml", dataset, [r for r in results if r.dataset == dataset], header
+            Path(config.out_dir) / f"{dataset}.yaml",
+            dataset,
+            [r for r in results if r.dataset == dataset],
+            header,
+            regime=config.regime,
         )
         for dataset in config.datasets
     ]
@@ -459,14 +463,18 @@ class TunedValuesError(ValueError):
     """A tuned-values file that does not match the declared search spaces (names the file, key and type)."""
 
 
-def write_tuned(path: Path, dataset: str, results: list[RowResult], header: dict[str, str]) -> Path:
-    """Write (or update: rows tuned now replace theirs, others are kept) the tuned values of ``dataset``."""
+def write_tuned(
+    path: Path, dataset: str, results: list[RowResult], header: dict[str, str], *, regime: str = "scratch"
+) -> Path:
+    """Write (or update: rows tuned now replace theirs, others are kept) the tuned values of ``dataset`` in
+    ``regime``."""
     rows = _read_tuned(path)["rows"] if path.is_file() else {}
     for result in results:
         rows[result.row] = {"overrides": result.overrides, OBJECTIVE: round(result.value, 6), "trials": result.trials}
     comment = "".join(f"# {key}: {value}\n" for key, value in header.items())
     text = (
-        f"# Tuned hyperparameters on {dataset}'s validation classes (best validation R@1 of each row's Optuna study).\n"
+        f"# Tuned hyperparameters on {dataset}'s validation classes, {regime} regime (best validation R@1 of each row's "
+        "Optuna study).\n"
         f"# Regenerate with `make tune`; the study reads them through dmlstudy.tuning.tuned_overrides.\n{comment}"
         + yaml.safe_dump({"dataset": dataset, "rows": dict(sorted(rows.items()))}, sort_keys=False)
     )
