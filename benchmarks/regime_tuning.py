@@ -25,23 +25,16 @@ import pandas as pd
 
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments.kit import judge
+from dmlstudy.search_space import flattened
 from dmlstudy.tuning import OBJECTIVE, tuned_overrides
 
 FOLDER = re.compile(r"pretrained-(?P<dataset>[a-z0-9]+)-(?P<row>[a-z_]+)-seed(?P<seed>\d+)-[0-9a-f]{8}")
 
 
-def _flat(values: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        flat.update(_flat(value, f"{name}.") if isinstance(value, dict) else {name: value})
-    return flat
-
-
 def matches(config: dict, overrides: dict) -> bool:
     """Whether a run's stored configuration holds every tuned value of ``overrides``."""
-    stored = _flat(config)
-    return bool(overrides) and all(stored.get(key) == value for key, value in _flat(overrides).items())
+    stored = flattened(config)
+    return bool(overrides) and all(stored.get(key) == value for key, value in flattened(overrides).items())
 
 
 def paired_values(runs: Path, tuned: Path) -> pd.DataFrame:

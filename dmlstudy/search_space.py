@@ -111,6 +111,15 @@ def nested(values: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def flattened(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The inverse of :func:`nested`: nested overrides → dotted keys (``{"a": {"b": 1}}`` → ``{"a.b": 1}``)."""
+    result: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        result.update(flattened(value, f"{name}.") if isinstance(value, Mapping) else {name: value})
+    return result
+
+
 def merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` updated by ``overrides``, recursively for nested mappings (``method_kwargs`` and below)."""
     result = dict(base)

@@ -483,14 +483,6 @@ def write_tuned(
     return path
 
 
-def _flat(prefix: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return {
-            k: v for key, item in value.items() for k, v in _flat(f"{prefix}.{key}" if prefix else key, item).items()
-        }
-    return {prefix: value}
-
-
 def _expected(parameter: search.Parameter) -> tuple[str, Callable[[Any], bool]]:
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
     if isinstance(parameter, (search.LogFloat, search.Float)):
@@ -514,7 +506,7 @@ def _read_tuned(path: Path) -> dict[str, Any]:
         if not isinstance(entry, dict) or not isinstance(entry.get("overrides"), dict):
             raise TunedValuesError(f"{path}: key 'rows.{row}.overrides' must be a mapping")
         space = search_space(row)
-        for key, value in _flat("", entry["overrides"]).items():
+        for key, value in search.flattened(entry["overrides"]).items():
             if key not in space:
                 raise TunedValuesError(
                     f"{path}: key 'rows.{row}.overrides.{key}' is not in {row}'s search space {sorted(space)}"
@@ -548,7 +540,7 @@ def tuned_overrides(path: str | Path, dataset: str, row: str) -> dict[str, Any]:
     if content.get("dataset", dataset) != dataset:
         raise TunedValuesError(f"{file}: key 'dataset' must be {dataset!r}, got {content['dataset']!r}")
     entry = content["rows"].get(row)
-    return {} if entry is None else search.nested(_flat("", entry["overrides"]))
+    return {} if entry is None else search.nested(search.flattened(entry["overrides"]))
 
 
 # ----------------------------------------------------------------------------------------------

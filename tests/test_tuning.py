@@ -253,6 +253,14 @@ def test_trials_to_plateau_counts_the_trials_whose_best_is_within_tolerance_of_t
     assert trials_to_plateau([None, None], tolerance=0.005) == 0
 
 
+def test_flattened_is_the_inverse_of_nested():
+    values = {"lr": 0.001, "method_kwargs": {"loss_kwargs": {"alpha": 2.0, "beta": 40.0}, "num_blocks": 4}}
+    flat = search.flattened(values)
+    assert flat == {"lr": 0.001, "method_kwargs.loss_kwargs.alpha": 2.0, "method_kwargs.loss_kwargs.beta": 40.0,
+                    "method_kwargs.num_blocks": 4}  # fmt: skip
+    assert search.nested(flat) == values
+
+
 def test_search_space_primitives_reject_paper_values_outside_their_range():
     with pytest.raises(ValueError, match="outside"):
         search.LogFloat(1e-4, 1e-2, paper=0.1)
