@@ -25,10 +25,13 @@ import pandas as pd
 
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments.kit import judge
+from dmlstudy.regimes import run_prefix
 from dmlstudy.search_space import flattened
 from dmlstudy.tuning import OBJECTIVE, tuned_overrides
 
-FOLDER = re.compile(r"pretrained-(?P<dataset>[a-z0-9]+)-(?P<row>[a-z_]+)-seed(?P<seed>\d+)-[0-9a-f]{8}")
+FOLDER = re.compile(
+    rf"{run_prefix('pretrained')}(?P<dataset>[a-z0-9]+)-(?P<row>[a-z_]+)-seed(?P<seed>\d+)-[0-9a-f]{{8}}"
+)
 
 
 def matches(config: dict, overrides: dict) -> bool:
@@ -42,16 +45,19 @@ def paired_values(runs: Path, tuned: Path) -> pd.DataFrame:
     (``reused``) and with the pretrained regime's own values (``own``), where both exist. Where the pretrained
     tuning chose the scratch values (the two studies share their TPE seed, so their first random trials are
     the same), one run is both."""
-    records = []
-    for metrics in sorted(runs.glob("pretrained-*/metrics.json")):
+    records, choices = [], {}
+    for metrics in sorted(runs.glob(f"{run_prefix('pretrained')}*/metrics.json")):
         name = FOLDER.fullmatch(metrics.parent.name)
         if name is None:
             continue  # an ablation variant (its folder label holds "=")
         dataset, row, seed = name["dataset"], name["row"], int(name["seed"])
         config = load_yaml((metrics.parent / "config.yaml").read_text())
-        own = tuned_overrides(tuned / "pretrained", dataset, row)
-        reused = tuned_overrides(tuned, dataset, row)
-        kinds = [kind for kind, values in (("own", own), ("reused", reused)) if matches(config, values)]
+        if (dataset, row) not in choices:
+            choices[(dataset, row)] = {
+                "own": tuned_overrides(tuned / "pretrained", dataset, row),
+                "reused": tuned_overrides(tuned, dataset, row),
+            }
+        kinds = [kind for kind, values in choices[(dataset, row)].items() if matches(config, values)]
         value = 100 * json.loads(metrics.read_text())[OBJECTIVE]
         records += [{"dataset": dataset, "row": row, "seed": seed, "kind": kind, "value": value} for kind in kinds]
     frame = pd.DataFrame(records)

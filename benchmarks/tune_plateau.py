@@ -43,6 +43,7 @@ import pandas as pd
 from dmlstudy import engine
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments.kit import judge
+from dmlstudy.regimes import run_prefix
 from dmlstudy.search_space import merged
 from dmlstudy.tuning import (
     OBJECTIVE,
@@ -69,7 +70,7 @@ def committed_value(dataset: str, row: str) -> float | None:
 def seed_spread(runs: Path, dataset: str, row: str, regime: str = "scratch") -> float | None:
     """Sd over seeds of the best validation R@1 of the study's runs of ``regime``,
     ``[<regime>-]<dataset>-<row>-seed<s>-<digest>`` (the scratch runs have no prefix)."""
-    label = ("" if regime == "scratch" else f"{regime}-") + f"{dataset}-{row}"
+    label = f"{run_prefix(regime)}{dataset}-{row}"
     pattern = re.compile(rf"{re.escape(label)}-seed\d+-[0-9a-f]{{8}}")
     values = [
         pd.read_csv(history)[OBJECTIVE].max()

@@ -82,6 +82,12 @@ def regime(name: str, *, backbone: str = "") -> Regime:
     return chosen
 
 
+def run_prefix(name: str) -> str:
+    """What the study's run names of regime ``name`` start with: nothing for ``scratch`` (the names the
+    study's first runs had), ``<name>-`` otherwise (``pretrained-synbirds-ms-seed0``)."""
+    return "" if name == "scratch" else f"{name}-"
+
+
 def regime_overrides(name: str, *, backbone: str = "", epochs: int | None = None) -> dict[str, Any]:
     """The TrainConfig overrides of regime ``name`` (a run shorter than its warm-up warms up for epochs − 1)."""
     overrides = dict(regime(name, backbone=backbone).overrides)
@@ -90,4 +96,4 @@ def regime_overrides(name: str, *, backbone: str = "", epochs: int | None = None
     return overrides
 
 
-__all__ = ["REGIMES", "Regime", "regime", "regime_overrides"]
+__all__ = ["REGIMES", "Regime", "regime", "regime_overrides", "run_prefix"]

@@ -196,18 +196,13 @@ def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
     """What an entry reads besides its parameters and its runs: the tuned-values files under its ``tuned``
     folder (``plans/tuned/**/*.yaml``, relative path → SHA-256), so that a plan re-executes an entry after
     ``make tune`` has changed the values it trains with ({} for an entry without ``tuned``)."""
+    from dmlstudy.models.cards import sha256_file
+
     tuned = str(parameters.get("tuned") or "")
-    if not tuned:
-        return {}
     folder = Path(tuned) if Path(tuned).is_absolute() else project_root() / tuned
-    files = sorted(folder.rglob("*.yaml")) if folder.is_dir() else [folder] if folder.is_file() else []
-    return {str(file.relative_to(folder) if folder.is_dir() else file.name): _digest(file) for file in files}
-
-
-def _digest(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    if not tuned or not folder.is_dir():
+        return {}  # a missing folder: the notebook itself stops with the error that names it
+    return {str(file.relative_to(folder)): sha256_file(file) for file in sorted(folder.rglob("*.yaml"))}
 
 
 def _is_complete(record: Path, parameters: dict[str, Any]) -> bool:

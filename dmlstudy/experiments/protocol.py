@@ -19,7 +19,7 @@ import pandas as pd
 from dmlstudy import distributed, engine
 from dmlstudy.config import TypedConfig
 from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
-from dmlstudy.regimes import REGIMES, regime, regime_overrides
+from dmlstudy.regimes import REGIMES, regime, regime_overrides, run_prefix
 from dmlstudy.search_space import merged
 from dmlstudy.study import summarize
 from dmlstudy.train import AUTOCAST_MODES, RunResult, TrainConfig, best_epoch_censored, is_complete, load_datasets, run
@@ -138,7 +138,7 @@ class ProtocolConfig(TypedConfig):
             patience=self.patience,
             autocast=self.autocast,
             seed=seed,
-            run_name=("" if self.regime == "scratch" else f"{self.regime}-") + f"{dataset}-{name}-seed{seed}",
+            run_name=f"{run_prefix(self.regime)}{dataset}-{name}-seed{seed}",
             resume=True,
             progress=self.progress,
             **regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs),
