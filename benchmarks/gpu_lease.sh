@@ -8,21 +8,25 @@
 # SECONDS is the device call's timeout_s: "start" and "wait" return about 35 s before it, their logs copied.
 #
 # "start": carried wheels (.whl/, see benchmarks/README.md) installed beside the image's torch, the datasets
-# generated, the CUDA-only tests, then `dmlstudy study run` over plans/default.yaml with `workers: 8` (the only
-# change) in its own session, so it outlives the call. "start" polls it until it ends or the deadline and
+# generated, the CUDA-only tests (skipped with TESTS=0), then `dmlstudy study run` over plans/default.yaml with
+# `workers: $WORKERS` (default 8; the only change) in its own session, so it outlives the call. "start" polls it until it ends or the deadline and
 # returns with it still running; "wait" polls it again until it ends or the deadline, then stops it (SIGTERM:
 # finished runs are kept). Every 10 s a line of
-# progress.tsv records the study's seconds, its finished run folders and its finished entries, so a study
-# stopped by the box still says how far it got. Logs go to $OUT (the device tool's folder), else ./gpu_out.
+# progress.tsv records the study's seconds, its finished run folders, its finished entries, the GPU's
+# utilisation and memory (nvidia-smi) and the load average, so a study stopped by the box still says how far
+# it got and whether the GPU or the host was the bottleneck. A study that ends with more than 100 s left in
+# "start" or "wait" is followed by `bench_gpu.py --parts methods` in what remains. Logs go to $OUT (the device tool's folder), else ./gpu_out.
 set -u
 OUT=${OUT:-gpu_out}
 LEASE=/tmp/lease
 mkdir -p "$OUT" "$LEASE"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
 STUDY_PLAN=$LEASE/gpu_default.yaml
+WORKERS=${WORKERS:-8}
 
 collect() {
   cp "$LEASE"/*.log "$LEASE"/*.tsv "$OUT"/ 2>/dev/null
+  [ results/claims.md -nt "$LEASE/study.start" ] && cp results/claims.md "$OUT/gpu_claims.md"
   python3 - "$OUT/entries.json" <<'EOF' 2>/dev/null
 import json, pathlib, sys
 records = {p.parent.name: json.loads(p.read_text()) for p in sorted(pathlib.Path("runs/default").glob("*/study_entry.json"))}
@@ -35,7 +39,8 @@ progress() {
   local finished entries
   finished=$(python3 -c 'import pathlib; from dmlstudy.runs import is_complete; print(sum(map(is_complete, pathlib.Path("runs/default").glob("*/"))))' 2>/dev/null)
   entries=$(grep -l '"complete"' runs/default/*/study_entry.json 2>/dev/null | wc -l)
-  printf '%s\t%s\t%s\n' "$1" "$finished" "$entries" >>"$LEASE/progress.tsv"
+  gpu=$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits 2>/dev/null | tr -d ' ' | tr ',' '\t')
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$finished" "$entries" "$gpu" "$(cut -d' ' -f1 /proc/loadavg)" >>"$LEASE/progress.tsv"
 }
 
 poll() {  # until the study ends or $1 seconds since this script began (minus a margin for stopping and copying)
@@ -43,6 +48,14 @@ poll() {  # until the study ends or $1 seconds since this script began (minus a 
     sleep 10
     progress $(($(date +%s) - $(cat "$LEASE/study.start")))
   done
+}
+
+methods_if_time() {  # bench_gpu.py --parts methods when the study has ended with over 100 s left
+  local left=$(($1 - 35 - SECONDS))
+  kill -0 "$(cat "$LEASE/study.pid")" 2>/dev/null && return
+  ((left > 100)) || return
+  timeout $((left - 10)) python3 benchmarks/bench_gpu.py --parts methods >"$LEASE/methods.log" 2>&1
+  echo "exit $?" >>"$LEASE/methods.log"
 }
 
 case "${1:-start}" in
@@ -58,17 +71,18 @@ start)
     python3 -m dmlstudy data generate
     echo "data generate: $((SECONDS - t)) s"
     t=$SECONDS
-    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_pipeline.py tests/test_diml.py -k "cuda or resident or autocast or masked"
+    [ "${TESTS:-1}" = 0 ] || timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_pipeline.py tests/test_diml.py -k "cuda or resident or autocast or masked"
     echo "CUDA tests: $((SECONDS - t)) s"
   } >"$LEASE/setup.log" 2>&1
-  sed 's/^  workers: 2$/  workers: 8/' plans/default.yaml >"$STUDY_PLAN"
-  grep -q '^  workers: 8$' "$STUDY_PLAN" || echo "plan copy has no workers: 8" >>"$LEASE/setup.log"
-  printf 'seconds\tfinished_runs\tfinished_entries\n' >"$LEASE/progress.tsv"
+  sed "s/^  workers: 2\$/  workers: $WORKERS/" plans/default.yaml >"$STUDY_PLAN"
+  grep -q "^  workers: $WORKERS\$" "$STUDY_PLAN" || echo "plan copy has no workers: $WORKERS" >>"$LEASE/setup.log"
+  printf 'seconds\tfinished_runs\tfinished_entries\tgpu_util_pct\tgpu_mem_mib\tload1\n' >"$LEASE/progress.tsv"
   setsid nohup bash -c "start=\$(date +%s); python3 -m dmlstudy study run $STUDY_PLAN; echo \"study exit \$? after \$(( \$(date +%s) - start )) s\"" \
     >"$LEASE/study.log" 2>&1 </dev/null &
   echo $! >"$LEASE/study.pid"
   date +%s >"$LEASE/study.start"
   poll "$box"
+  methods_if_time "$box"
   collect
   ;;
 wait)
@@ -80,6 +94,7 @@ wait)
     sleep 10
   fi
   progress stopped
+  methods_if_time "${2:-150}"
   collect
   ;;
 methods)
