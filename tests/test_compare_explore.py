@@ -554,3 +554,27 @@ def test_a_claim_of_no_difference_reads_an_interval_outside_the_margin_as_not_eq
     )
     table = compare.claims_table(pd.DataFrame(rows), claims=[similar])
     assert table["verdict"].tolist() == ["equivalent (the claim holds)"]
+
+
+def test_rerankings_compute_on_the_runs_device(tiny_config, monkeypatch):
+    """The comparison's and the DIML notebook's re-rankings run on the device the run resolves to (on a GPU
+    worker, the GPU), not on the CPU where the grid embeddings are kept between the embedding and the ranking."""
+    from dmlstudy.experiments import diml as diml_study
+    from dmlstudy.train import resolve_device, run
+
+    result = run(tiny_config(method="ms", seed=0))
+    devices = []
+
+    def recording(original):
+        def rerank(*args, device=None, **kwargs):
+            devices.append(device)
+            return original(*args, device=device, **kwargs)
+
+        return rerank
+
+    monkeypatch.setattr(compare, "reranked_retrieval_metrics", recording(compare.reranked_retrieval_metrics))
+    monkeypatch.setattr(diml_study, "reranked_retrieval_metrics", recording(diml_study.reranked_retrieval_metrics))
+    compare.rerank_metrics(result, top_k=4, grid=2)
+    diml_study.rerank_sweeps(result, diml_study.DIMLStudy(top_ks=[0, 4], grid_sizes=[2], grid_size=2, top_k=4))
+    assert devices and all(device == resolve_device(result.config.device) for device in devices)
+    assert kit.evaluation_sets(result, grid_sizes=[2])["device"] == resolve_device(result.config.device)

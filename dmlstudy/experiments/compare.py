@@ -256,7 +256,7 @@ def rerank_metrics(
     Recall@K of the dataset's list, RP, MAP@R) and the seconds it took; cached in the run folder.
 
     ``top_k`` is capped at the number of retrievable items. Uses the run's query (and gallery) sets embedded
-    at ``grid`` × ``grid`` through :func:`dmlstudy.experiments.kit.evaluation_sets`.
+    at ``grid`` × ``grid`` through :func:`dmlstudy.experiments.kit.evaluation_sets`, re-ranked on the run's device.
     """
     options = options or TransportOptions()
     ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
@@ -275,7 +275,14 @@ def rerank_metrics(
     )
     k = min(top_k, retrievable)
     values = reranked_retrieval_metrics(
-        query.global_, query.local[grid], query.labels, top_ks=[k], ks=ks, options=options, **gallery_kwargs
+        query.global_,
+        query.local[grid],
+        query.labels,
+        top_ks=[k],
+        ks=ks,
+        options=options,
+        device=sets["device"],
+        **gallery_kwargs,
     )[k]
     metrics = {
         **{name: float(value) for name, value in values.items()},

@@ -167,7 +167,7 @@ def _base_and_training(result: RunResult) -> tuple[str, str]:
 
 
 def _sweep(
-    sets: Mapping[str, GridEmbeddings | None], *, grid: int, top_ks: Sequence[int], options: TransportOptions
+    sets: Mapping[str, Any], *, grid: int, top_ks: Sequence[int], options: TransportOptions
 ) -> dict[int, dict[str, float]]:
     query, gallery = sets["query"], sets["gallery"]
     gallery_kwargs = (
@@ -176,7 +176,13 @@ def _sweep(
         else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
     )
     return reranked_retrieval_metrics(
-        query.global_, query.local[grid], query.labels, top_ks=top_ks, options=options, **gallery_kwargs
+        query.global_,
+        query.local[grid],
+        query.labels,
+        top_ks=top_ks,
+        options=options,
+        device=sets["device"],
+        **gallery_kwargs,
     )
 
 

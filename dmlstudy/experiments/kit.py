@@ -124,7 +124,9 @@ def device_of(module: torch.nn.Module) -> torch.device:
 
 def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str, Any]:
     """Grid embeddings (:class:`dmlstudy.methods.diml.GridEmbeddings`) of a run's query set, and gallery set if
-    the dataset has one, at every grid size G: what DIML re-ranking and the transport-plan figures read."""
+    the dataset has one, at every grid size G: what DIML re-ranking and the transport-plan figures read. The
+    embeddings are computed on the run's device and kept on the CPU; ``device`` names the run's device, where a
+    re-ranking of them should compute (on a GPU worker, the GPU: re-ranking on the CPU left it idle)."""
     from dmlstudy.methods.diml import embed_grid_dataset
 
     datasets = load_datasets(result.config)
@@ -142,6 +144,7 @@ def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str
     return {
         "query": embed(datasets["query"]),
         "gallery": embed(datasets["gallery"]) if datasets.get("gallery") is not None else None,
+        "device": device,
     }
 
 
