@@ -578,3 +578,58 @@ def test_rerankings_compute_on_the_runs_device(tiny_config, monkeypatch):
     diml_study.rerank_sweeps(result, diml_study.DIMLStudy(top_ks=[0, 4], grid_sizes=[2], grid_size=2, top_k=4))
     assert devices and all(device == resolve_device(result.config.device) for device in devices)
     assert kit.evaluation_sets(result, grid_sizes=[2])["device"] == resolve_device(result.config.device)
+
+
+def test_compare_regimes_waits_once_for_all_runs_and_once_for_all_rerankings(tiny_data_root, tmp_path, monkeypatch):
+    """Both regimes' runs go to the engine in one grid and every re-ranking (the table's and the claims') in
+    one batch; the comparisons equal those of one regime after the other."""
+    from dmlstudy.experiments import protocol
+    from dmlstudy.train import is_complete, run
+
+    calls = {"train": [], "rerank": []}
+
+    def train_on_engine(configs, *, workers, progress=True):  # the engine's work, done here: no cluster
+        pending = [c for c in configs if not is_complete(c)]
+        calls["train"].append(len(pending))
+        for c in pending:
+            run(c)
+
+    def call_in_processes(function, arguments, *, workers, what="evaluations"):
+        calls["rerank"].append(len(arguments))
+        for args in arguments:
+            function(*args)
+
+    monkeypatch.setattr(protocol, "train_on_engine", train_on_engine)
+    monkeypatch.setattr(compare, "call_in_processes", call_in_processes)
+    config = compare.CompareStudy(
+        study="test",
+        runs_root=str(tmp_path / "runs"),
+        data_root=str(tiny_data_root),
+        datasets=["cub200"],
+        seeds=[0],
+        image_size=32,
+        classes_per_batch=4,
+        samples_per_class=3,
+        epochs=1,
+        steps_per_epoch=2,
+        train_classes=0,
+        test_classes=0,
+        methods=["ms", "diml_rerank"],
+        classic_methods=["triplet"],
+        classic_seeds=[0],
+        ablation_seeds=[],
+        rerank_top_k=8,
+        rerank_grid=2,
+        regime="pretrained",
+        compared_regimes=["scratch"],
+        workers=2,
+    )
+    together = compare.compare_regimes(config.regime_configs())
+    settings = {(8, 2)} | {(o.get("top_k", 8), o.get("grid", 2)) for o in compare.claim_reranks().values()}
+    assert calls["train"][0] == 2 * 2 and not any(calls["train"][1:])  # 2 regimes × (ms, triplet), in one grid
+    assert calls["rerank"] == [2 * len(settings)]  # 2 regimes' ms runs × each distinct re-ranking, in one batch
+    one_by_one = [compare.compare_regime(c) for c in config.regime_configs()]  # loads runs and cached re-rankings
+    assert not any(calls["train"][1:]) and calls["rerank"] == [2 * len(settings)]
+    for a, b in zip(together, one_by_one, strict=True):
+        pd.testing.assert_frame_equal(a.frame, b.frame)
+        pd.testing.assert_frame_equal(a.claims, b.claims)

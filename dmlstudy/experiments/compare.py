@@ -54,7 +54,7 @@ from dmlstudy.config import load_yaml
 from dmlstudy.data import evaluation_protocol
 from dmlstudy.experiments import kit, papers
 from dmlstudy.experiments.papers import PAPER_DATASET, numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, results_frame, run_grid
+from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, results_frame, run_grid, train_grid
 from dmlstudy.methods import MethodInfo, list_methods, method_info
 from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
 from dmlstudy.paths import project_root, study_outputs
@@ -216,16 +216,24 @@ def method_grid(methods: Iterable[str]) -> dict[str, dict[str, Any]]:
     return {name: dict(kit.SHARED_VARIANTS.get(name, {"method": name})) for name in methods}
 
 
+def main_grid(config: CompareStudy) -> list[tuple[str, TrainConfig]]:
+    """The main methods on every dataset and seed."""
+    return config.grid(method_grid(trained_methods(config.methods)))
+
+
+def classic_grid(config: CompareStudy) -> list[tuple[str, TrainConfig]]:
+    """The classic baselines on every dataset with ``classic_seeds``."""
+    return config.classic_protocol().grid(method_grid(config.classic_methods)) if config.classic_methods else []
+
+
 def run_main(config: CompareStudy) -> list[tuple[str, RunResult]]:
     """Train (or load) the main methods on every dataset and seed."""
-    return run_grid(config.grid(method_grid(trained_methods(config.methods))), workers=config.workers)
+    return run_grid(main_grid(config), workers=config.workers)
 
 
 def run_classic(config: CompareStudy) -> list[tuple[str, RunResult]]:
     """Train (or load) the classic baselines on every dataset with ``classic_seeds``."""
-    if not config.classic_methods:
-        return []
-    return run_grid(config.classic_protocol().grid(method_grid(config.classic_methods)), workers=config.workers)
+    return run_grid(classic_grid(config), workers=config.workers)
 
 
 def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: TransportOptions) -> dict[str, Any]:
@@ -293,6 +301,26 @@ def rerank_metrics(
     return metrics
 
 
+def _missing_reranks(results: Sequence[tuple[str, RunResult]], *, top_k: int, grid: int) -> list[tuple]:
+    """``(run config, top_k, grid)`` of every ``ms`` run of ``results`` without that re-ranking's cache."""
+    options = TransportOptions()
+    return [
+        (result.config.to_dict(), top_k, grid)
+        for name, result in results
+        if name == "ms"
+        and not _rerank_cache(
+            result.run_dir, _rerank_settings(result.config, top_k=top_k, grid=grid, options=options)
+        ).is_file()
+    ]
+
+
+def _rerank_in_processes(missing: list[tuple], *, workers: int) -> None:
+    """The ``missing`` re-rankings as engine tasks, each writing its run's cache (read afterwards); with one
+    worker or one re-ranking, nothing: the caller computes it in this process."""
+    if workers > 1 and len(missing) > 1:
+        call_in_processes(_rerank_metrics_in_process, missing, workers=workers)
+
+
 def rerank_results(
     results: Sequence[tuple[str, RunResult]],
     config: CompareStudy,
@@ -309,19 +337,7 @@ def rerank_results(
         return []
     top_k = config.rerank_top_k if top_k is None else top_k
     grid = config.rerank_grid if grid is None else grid
-    options = TransportOptions()
-    missing = [
-        result.config
-        for name, result in results
-        if name == "ms"
-        and not _rerank_cache(
-            result.run_dir, _rerank_settings(result.config, top_k=top_k, grid=grid, options=options)
-        ).is_file()
-    ]
-    if config.workers > 1 and len(missing) > 1:  # each process writes its run's cache; read below
-        call_in_processes(
-            _rerank_metrics_in_process, [(c.to_dict(), top_k, grid) for c in missing], workers=config.workers
-        )
+    _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=config.workers)
     rows = []
     for name, result in results:
         if name != "ms":
@@ -626,15 +642,20 @@ def ablation_grid(claims: Sequence[Claim] = CLAIMS) -> dict[str, dict[str, Any]]
     return {name: dict(specs[name]) if name in specs else method_grid([name])[name] for name in names}
 
 
-def run_ablations(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> list[tuple[str, RunResult]]:
-    """Train (or load: the paper notebooks trained them under the same names) the runs of the ablation claims
-    judged in ``config.regime`` on ``ablation_datasets`` with ``ablation_seeds``."""
+def ablations_grid(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> list[tuple[str, TrainConfig]]:
+    """The runs of the ablation claims judged in ``config.regime`` on ``ablation_datasets`` with
+    ``ablation_seeds``."""
     claims = [claim for claim in claims if claim.judged_in(config.regime)]
     if not config.ablation_seeds or not config.ablation_datasets or not claims:
         return []
     protocol = dataclasses.replace(config, seeds=list(config.ablation_seeds))
-    grid = protocol.grid(ablation_grid(claims), datasets=config.ablation_datasets)
-    return run_grid(grid, workers=config.workers)
+    return protocol.grid(ablation_grid(claims), datasets=config.ablation_datasets)
+
+
+def run_ablations(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> list[tuple[str, RunResult]]:
+    """Train (or load: the paper notebooks trained them under the same names) the runs of the ablation claims
+    judged in ``config.regime`` on ``ablation_datasets`` with ``ablation_seeds``."""
+    return run_grid(ablations_grid(config, claims), workers=config.workers)
 
 
 @dataclass
@@ -649,10 +670,39 @@ class RegimeComparison:
     claims: pd.DataFrame
 
 
-def compare_regime(config: CompareStudy) -> RegimeComparison:
+def compare_regimes(configs: Sequence[CompareStudy]) -> list[RegimeComparison]:
+    """:func:`compare_regime` of every config, waiting twice in all instead of five times per regime: every
+    regime's runs (main rows, classic baselines, ablations) go to the engine as one grid, then every missing
+    DIML re-ranking of every regime (the table's and the claims') as one batch, and then each regime is judged
+    from what is on disk. Same runs, same caches, same tables as one :func:`compare_regime` after the other;
+    on a GPU the engine's workers no longer idle while one phase's last run or re-ranking finishes."""
+    configs = list(configs)
+    if not configs:
+        return []
+    workers = max(config.workers for config in configs)
+    train_grid(
+        [pair for config in configs for pair in main_grid(config) + classic_grid(config) + ablations_grid(config)],
+        workers=workers,
+    )
+    mains = [run_main(config) for config in configs]
+    missing = [
+        job
+        for config, main in zip(configs, mains, strict=True)
+        if RERANK in config.methods
+        for overrides in [{}, *claim_reranks().values()]  # the table's diml_rerank row, then claim_rerank_results'
+        for job in _missing_reranks(
+            main, top_k=overrides.get("top_k", config.rerank_top_k), grid=overrides.get("grid", config.rerank_grid)
+        )
+    ]
+    _rerank_in_processes(list({repr(job): job for job in missing}.values()), workers=workers)
+    return [compare_regime(config, main=main) for config, main in zip(configs, mains, strict=True)]
+
+
+def compare_regime(config: CompareStudy, *, main: list[tuple[str, RunResult]] | None = None) -> RegimeComparison:
     """Train (or load) every row of ``config`` in its regime, the DIML re-rankings, the ablation runs the claims
-    judged in this regime need, and judge those claims (:func:`claims_table`)."""
-    main, classic = run_main(config), run_classic(config)
+    judged in this regime need, and judge those claims (:func:`claims_table`). ``main``: the main runs, already
+    loaded (:func:`compare_regimes`)."""
+    main, classic = main if main is not None else run_main(config), run_classic(config)
     frame = comparison_frame(main, classic, rerank_results(main, config), methods=config.methods)
     extra_runs, extra_rows = run_ablations(config), claim_rerank_results(main, config)
     claims = claims_table(

@@ -205,11 +205,18 @@ def run_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> lis
     With ``workers > 1``, or when ``DMLSTUDY_SCHEDULER`` names a cluster, the unfinished runs are trained first
     as tasks of the engine (:func:`train_on_engine`); with ``workers = 1`` and no scheduler (and under
     torchrun) they train here, one after the other, in this process."""
+    train_grid(configs, workers=workers)
+    return [(variant, run(config)) for variant, config in configs]
+
+
+def train_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> None:
+    """The training half of :func:`run_grid`, nothing loaded: with ``workers > 1`` or a scheduler, the
+    unfinished runs trained as engine tasks (all at once, however many grids ``configs`` joins); otherwise
+    nothing, and :func:`run_grid` trains them one by one when it loads them."""
     if workers < 1:
         raise ValueError(f"run_grid: workers must be ≥ 1, got {workers}")
     if (workers > 1 or engine.scheduler_address()) and not distributed.launched_by_torchrun():
         train_on_engine([config for _, config in configs], workers=workers)
-    return [(variant, run(config)) for variant, config in configs]
 
 
 def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
