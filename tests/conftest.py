@@ -20,6 +20,9 @@ def tiny_data_root(tmp_path_factory) -> Path:
     return root
 
 
+TINY_RUN = dict(image_size=32, classes_per_batch=4, samples_per_class=3, steps_per_epoch=2)  # seconds-long runs
+
+
 @pytest.fixture
 def tiny_config(tiny_data_root, tmp_path):
     """A TrainConfig factory for seconds-long runs on the tiny dataset, writing into a temporary runs folder."""
@@ -31,16 +34,36 @@ def tiny_config(tiny_data_root, tmp_path):
             runs_root=str(tmp_path / "runs"),
             data_root=str(tiny_data_root),
             dataset="cub200",
-            image_size=32,
-            classes_per_batch=4,
-            samples_per_class=3,
+            **TINY_RUN,
             epochs=2,
-            steps_per_epoch=2,
             eval_batch_size=64,
             progress=False,
             device="cpu",
         )
         values.update(overrides)
         return TrainConfig(**values)
+
+    return make
+
+
+@pytest.fixture
+def tiny_comparison(tiny_data_root, tmp_path):
+    """A ``compare.CompareStudy`` factory on the tiny dataset (one 2-step epoch per run), writing into a
+    temporary runs folder."""
+    from dmlstudy.experiments.compare import CompareStudy
+
+    def make(**overrides):
+        values = dict(
+            study="test",
+            runs_root=str(tmp_path / "runs"),
+            data_root=str(tiny_data_root),
+            datasets=["cub200"],
+            **TINY_RUN,
+            epochs=1,
+            train_classes=0,
+            test_classes=0,
+        )
+        values.update(overrides)
+        return CompareStudy(**values)
 
     return make

@@ -486,25 +486,15 @@ def test_a_compare_config_names_each_regime_once():
         compare.CompareStudy(compared_regimes=["imagenet"])
 
 
-def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights(tiny_data_root, tmp_path):
+def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights(tiny_comparison):
     import safetensors.torch
     import torch
 
     from dmlstudy.regimes import BACKBONE_LR_SCALE, PRETRAINED_WEIGHTS
 
-    config = compare.CompareStudy(
-        study="test",
-        runs_root=str(tmp_path / "runs"),
-        data_root=str(tiny_data_root),
-        datasets=["cub200"],
+    config = tiny_comparison(
         seeds=[0, 1],
-        image_size=32,
-        classes_per_batch=4,
-        samples_per_class=3,
         epochs=2,
-        steps_per_epoch=2,
-        train_classes=0,
-        test_classes=0,
         methods=["ms", "crt"],
         classic_methods=[],
         ablation_seeds=[],
@@ -580,7 +570,7 @@ def test_rerankings_compute_on_the_runs_device(tiny_config, monkeypatch):
     assert kit.evaluation_sets(result, grid_sizes=[2])["device"] == resolve_device(result.config.device)
 
 
-def test_compare_regimes_waits_once_for_all_runs_and_once_for_all_rerankings(tiny_data_root, tmp_path, monkeypatch):
+def test_compare_regimes_waits_once_for_all_runs_and_once_for_all_rerankings(tiny_comparison, monkeypatch):
     """Both regimes' runs go to the engine in one grid and every re-ranking (the table's and the claims') in
     one batch; the comparisons equal those of one regime after the other."""
     from dmlstudy.experiments import protocol
@@ -601,19 +591,8 @@ def test_compare_regimes_waits_once_for_all_runs_and_once_for_all_rerankings(tin
 
     monkeypatch.setattr(protocol, "train_on_engine", train_on_engine)
     monkeypatch.setattr(compare, "call_in_processes", call_in_processes)
-    config = compare.CompareStudy(
-        study="test",
-        runs_root=str(tmp_path / "runs"),
-        data_root=str(tiny_data_root),
-        datasets=["cub200"],
+    config = tiny_comparison(
         seeds=[0],
-        image_size=32,
-        classes_per_batch=4,
-        samples_per_class=3,
-        epochs=1,
-        steps_per_epoch=2,
-        train_classes=0,
-        test_classes=0,
         methods=["ms", "diml_rerank"],
         classic_methods=["triplet"],
         classic_seeds=[0],

@@ -82,22 +82,12 @@ def test_labels_and_groups_come_from_the_registration():
     assert set(GROUPS) == {"paper", "classic"}
 
 
-def test_a_method_in_a_new_module_appears_in_the_comparison_of_a_tiny_run(plugin, tiny_data_root, tmp_path):
+def test_a_method_in_a_new_module_appears_in_the_comparison_of_a_tiny_run(plugin, tiny_comparison):
     assert plugin not in METHODS
     assert "throwaway_plugin" in methods.discover()
     assert method_info(plugin).summary == "Generalised-mean pooling, a linear embedding and the Proxy-Anchor loss."
-    config = compare.CompareStudy(
+    config = tiny_comparison(
         study="registry",
-        runs_root=str(tmp_path / "runs"),
-        data_root=str(tiny_data_root),
-        datasets=["cub200"],
-        image_size=32,
-        classes_per_batch=4,
-        samples_per_class=3,
-        epochs=1,
-        steps_per_epoch=2,
-        train_classes=0,
-        test_classes=0,
         methods=["ms"],
         classic_methods=[plugin],
         umap=False,
