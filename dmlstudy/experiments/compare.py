@@ -335,8 +335,7 @@ def rerank_results(
     rows only when the config's ``methods`` list it."""
     if variant == RERANK and RERANK not in config.methods:
         return []
-    top_k = config.rerank_top_k if top_k is None else top_k
-    grid = config.rerank_grid if grid is None else grid
+    top_k, grid = reranking(config, top_k=top_k, grid=grid)
     _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=config.workers)
     rows = []
     for name, result in results:
@@ -354,6 +353,12 @@ def rerank_results(
         row.update(reranked)
         rows.append(row)
     return rows
+
+
+def reranking(config: CompareStudy, *, top_k: int | None = None, grid: int | None = None) -> tuple[int, int]:
+    """``(top_k, grid)`` of a re-ranking: the given values, else the config's ``rerank_top_k`` and
+    ``rerank_grid`` (the ``diml_rerank`` row's)."""
+    return (config.rerank_top_k if top_k is None else top_k, config.rerank_grid if grid is None else grid)
 
 
 def claim_rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> list[dict[str, Any]]:
@@ -690,9 +695,8 @@ def compare_regimes(configs: Sequence[CompareStudy]) -> list[RegimeComparison]:
         for config, main in zip(configs, mains, strict=True)
         if RERANK in config.methods
         for overrides in [{}, *claim_reranks().values()]  # the table's diml_rerank row, then claim_rerank_results'
-        for job in _missing_reranks(
-            main, top_k=overrides.get("top_k", config.rerank_top_k), grid=overrides.get("grid", config.rerank_grid)
-        )
+        for top_k, grid in [reranking(config, **overrides)]
+        for job in _missing_reranks(main, top_k=top_k, grid=grid)
     ]
     _rerank_in_processes(list({repr(job): job for job in missing}.values()), workers=workers)
     return [compare_regime(config, main=main) for config, main in zip(configs, mains, strict=True)]
