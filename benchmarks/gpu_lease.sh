@@ -9,7 +9,7 @@
 #
 # "start": carried wheels (.whl/, see benchmarks/README.md) installed beside the image's torch, the datasets
 # generated, the CUDA-only tests (skipped with TESTS=0), then `dmlstudy study run` over plans/default.yaml with
-# `workers: $WORKERS` (default 8; the only change) in its own session, so it outlives the call. "start" polls it until it ends or the deadline and
+# `workers: $WORKERS` (default 12, as plans/gpu.yaml; the only change) in its own session, so it outlives the call. "start" polls it until it ends or the deadline and
 # returns with it still running; "wait" polls it again until it ends or the deadline, then stops it (SIGTERM:
 # finished runs are kept). Every 10 s a line of
 # progress.tsv records the study's seconds, its finished run folders, its finished entries, the GPU's
@@ -22,7 +22,7 @@ LEASE=/tmp/lease
 mkdir -p "$OUT" "$LEASE"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
 STUDY_PLAN=$LEASE/gpu_default.yaml
-WORKERS=${WORKERS:-8}
+WORKERS=${WORKERS:-12}
 
 collect() {
   cp "$LEASE"/*.log "$LEASE"/*.tsv "$OUT"/ 2>/dev/null
