@@ -9,9 +9,9 @@
 #
 # "start": carried wheels (.whl/, see benchmarks/README.md) installed beside the image's torch, the datasets
 # generated, the CUDA-only tests (skipped with TESTS=0), then `dmlstudy study run` over plans/default.yaml with
-# `workers: $WORKERS` (default 12, as plans/gpu.yaml; the only change) in its own session, so it outlives the call. "start" polls it until it ends or the deadline and
-# returns with it still running; "wait" polls it again until it ends or the deadline, then stops it (SIGTERM:
-# finished runs are kept). Every 10 s a line of
+# `workers: $WORKERS` (default 12, as plans/gpu.yaml; the only change) in its own session, so it outlives the
+# call. "start" polls it until it ends or the deadline and returns with it still running; "wait" polls it again
+# until it ends or the deadline, then stops it (SIGTERM: finished runs are kept). Every 10 s a line of
 # progress.tsv records the study's seconds, its finished run folders, its finished entries, the GPU's
 # utilisation and memory (nvidia-smi) and the load average, so a study stopped by the box still says how far
 # it got and whether the GPU or the host was the bottleneck. A study that ends with more than 100 s left in
