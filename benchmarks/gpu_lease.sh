@@ -15,7 +15,8 @@
 # progress.tsv records the study's seconds, its finished run folders, its finished entries, the GPU's
 # utilisation and memory (nvidia-smi) and the load average, so a study stopped by the box still says how far
 # it got and whether the GPU or the host was the bottleneck. A study that ends with more than 100 s left in
-# "start" or "wait" is followed by `bench_gpu.py --parts methods` in what remains. Logs go to $OUT (the device tool's folder), else ./gpu_out.
+# "start" or "wait" is followed by `bench_gpu.py --parts methods` in what remains. Logs go to $OUT (the device
+# tool's folder), else ./gpu_out.
 set -u
 OUT=${OUT:-gpu_out}
 LEASE=/tmp/lease
