@@ -97,7 +97,7 @@ display(Markdown(compare.rows_markdown(config)))
 # is computed from the trained `ms` models (their grid embeddings, re-ranking cached in the run folders).
 
 # %%
-comparisons = compare.compare_regimes(config.regime_configs())
+comparisons = [compare.compare_regime(regime_config) for regime_config in config.regime_configs()]
 for comparison in comparisons:
     print(
         f"{comparison.config.regime} regime: {len(comparison.frame)} rows: {len(comparison.main)} main runs, "

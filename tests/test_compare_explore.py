@@ -570,9 +570,9 @@ def test_rerankings_compute_on_the_runs_device(tiny_config, monkeypatch):
     assert kit.evaluation_sets(result, grid_sizes=[2])["device"] == resolve_device(result.config.device)
 
 
-def test_compare_regimes_waits_once_for_all_runs_and_once_for_all_rerankings(tiny_comparison, monkeypatch):
-    """Both regimes' runs go to the engine in one grid and every re-ranking (the table's and the claims') in
-    one batch; the comparisons equal those of one regime after the other."""
+def test_a_regime_waits_once_for_its_runs_and_once_for_its_rerankings(tiny_comparison, monkeypatch):
+    """A regime's runs (main rows, classic baselines) go to the engine in one grid and its re-rankings (the
+    table's and the claims') in one batch; judging it again reads everything from disk, with the same tables."""
     from dmlstudy.experiments import protocol
     from dmlstudy.train import is_complete, run
 
@@ -603,12 +603,12 @@ def test_compare_regimes_waits_once_for_all_runs_and_once_for_all_rerankings(tin
         compared_regimes=["scratch"],
         workers=2,
     )
-    together = compare.compare_regimes(config.regime_configs())
+    first = [compare.compare_regime(c) for c in config.regime_configs()]
     settings = {(8, 2)} | {(o.get("top_k", 8), o.get("grid", 2)) for o in compare.claim_reranks().values()}
-    assert calls["train"][0] == 2 * 2 and not any(calls["train"][1:])  # 2 regimes × (ms, triplet), in one grid
-    assert calls["rerank"] == [2 * len(settings)]  # 2 regimes' ms runs × each distinct re-ranking, in one batch
-    one_by_one = [compare.compare_regime(c) for c in config.regime_configs()]  # loads runs and cached re-rankings
-    assert not any(calls["train"][1:]) and calls["rerank"] == [2 * len(settings)]
-    for a, b in zip(together, one_by_one, strict=True):
+    assert [n for n in calls["train"] if n] == [2, 2]  # each regime's ms and triplet runs, as one grid
+    assert calls["rerank"] == [len(settings), len(settings)]  # each regime's ms run × each distinct re-ranking
+    again = [compare.compare_regime(c) for c in config.regime_configs()]  # loads runs and cached re-rankings
+    assert [n for n in calls["train"] if n] == [2, 2] and calls["rerank"] == [len(settings)] * 2
+    for a, b in zip(first, again, strict=True):
         pd.testing.assert_frame_equal(a.frame, b.frame)
         pd.testing.assert_frame_equal(a.claims, b.claims)

@@ -675,38 +675,26 @@ class RegimeComparison:
     claims: pd.DataFrame
 
 
-def compare_regimes(configs: Sequence[CompareStudy]) -> list[RegimeComparison]:
-    """:func:`compare_regime` of every config, waiting twice in all instead of five times per regime: every
-    regime's runs (main rows, classic baselines, ablations) go to the engine as one grid, then every missing
-    DIML re-ranking of every regime (the table's and the claims') as one batch, and then each regime is judged
-    from what is on disk. Same runs, same caches, same tables as one :func:`compare_regime` after the other;
-    on a GPU the engine's workers no longer idle while one phase's last run or re-ranking finishes."""
-    configs = list(configs)
-    if not configs:
-        return []
-    workers = max(config.workers for config in configs)
-    train_grid(
-        [pair for config in configs for pair in main_grid(config) + classic_grid(config) + ablations_grid(config)],
-        workers=workers,
-    )
-    mains = [run_main(config) for config in configs]
+def compare_regime(config: CompareStudy) -> RegimeComparison:
+    """Train (or load) every row of ``config`` in its regime, the DIML re-rankings, the ablation runs the claims
+    judged in this regime need, and judge those claims (:func:`claims_table`).
+
+    It waits twice: all of the regime's runs (main rows, classic baselines, ablations) go to the engine as one
+    grid, then all of its missing re-rankings (the table's and the claims') as one batch; the rest reads them
+    from disk. Waiting once per phase, five times, left a GPU's workers idle behind each phase's last task.
+    Regime after regime, not both at once: a run's engine priority is set by whoever asks for it first, and the
+    scratch regime's main runs are the paper notebooks' own. Sent at the start with the comparison's hundreds
+    of pretrained runs, they took that grid's low priority, and the paper notebooks waited behind it."""
+    train_grid(main_grid(config) + classic_grid(config) + ablations_grid(config), workers=config.workers)
+    main = run_main(config)
     missing = [
         job
-        for config, main in zip(configs, mains, strict=True)
-        if RERANK in config.methods
-        for overrides in [{}, *claim_reranks().values()]  # the table's diml_rerank row, then claim_rerank_results'
-        for top_k, grid in [reranking(config, **overrides)]
+        for overrides in ([{}, *claim_reranks().values()] if RERANK in config.methods else [])
+        for top_k, grid in [reranking(config, **overrides)]  # the table's diml_rerank row, then the claims'
         for job in _missing_reranks(main, top_k=top_k, grid=grid)
     ]
-    _rerank_in_processes(list({repr(job): job for job in missing}.values()), workers=workers)
-    return [compare_regime(config, main=main) for config, main in zip(configs, mains, strict=True)]
-
-
-def compare_regime(config: CompareStudy, *, main: list[tuple[str, RunResult]] | None = None) -> RegimeComparison:
-    """Train (or load) every row of ``config`` in its regime, the DIML re-rankings, the ablation runs the claims
-    judged in this regime need, and judge those claims (:func:`claims_table`). ``main``: the main runs, already
-    loaded (:func:`compare_regimes`)."""
-    main, classic = main if main is not None else run_main(config), run_classic(config)
+    _rerank_in_processes(list({repr(job): job for job in missing}.values()), workers=config.workers)
+    classic = run_classic(config)
     frame = comparison_frame(main, classic, rerank_results(main, config), methods=config.methods)
     extra_runs, extra_rows = run_ablations(config), claim_rerank_results(main, config)
     claims = claims_table(
