@@ -361,15 +361,23 @@ def reranking(config: CompareStudy, *, top_k: int | None = None, grid: int | Non
     return (config.rerank_top_k if top_k is None else top_k, config.rerank_grid if grid is None else grid)
 
 
+def rerank_variants(config: CompareStudy) -> list[tuple[str, int, int]]:
+    """``(variant, top_k, grid)`` of every re-ranking of the ``ms`` runs the comparison of ``config`` reads: the
+    table's ``diml_rerank`` row, then the claims' extra ones (:func:`claim_reranks`); none unless
+    ``diml_rerank`` is a row of the comparison."""
+    if RERANK not in config.methods:
+        return []
+    extra = [(name, *reranking(config, **overrides)) for name, overrides in claim_reranks().items()]
+    return [(RERANK, *reranking(config)), *extra]
+
+
 def claim_rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> list[dict[str, Any]]:
     """The extra re-rankings the claims compare (:func:`claim_reranks`: ``diml_rerank-G=1``, …) of every ``ms``
     run, each row named as in ``claims.yaml``; none unless ``diml_rerank`` is a row of the comparison."""
-    if RERANK not in config.methods:
-        return []
     return [
         row
-        for name, overrides in claim_reranks().items()
-        for row in rerank_results(results, config, variant=name, **overrides)
+        for name, top_k, grid in rerank_variants(config)[1:]
+        for row in rerank_results(results, config, variant=name, top_k=top_k, grid=grid)
     ]
 
 
@@ -687,13 +695,9 @@ def compare_regime(config: CompareStudy) -> RegimeComparison:
     of pretrained runs, they took that grid's low priority, and the paper notebooks waited behind it."""
     train_grid(main_grid(config) + classic_grid(config) + ablations_grid(config), workers=config.workers)
     main = run_main(config)
-    missing = [
-        job
-        for overrides in ([{}, *claim_reranks().values()] if RERANK in config.methods else [])
-        for top_k, grid in [reranking(config, **overrides)]  # the table's diml_rerank row, then the claims'
-        for job in _missing_reranks(main, top_k=top_k, grid=grid)
-    ]
-    _rerank_in_processes(list({repr(job): job for job in missing}.values()), workers=config.workers)
+    settings = dict.fromkeys((top_k, grid) for _, top_k, grid in rerank_variants(config))  # distinct, in order
+    missing = [job for top_k, grid in settings for job in _missing_reranks(main, top_k=top_k, grid=grid)]
+    _rerank_in_processes(missing, workers=config.workers)
     classic = run_classic(config)
     frame = comparison_frame(main, classic, rerank_results(main, config), methods=config.methods)
     extra_runs, extra_rows = run_ablations(config), claim_rerank_results(main, config)

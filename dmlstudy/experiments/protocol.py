@@ -214,7 +214,7 @@ def train_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> N
     unfinished runs trained as engine tasks (all at once, however many grids ``configs`` joins); otherwise
     nothing, and :func:`run_grid` trains them one by one when it loads them."""
     if workers < 1:
-        raise ValueError(f"run_grid: workers must be ≥ 1, got {workers}")
+        raise ValueError(f"workers must be ≥ 1, got {workers}")
     if (workers > 1 or engine.scheduler_address()) and not distributed.launched_by_torchrun():
         train_on_engine([config for _, config in configs], workers=workers)
 
