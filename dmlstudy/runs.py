@@ -21,7 +21,9 @@ Decisions (issue 16):
   ``checkpoint.pt``) of the same identity is loaded, never retrained, whatever ``resume`` says; a folder
   whose ``config.yaml`` holds another identity (a hash collision, a hand-edited record) is refused.
   ``overwrite=True`` (``--overwrite``) is the only way to replace either: the old records are deleted
-  before training starts. ``resume=True`` continues an interrupted run from its last epoch checkpoint;
+  before training starts. One record is trained again without it, with a warning: one whose reported
+  checkpoint is a warm-up epoch (:func:`chosen_in_warmup`), which only the selection rule before 2026-11-26
+  could choose. ``resume=True`` continues an interrupted run from its last epoch checkpoint;
   an interrupted run started again without it begins at epoch 1 (with a warning).
 * **One writer.** :class:`RunLock` holds a ``filelock`` lock on ``<run>/.run.lock`` for the run's whole
   life and writes the holder's PID, host and command to ``<run>/.run.lock.json``; a second writer fails
@@ -166,8 +168,27 @@ def read_config_record(run_dir: Path) -> dict[str, Any] | None:
 
 
 def is_complete(run_dir: Path) -> bool:
-    """Whether a folder holds a finished run: its configuration, final metrics and checkpoint."""
-    return all((Path(run_dir) / name).is_file() for name in ("config.yaml", "metrics.json", "checkpoint.pt"))
+    """Whether a folder holds a finished run: its configuration, final metrics and checkpoint, with a
+    checkpoint the current selection rule could have chosen (not :func:`chosen_in_warmup`)."""
+    run_dir = Path(run_dir)
+    recorded = all((run_dir / name).is_file() for name in ("config.yaml", "metrics.json", "checkpoint.pt"))
+    return recorded and chosen_in_warmup(run_dir) is None
+
+
+def chosen_in_warmup(run_dir: Path) -> int | None:
+    """The warm-up epoch a finished run reports its checkpoint from, or None. Only the rule before 2026-11-26
+    chose warm-up epochs (:class:`dmlstudy.train.CheckpointSelection`); such a record is trained again, as a
+    run of the current rule would differ from it. Every other record is what the current rule computes, since
+    the two rules agree on a run whose best evaluation came after its warm-up."""
+    try:
+        metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    best, cap = metrics.get("best_epoch"), metrics.get("epochs")
+    if not isinstance(best, int) or (isinstance(cap, int) and best >= cap):  # warmup_epochs < epochs
+        return None
+    warmup = int((read_config_record(run_dir) or {}).get("warmup_epochs") or 0)
+    return best if 0 < best <= warmup else None
 
 
 def copy_finished_runs(source: Path, target: Path) -> list[str]:
@@ -515,6 +536,16 @@ class RunSession:
             return
         if is_complete(run_dir):
             self.reusable = True
+            return
+        stale = chosen_in_warmup(run_dir) if (run_dir / "checkpoint.pt").is_file() else None
+        if stale is not None:
+            if self.writer:
+                warn(
+                    f"{run_dir} reports warm-up epoch {stale}, chosen before warm-up evaluations stopped counting "
+                    "(docs/protocol.md, 2026-11-26); deleting its records and training it again"
+                )
+                for name in RECORD_FILES:
+                    (run_dir / name).unlink(missing_ok=True)
             return
         checkpoint = run_dir / "checkpoint.pt"
         if checkpoint.is_file():

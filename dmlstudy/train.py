@@ -713,10 +713,16 @@ class CheckpointSelection:
     of that epoch, and its validation embeddings. After ``patience`` evaluations without a higher value the
     run stops (``stopped``); ``patience = 0`` never stops early. The state travels in the epoch checkpoint,
     so a resumed run chooses exactly as the uninterrupted one.
+
+    The evaluations of the first ``warmup_epochs`` epochs are recorded in the history but are neither candidates
+    nor steps of patience: the backbone is frozen then, so they score the starting backbone under a half-trained
+    head, not the method being fine-tuned, and the dip that unfreezing brings must not end the run. Declared on
+    2026-11-26 (``docs/protocol.md``) after one pretrained run had stopped at epoch 3 on its warm-up's validation
+    R@1 and reported the warm-up state; until then warm-up evaluations counted like any other.
     """
 
-    def __init__(self, patience: int) -> None:
-        self.patience = patience
+    def __init__(self, patience: int, warmup_epochs: int = 0) -> None:
+        self.patience, self.warmup_epochs = patience, warmup_epochs
         self.value, self.epoch, self.seconds, self.since = float("-inf"), 0, 0.0, 0
         self.state: dict[str, torch.Tensor] | None = None
         self.arrays: dict[str, np.ndarray] = {}
@@ -725,6 +731,8 @@ class CheckpointSelection:
     def observe(
         self, value: float, *, epoch: int, method: Method, trained_seconds: float, arrays: dict[str, np.ndarray]
     ) -> None:
+        if epoch <= self.warmup_epochs:
+            return
         if value > self.value:
             self.value, self.epoch, self.seconds, self.since = value, epoch, trained_seconds, 0
             self.state = {name: tensor.detach().clone() for name, tensor in method.state_dict().items()}
@@ -743,7 +751,13 @@ class CheckpointSelection:
             "stopped": self.stopped,
         }
 
-    def load(self, saved: Mapping[str, Any]) -> None:
+    def load(self, saved: Mapping[str, Any], *, epochs_done: int) -> bool:
+        """Restore the choice saved after ``epochs_done`` epochs. A choice of a warm-up epoch was made by the
+        rule before 2026-11-26: while the run is still warming up the rule keeps no choice yet, so it is
+        dropped; after the warm-up it cannot be remade without the states it passed over, so ``False`` says
+        the run must start again."""
+        if 0 < saved["epoch"] <= self.warmup_epochs:
+            return epochs_done <= self.warmup_epochs
         self.value, self.epoch, self.seconds, self.since = (
             saved["value"],
             saved["epoch"],
@@ -751,21 +765,32 @@ class CheckpointSelection:
             saved["since"],
         )
         self.state, self.stopped = saved["state"], saved["stopped"]
+        return True
 
 
-def best_epoch_censored(history: pd.DataFrame, patience: int) -> bool:
+def selection_evaluations(history: pd.DataFrame, warmup_epochs: int = 0, metric: str = "R@1") -> pd.Series:
+    """``metric`` at each evaluation a run's reported checkpoint is chosen among, indexed by epoch: the column
+    of :func:`evaluation_column` after the first ``warmup_epochs`` epochs (:class:`CheckpointSelection`)."""
+    column, _ = evaluation_column(history, metric)
+    if column not in history or "epoch" not in history:
+        return pd.Series(dtype=float)
+    return history.loc[history["epoch"] > warmup_epochs].set_index("epoch")[column].dropna()
+
+
+def best_epoch_censored(history: pd.DataFrame, patience: int, warmup_epochs: int = 0) -> bool:
     """Whether a run's epochs-to-best (``best_epoch``, ``seconds_to_best``) is right-censored by its epoch cap.
 
     The run ended with fewer than ``max(patience, 1)`` evaluations after its best one, so
     :class:`CheckpointSelection` never stopped it (with ``patience = 0``: its best was its last evaluation),
     and a longer cap could only have moved its best later: its true epochs-to-best is at least the recorded
-    one. Replays the selection on the history's R@1 column (:func:`evaluation_column`: validation classes, or
-    the test classes of a run without them, which never stops early, so ``patience`` counts as 0); the first
-    maximum is the best, as a tie keeps the earlier epoch. A run with no evaluation is not censored.
+    one. Replays the selection on the evaluations it chooses among (:func:`selection_evaluations`: validation
+    classes after the warm-up, or the test classes of a run without them, which never stops early, so
+    ``patience`` counts as 0); the first maximum is the best, as a tie keeps the earlier epoch. A run with no
+    evaluation is not censored.
     """
-    column, classes = evaluation_column(history)
-    values = history[column].dropna().to_numpy() if column in history else None
-    if values is None or not len(values):
+    _, classes = evaluation_column(history)
+    values = selection_evaluations(history, warmup_epochs).to_numpy()
+    if not len(values):
         return False
     after_best = len(values) - 1 - int(np.argmax(values))
     return after_best < max(patience if classes == "validation" else 0, 1)
@@ -926,15 +951,20 @@ def _train_and_evaluate(
     history: list[dict[str, float]] = []
     start_epoch = 0
     watch = TrainingWatch(config, train, sampler)
-    selection = CheckpointSelection(config.patience)
+    selection = CheckpointSelection(config.patience, config.warmup_epochs)
     validation = _validation_sets(datasets) if config.validates else None
-    if resume_from is not None:
-        checkpoint = _read_checkpoint(resume_from, device)
+    checkpoint = _read_checkpoint(resume_from, device) if resume_from is not None else None
+    if checkpoint is not None and config.validates:
+        if not selection.load(checkpoint["selection"], epochs_done=checkpoint["epoch"] + 1):
+            runs.warn(
+                f"{run_dir}: its checkpoint chose warm-up epoch {checkpoint['selection']['epoch']}, which warm-up "
+                "evaluations no longer can (docs/protocol.md, 2026-11-26); starting the run again from epoch 1"
+            )
+            checkpoint = None
+    if checkpoint is not None:
         method.load_state_dict(checkpoint["method"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         history, start_epoch = checkpoint["history"], checkpoint["epoch"] + 1
-        if config.validates:
-            selection.load(checkpoint["selection"])
 
     latest: dict[str, float] = next((row for row in reversed(history) if "R@1" in row), {})
     arrays: dict[str, np.ndarray] = {}

@@ -1,11 +1,14 @@
 """Issue 21's protocol in the training engine: class-disjoint validation folds, the checkpoint chosen on
 them, patience, test classes read once (never by tuning runs), and paired seeds across methods."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
+from dmlstudy import runs
 from dmlstudy import train as train_module
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.data.base import ImageListDataset
@@ -139,20 +142,90 @@ def test_selection_keeps_the_best_and_stops_after_patience():
     assert not never.stopped and never.epoch == 1
 
 
+def test_warm_up_evaluations_are_recorded_but_neither_chosen_nor_counted():
+    method = torch.nn.Linear(2, 2)
+    # the run that prompted the rule (pretrained Glyphs softmax, seed 2): its warm-up scored best, unfreezing dipped
+    values = [0.402, 0.317, 0.397, 0.45, 0.44, 0.43]
+    before, now = CheckpointSelection(patience=2), CheckpointSelection(patience=2, warmup_epochs=1)
+    for epoch, value in enumerate(values, start=1):
+        for selection in (before, now):
+            if not selection.stopped:
+                selection.observe(value, epoch=epoch, method=method, trained_seconds=float(epoch), arrays={})
+    assert before.stopped and before.epoch == 1, "the rule before 2026-11-26 stopped at epoch 3 on the warm-up"
+    assert now.stopped and (now.epoch, now.value, now.seconds) == (4, 0.45, 4.0)
+    short = CheckpointSelection(patience=2, warmup_epochs=2)
+    for epoch, value in enumerate([0.9, 0.8, 0.1], start=1):
+        short.observe(value, epoch=epoch, method=method, trained_seconds=0.0, arrays={})
+    assert (short.epoch, short.value, short.stopped) == (3, 0.1, False), "the first evaluation after the warm-up"
+
+
+def test_a_saved_warm_up_choice_is_dropped_in_the_warm_up_and_restarts_a_run_after_it():
+    method = torch.nn.Linear(2, 2)
+    before = CheckpointSelection(patience=2)  # a checkpoint written by the rule before 2026-11-26
+    before.observe(0.5, epoch=1, method=method, trained_seconds=1.0, arrays={})
+    saved = before.to_checkpoint()
+    during = CheckpointSelection(patience=2, warmup_epochs=1)
+    assert during.load(saved, epochs_done=1) and (during.epoch, during.state) == (0, None)
+    assert not CheckpointSelection(patience=2, warmup_epochs=1).load(saved, epochs_done=2)
+    before.observe(0.6, epoch=2, method=method, trained_seconds=2.0, arrays={})
+    after = CheckpointSelection(patience=2, warmup_epochs=1)
+    assert after.load(before.to_checkpoint(), epochs_done=2) and (after.epoch, after.value) == (2, 0.6)
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
 @pytest.mark.parametrize("patience", [1, 2, 3])
-def test_a_run_is_censored_exactly_when_the_selection_never_stopped_it(patience):
+def test_a_run_is_censored_exactly_when_the_selection_never_stopped_it(patience, warmup):
     method, cap = torch.nn.Linear(2, 2), 6
     rng = np.random.default_rng(patience)
     for trial in range(200):
         values = np.round(rng.uniform(0.4, 0.6, size=cap), 2) if trial % 2 else np.sort(rng.uniform(0.4, 0.6, cap))
-        selection, rows = CheckpointSelection(patience), []
+        if trial % 3 == 0:
+            values[0] = 0.7  # a warm-up that scores above everything after it
+        selection, rows = CheckpointSelection(patience, warmup), []
         for epoch, value in enumerate(values, start=1):  # train.run's loop: stop once the selection says so
             if selection.stopped:
                 break
             selection.observe(float(value), epoch=epoch, method=method, trained_seconds=0.0, arrays={})
             rows.append({"epoch": epoch, "val_R@1": float(value)})
         history = pd.DataFrame(rows)
-        assert train_module.best_epoch_censored(history, patience) == (not selection.stopped), (values, patience)
+        censored = train_module.best_epoch_censored(history, patience, warmup)
+        assert censored == (not selection.stopped), (values, patience, warmup)
+        assert int(train_module.selection_evaluations(history, warmup).idxmax()) == selection.epoch
+
+
+def test_a_record_that_reports_a_warm_up_epoch_is_trained_again(tiny_config):
+    config = tiny_config(
+        validation_folds=4, epochs=3, steps_per_epoch=2, warmup_epochs=1, patience=1, input_pipeline="files"
+    )
+    first = run(config)
+    assert first.metrics["best_epoch"] >= 2 and train_module.is_complete(config)
+    metrics = json.loads((config.run_dir / "metrics.json").read_text())
+    (config.run_dir / "metrics.json").write_text(json.dumps({**metrics, "best_epoch": 1}))  # as the old rule could
+    assert runs.chosen_in_warmup(config.run_dir) == 1 and not train_module.is_complete(config)
+    with pytest.warns(runs.RunWarning, match="reports warm-up epoch 1, chosen before warm-up evaluations"):
+        again = run(config)
+    assert train_module.is_complete(config)
+    assert {k: again.metrics[k] for k in ("R@1", "best_epoch", "val_R@1")} == {
+        k: first.metrics[k] for k in ("R@1", "best_epoch", "val_R@1")
+    }
+
+
+def test_an_epoch_checkpoint_that_chose_a_warm_up_epoch_starts_the_run_again(tiny_config):
+    spec = dict(validation_folds=4, epochs=3, steps_per_epoch=2, warmup_epochs=1, input_pipeline="files")
+    reference = run(tiny_config(run_name="whole", **spec))
+    config = tiny_config(run_name="cut", resume=True, **spec)
+    two_epochs = lambda: (
+        (config.run_dir / "history.csv").is_file() and len(pd.read_csv(config.run_dir / "history.csv")) == 2
+    )  # noqa: E731
+    with runs.stop_when(two_epochs), pytest.raises(runs.RunStopped, match="epoch 2/3"):
+        run(config)
+    checkpoint = torch.load(config.run_dir / "checkpoint.pt", weights_only=False)
+    checkpoint["selection"].update(epoch=1, value=1.0, since=1)  # the choice the rule before 2026-11-26 could save
+    torch.save(checkpoint, config.run_dir / "checkpoint.pt")
+    with pytest.warns(runs.RunWarning, match="chose warm-up epoch 1, which warm-up evaluations no longer can"):
+        resumed = run(config)
+    assert len(resumed.history) == 3 and resumed.metrics["R@1"] == reference.metrics["R@1"]
+    assert resumed.metrics["best_epoch"] == reference.metrics["best_epoch"] >= 2
 
 
 def test_censoring_without_patience_or_validation_looks_at_the_last_evaluation():

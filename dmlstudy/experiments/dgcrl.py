@@ -74,7 +74,14 @@ from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.records import seed_everything
 from dmlstudy.study import mean_std_text
-from dmlstudy.train import OPTIMIZERS, RunResult, best_epoch_censored, evaluation_column, load_datasets
+from dmlstudy.train import (
+    OPTIMIZERS,
+    RunResult,
+    best_epoch_censored,
+    evaluation_column,
+    load_datasets,
+    selection_evaluations,
+)
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.
@@ -231,15 +238,14 @@ def recall_at(result: RunResult, ks: Sequence[int]) -> dict[str, float]:
     return {f"R@{k}": value for k, value in metric_functions.recall_at_k(embeddings, labels, usable).items()}
 
 
-def best_epoch(history: pd.DataFrame, *, metric: str = "R@1") -> tuple[int, float]:
-    """``(epoch, value)`` of the first evaluation with the highest ``metric`` (validation classes when the run
-    has them: the epoch its reported checkpoint comes from)."""
-    metric, _ = evaluation_column(history, metric)
-    evaluated = history.dropna(subset=[metric]) if metric in history else history.iloc[0:0]
+def best_epoch(history: pd.DataFrame, *, metric: str = "R@1", warmup_epochs: int = 0) -> tuple[int, float]:
+    """``(epoch, value)`` of the first evaluation with the highest ``metric`` among those the reported checkpoint
+    is chosen from (:func:`dmlstudy.train.selection_evaluations`: validation classes after the warm-up when the
+    run has them, so the epoch its reported checkpoint comes from)."""
+    evaluated = selection_evaluations(history, warmup_epochs, metric)
     if evaluated.empty:
-        raise ValueError(f"best_epoch: the history has no {metric!r} evaluations")
-    row = evaluated.loc[evaluated[metric].idxmax()]
-    return int(row["epoch"]), float(row[metric])
+        raise ValueError(f"best_epoch: the history has no {metric!r} evaluations after warm-up epoch {warmup_epochs}")
+    return int(evaluated.idxmax()), float(evaluated.max())
 
 
 def training_subset(result: RunResult, *, items: int):
@@ -553,14 +559,16 @@ def loss_frame(
     side-by-side step time × steps per epoch and the training time to the best epoch."""
 
     def extra(variant: str, result: RunResult) -> dict[str, float]:
-        epoch, value = best_epoch(result.history)
+        epoch, value = best_epoch(result.history, warmup_epochs=result.config.warmup_epochs)
         steps = result.history.get("train_seconds")
         row = {
             "best epoch": epoch,
             "best R@1 (%)": 100 * value,
             "epochs run": int(result.history["epoch"].max()),
             "s/epoch (run)": float(steps.mean()) if steps is not None else float("nan"),
-            "best_epoch_censored": best_epoch_censored(result.history, result.config.patience),
+            "best_epoch_censored": best_epoch_censored(
+                result.history, result.config.patience, result.config.warmup_epochs
+            ),
         }
         if step_seconds_by_variant and variant in step_seconds_by_variant:
             row["s/epoch (side by side)"] = step_seconds_by_variant[variant] * steps_per_epoch(result)

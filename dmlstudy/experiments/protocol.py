@@ -64,15 +64,17 @@ class ProtocolConfig(TypedConfig):
         sizes = "all" if not self.train_classes else f"first {self.train_classes}"
         rates = f"AdamW, tuned values of {self.tuned_folder()}" if self.tuned else f"AdamW lr {self.lr:g}"
         if self.validation_folds:
+            warmup = REGIMES[self.regime].overrides.get("warmup_epochs", 0)
+            after = " after the warm-up" if warmup else ""  # train.CheckpointSelection: warm-up epochs never count
             schedule = (
                 f"up to {self.epochs} epochs × {self.steps_per_epoch or 'full'} steps"
                 + (
-                    f", stopped after {self.patience} evaluations without a better validation R@1"
+                    f", stopped after {self.patience} evaluations{after} without a better validation R@1"
                     if self.patience
                     else ""
                 )
-                + f"; checkpoint: best validation R@1 on fold 0 of {self.validation_folds} class-disjoint folds of "
-                "the training classes (the test classes read once, by that checkpoint)"
+                + f"; checkpoint: best validation R@1{after} on fold 0 of {self.validation_folds} class-disjoint "
+                "folds of the training classes (the test classes read once, by that checkpoint)"
             )
         else:
             schedule = f"{self.epochs} epochs × {self.steps_per_epoch or 'full'} steps; checkpoint: the last epoch"
@@ -233,7 +235,7 @@ def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
                 "seed": config.seed,
                 "method_kwargs": json.dumps(config.method_kwargs, sort_keys=True),
                 **result.metrics,
-                "best_epoch_censored": best_epoch_censored(result.history, config.patience),
+                "best_epoch_censored": best_epoch_censored(result.history, config.patience, config.warmup_epochs),
             }
         )
     return pd.DataFrame(rows)
