@@ -214,9 +214,11 @@ def test_an_epoch_checkpoint_that_chose_a_warm_up_epoch_starts_the_run_again(tin
     spec = dict(validation_folds=4, epochs=3, steps_per_epoch=2, warmup_epochs=1, input_pipeline="files")
     reference = run(tiny_config(run_name="whole", **spec))
     config = tiny_config(run_name="cut", resume=True, **spec)
-    two_epochs = lambda: (
-        (config.run_dir / "history.csv").is_file() and len(pd.read_csv(config.run_dir / "history.csv")) == 2
-    )  # noqa: E731
+    history = config.run_dir / "history.csv"
+
+    def two_epochs() -> bool:
+        return history.is_file() and len(pd.read_csv(history)) == 2
+
     with runs.stop_when(two_epochs), pytest.raises(runs.RunStopped, match="epoch 2/3"):
         run(config)
     checkpoint = torch.load(config.run_dir / "checkpoint.pt", weights_only=False)
