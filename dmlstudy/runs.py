@@ -86,6 +86,9 @@ HASHED_WHEN_SET = {  # field → the value that reproduces the runs recorded bef
 }
 RECORD_FILES = ("metrics.json", "checkpoint.pt", "history.csv", "embeddings.npz", "environment.json", "config.yaml")
 LOCK_FILE, HOLDER_FILE = ".run.lock", ".run.lock.json"
+# The revision of the rule that chooses a run's reported checkpoint (train.CheckpointSelection); a plan executes
+# its entries again when it changes (study.entry_inputs).
+SELECTION_RULE = "2026-11-26"
 LOCK_POLL_SECONDS = 2.0  # how often a resumed run looks again at a run folder another live process is writing
 
 

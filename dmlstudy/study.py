@@ -11,8 +11,9 @@ A plan (``plans/*.yaml``)::
 
 Each expanded entry is executed in ``runs/<study>/<run_name>/`` (the executed notebook is written beside
 the run's records; ``study`` and ``run_name`` are injected when the notebook has those parameters). An
-entry whose ``study_entry.json`` says ``complete`` with the same parameters and the same tuned-values files
-(:func:`entry_inputs`: after ``make tune`` the entries that train with them run again) is skipped, so
+entry whose ``study_entry.json`` says ``complete`` with the same parameters, tuned-values files and
+checkpoint-selection rule (:func:`entry_inputs`: after ``make tune`` the entries that train with them run again)
+is skipped, so
 re-running a plan resumes where it stopped; a failing notebook is recorded and the plan continues; the
 failures are listed at the end with the cell that failed.
 
@@ -68,7 +69,7 @@ import pandas as pd
 from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_root, runs_root
 from dmlstudy.records import write_json
-from dmlstudy.runs import copy_finished_runs
+from dmlstudy.runs import SELECTION_RULE, copy_finished_runs
 
 
 class PlanError(ValueError):
@@ -193,16 +194,19 @@ class EntryOutcome:
 
 
 def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
-    """What an entry reads besides its parameters and its runs: the tuned-values files under its ``tuned``
-    folder (``plans/tuned/**/*.yaml``, relative path → SHA-256), so that a plan re-executes an entry after
-    ``make tune`` has changed the values it trains with ({} for an entry without ``tuned``)."""
+    """What an entry reads besides its parameters and its runs: the revision of the checkpoint-selection rule
+    (:data:`dmlstudy.runs.SELECTION_RULE`, so that the entries run again, and retrain the runs the new rule
+    would choose differently, after it changes) and the tuned-values files under its ``tuned`` folder
+    (``plans/tuned/**/*.yaml``, relative path → SHA-256), so that a plan re-executes an entry after ``make tune``
+    has changed the values it trains with."""
     from dmlstudy.models.cards import sha256_file
 
+    inputs = {"selection rule": SELECTION_RULE}
     tuned = str(parameters.get("tuned") or "")
     folder = Path(tuned) if Path(tuned).is_absolute() else project_root() / tuned
     if not tuned or not folder.is_dir():
-        return {}  # a missing folder: the notebook itself stops with the error that names it
-    return {str(file.relative_to(folder)): sha256_file(file) for file in sorted(folder.rglob("*.yaml"))}
+        return inputs  # a missing folder: the notebook itself stops with the error that names it
+    return inputs | {str(file.relative_to(folder)): sha256_file(file) for file in sorted(folder.rglob("*.yaml"))}
 
 
 def _is_complete(record: Path, parameters: dict[str, Any]) -> bool:

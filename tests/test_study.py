@@ -140,7 +140,22 @@ def test_an_entry_runs_again_when_the_tuned_values_it_reads_change(toy_notebooks
     (tuned / "pretrained" / "synbirds.yaml").write_text("rows: {ms: {overrides: {lr: 0.001}}}\n")
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete", "skipped"]
     record = json.loads((root / "s" / "reads" / "study_entry.json").read_text())
-    assert set(record["inputs"]) == {"synbirds.yaml", "pretrained/synbirds.yaml"}
+    assert set(record["inputs"]) == {"selection rule", "synbirds.yaml", "pretrained/synbirds.yaml"}
+
+
+def test_every_entry_runs_again_when_the_checkpoint_selection_rule_changes(toy_notebooks, monkeypatch):
+    """A new selection rule changes what a notebook reports from the same runs (and retrains a run whose recorded
+    choice the rule no longer makes), so no entry may be skipped on a record of the old rule."""
+    from dmlstudy import study
+
+    plan = write_plan(
+        toy_notebooks, f"study: s\nentries:\n  - name: plain\n    notebook: {toy_notebooks / 'echo.ipynb'}\n"
+    )
+    root = toy_notebooks / "runs"
+    assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete"]
+    assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["skipped"]
+    monkeypatch.setattr(study, "SELECTION_RULE", "a later revision")
+    assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete"]
 
 
 @pytest.fixture
