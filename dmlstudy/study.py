@@ -12,10 +12,9 @@ A plan (``plans/*.yaml``)::
 Each expanded entry is executed in ``runs/<study>/<run_name>/`` (the executed notebook is written beside
 the run's records; ``study`` and ``run_name`` are injected when the notebook has those parameters). An
 entry whose ``study_entry.json`` says ``complete`` with the same parameters, tuned-values files and
-checkpoint-selection rule (:func:`entry_inputs`: after ``make tune`` the entries that train with them run again)
-is skipped, so
-re-running a plan resumes where it stopped; a failing notebook is recorded and the plan continues; the
-failures are listed at the end with the cell that failed.
+checkpoint-selection rule (:func:`entry_inputs`: after ``make tune`` the entries that train with them run again,
+after a new rule every entry) is skipped, so re-running a plan resumes where it stopped; a failing notebook is
+recorded and the plan continues; the failures are listed at the end with the cell that failed.
 
 A plan may start from another study's runs: ``reuse_runs_of: default`` copies every finished run folder of
 ``runs/default/`` that ``runs/<study>/`` lacks before the first entry (:func:`dmlstudy.runs.copy_finished_runs`),

@@ -64,7 +64,7 @@ class ProtocolConfig(TypedConfig):
         sizes = "all" if not self.train_classes else f"first {self.train_classes}"
         rates = f"AdamW, tuned values of {self.tuned_folder()}" if self.tuned else f"AdamW lr {self.lr:g}"
         if self.validation_folds:
-            warmup = REGIMES[self.regime].overrides.get("warmup_epochs", 0)
+            warmup = regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs).get("warmup_epochs")
             after = " after the warm-up" if warmup else ""  # train.CheckpointSelection: warm-up epochs never count
             schedule = (
                 f"up to {self.epochs} epochs × {self.steps_per_epoch or 'full'} steps"
