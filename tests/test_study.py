@@ -389,3 +389,43 @@ def test_the_study_timeline_counts_the_runs_training_at_once(tmp_path):
     assert [name for *_, name in intervals] == ["a", "b", "c", "d"]
     span, seconds = timeline.occupancy(intervals)
     assert span == 40 and seconds == {0: 10, 1: 17, 2: 13}
+
+
+def test_compare_studies_pairs_the_same_run_across_numerics(tmp_path):
+    """benchmarks/compare_studies.py, the measurement behind "The default study in bf16": a run of study A and
+    one of study B are the same run when their configurations differ only in ``autocast`` (and the study's
+    own name and folders); runs that differ in anything else are not paired, and two configurations that share
+    a row label (the tutorial's MS run beside the comparison's) stay two rows."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_studies.py"
+    spec = importlib.util.spec_from_file_location("compare_studies", path)
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+
+    def write(study, folder, seed, r1, *, lr=0.004, autocast="auto", seconds=10.0):
+        run = tmp_path / study / folder
+        run.mkdir(parents=True)
+        config = {"study": study, "run_name": f"synbirds-ms-seed{seed}", "seed": seed, "lr": lr, "autocast": autocast}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        (run / "metrics.json").write_text(json.dumps({"R@1": r1, "epochs_trained": 2}))
+        (run / "history.csv").write_text(f"epoch,train_seconds,eval_seconds\n1,{seconds},1\n2,{seconds},1\n")
+
+    for seed, (a, b) in enumerate([(0.40, 0.402), (0.50, 0.501), (0.45, 0.453)]):
+        write("a", f"s{seed}", seed, a, seconds=10.0)
+        write("b", f"s{seed}", seed, b, autocast="bf16", seconds=5.0)
+    write("a", "tutorial", 0, 0.30, lr=0.01)
+    write("b", "tutorial", 0, 0.20, lr=0.01, autocast="bf16")
+    write("b", "other", 1, 0.90, lr=0.02, autocast="bf16")  # no twin in study a
+    rows = compare.paired_rows(compare.run_records(tmp_path / "a"), compare.run_records(tmp_path / "b"))
+    by_row = rows.set_index("row")
+    assert sorted(by_row.index) == ["synbirds-ms #1", "synbirds-ms #2"]
+    three = by_row[by_row["seeds"] == 3].iloc[0]
+    assert three["Δ (B − A)"] == pytest.approx(0.2)
+    assert three["verdict"] == "equivalent"
+    one = by_row[by_row["seeds"] == 1].iloc[0]
+    assert one["Δ (B − A)"] == pytest.approx(-10.0) and one["verdict"] == "one seed"
