@@ -251,6 +251,13 @@ def _study_table(args: argparse.Namespace) -> int:
     if frame.empty:
         print(f"no finished runs under study {args.study!r}", file=sys.stderr)
         return 1
+    if frame.attrs.get("superseded"):
+        left_out = frame.attrs["superseded"]
+        print(
+            f"left out {len(left_out)} run folder(s) that a newer configuration of the same run replaced "
+            f"(not reported by the plan's last execution): {', '.join(left_out[:5])}{' …' if len(left_out) > 5 else ''}",
+            file=sys.stderr,
+        )
     table = summarize(frame, by=[*args.by, *configuration_columns(frame, args.by)], metrics=args.metrics)
     out = (
         Path(args.out)

@@ -89,6 +89,8 @@ LOCK_FILE, HOLDER_FILE = ".run.lock", ".run.lock.json"
 # The revision of the rule that chooses a run's reported checkpoint (train.CheckpointSelection); a plan executes
 # its entries again when it changes (study.entry_inputs).
 SELECTION_RULE = "2026-11-26"
+LEDGER_VARIABLE = "DMLSTUDY_RUN_LEDGER"  # set by the study runner for each notebook's kernel: see note_used()
+LEDGER_NAME = "runs.txt"  # the ledger's name in a plan entry's folder
 LOCK_POLL_SECONDS = 2.0  # how often a resumed run looks again at a run folder another live process is writing
 
 
@@ -211,6 +213,44 @@ def copy_finished_runs(source: Path, target: Path) -> list[str]:
             partial.rename(target / run_dir.name)
             copied.append(run_dir.name)
     return copied
+
+
+def note_used(run_dir: Path) -> None:
+    """Append the run folder's name to the ledger :data:`LEDGER_VARIABLE` names, if any: the study runner
+    gives each notebook of a plan its own (``<study>/<entry>/runs.txt``, emptied when the entry starts), so
+    after a plan every entry lists the runs it reported. One short line per append, so processes that write
+    one ledger at once do not interleave."""
+    ledger = os.environ.get(LEDGER_VARIABLE)
+    if ledger:
+        with open(ledger, "a", encoding="utf-8") as handle:
+            handle.write(f"{Path(run_dir).name}\n")
+
+
+def superseded_runs(study_dir: Path) -> set[str]:
+    """The run folders of a study that a newer configuration of the same run has replaced.
+
+    A folder is superseded when no entry's ledger (:func:`note_used`) names it but one names another folder
+    of the same run label (``run_name`` of its ``config.yaml``, the folder name without its hash): the same
+    run under an older configuration, left behind when tuned values or the protocol changed. A study with no
+    ledgers (runs trained by hand, or before ledgers existed) supersedes nothing, and a folder whose label no
+    ledger names (an ad-hoc run beside the plan's) is kept."""
+    study_dir = Path(study_dir)
+    named = {
+        line.strip()
+        for ledger in study_dir.glob(f"*/{LEDGER_NAME}")
+        for line in ledger.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    }
+    if not named:
+        return set()
+
+    def label(run_dir: Path) -> str:
+        stored = read_config_record(run_dir) or {}
+        return str(stored.get("run_name") or run_dir.name.rsplit("-", 1)[0])
+
+    folders = [path.parent for path in study_dir.glob("*/config.yaml")]
+    current = {label(run_dir) for run_dir in folders if run_dir.name in named}
+    return {run_dir.name for run_dir in folders if run_dir.name not in named and label(run_dir) in current}
 
 
 def resume_command(run_dir: Path) -> str:

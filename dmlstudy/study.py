@@ -44,7 +44,9 @@ runs). Each entry's ``seconds`` then overlap: the plan's wall time is what ``mak
 
 ``study table`` groups runs by configuration: the ``--by`` columns plus every configuration field that
 varies among the gathered runs (:func:`configuration_columns`), so runs of different settings are never
-averaged together as if they were seeds.
+averaged together as if they were seeds. Each entry's kernel notes the runs it reports in the entry's
+``runs.txt``; a run folder that no entry reported, beside one of the same run name that one did (the run
+under older tuned values), is left out and named (:func:`dmlstudy.runs.superseded_runs`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ import pandas as pd
 from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_root, runs_root
 from dmlstudy.records import write_json
-from dmlstudy.runs import SELECTION_RULE, copy_finished_runs
+from dmlstudy.runs import LEDGER_NAME, LEDGER_VARIABLE, SELECTION_RULE, copy_finished_runs, superseded_runs
 
 
 class PlanError(ValueError):
@@ -385,7 +387,6 @@ def _execute_entries(
     running: dict[Any, tuple[int, PlanEntry]] = {}
     pending = list(waiting)
     cells = shown.cell_bar() if concurrent == 1 else False
-    manager = _kernel_manager(environment)
     with ThreadPoolExecutor(max_workers=max(concurrent, 1), thread_name_prefix="plan-entry") as pool:
         while (pending and not interrupts.received) or running:
             while pending and len(running) < concurrent and not interrupts.received:
@@ -400,7 +401,7 @@ def _execute_entries(
                     entry,
                     parameters,
                     root,
-                    kernel=(kernel_name, manager),
+                    kernel=(kernel_name, environment),
                     cells=cells,
                     interrupts=interrupts,
                 )
@@ -424,17 +425,21 @@ def _execute_entry(
     parameters: dict[str, Any],
     root: Path,
     *,
-    kernel: tuple[str, type],
+    kernel: tuple[str, dict[str, str]],
     cells: dict[str, Any] | bool,
     interrupts: _PlanInterrupts,
 ) -> EntryOutcome:
-    """One notebook through papermill (``kernel``: the kernel's name and manager class), its outcome written to
-    its ``study_entry.json``."""
+    """One notebook through papermill (``kernel``: the kernel's name and the environment it starts with), its
+    outcome written to its ``study_entry.json``. The kernel also gets :data:`dmlstudy.runs.LEDGER_VARIABLE`:
+    the entry's ledger of the runs it reports, emptied first (:func:`dmlstudy.runs.superseded_runs`)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     run_dir = entry.run_dir(root)
     run_dir.mkdir(parents=True, exist_ok=True)
+    ledger = run_dir / LEDGER_NAME
+    ledger.write_text("", encoding="utf-8")
+    manager = _kernel_manager({**kernel[1], LEDGER_VARIABLE: str(ledger)})
     inputs = entry_inputs(parameters)
     started = time.perf_counter()
     try:
@@ -443,7 +448,7 @@ def _execute_entry(
             str(run_dir / entry.notebook.name),
             parameters=parameters,
             kernel_name=kernel[0],
-            kernel_manager_class=kernel[1],
+            kernel_manager_class=manager,
             cwd=str(project_root()),
             progress_bar=cells,
             config=kernel_config(),
@@ -598,10 +603,16 @@ def _flatten(prefix: str, value: Any) -> dict[str, Any]:
 
 
 def gather_runs(study: str, *, root: str | Path | None = None) -> pd.DataFrame:
-    """One row per finished run of a study: its config fields (``method_kwargs.K1``, …) and metrics."""
+    """One row per finished run of a study: its config fields (``method_kwargs.K1``, …) and metrics.
+
+    Runs a newer configuration of the same run has replaced (:func:`dmlstudy.runs.superseded_runs`: older
+    tuned values, an older protocol) are left out and listed, by folder name, in ``attrs["superseded"]``."""
     root = Path(root) if root else runs_root()
+    superseded = superseded_runs(root / study)
     rows, config_columns = [], set()
     for metrics_file in sorted((root / study).glob("**/metrics.json")):
+        if metrics_file.parent.name in superseded and metrics_file.parent.parent == root / study:
+            continue
         config_file = metrics_file.parent / "config.yaml"
         config = (load_yaml(config_file.read_text()) or {}) if config_file.is_file() else {}
         flat = _flatten("", config)
@@ -609,6 +620,7 @@ def gather_runs(study: str, *, root: str | Path | None = None) -> pd.DataFrame:
         rows.append({**flat, **json.loads(metrics_file.read_text()), "run_dir": str(metrics_file.parent)})
     frame = pd.DataFrame(rows)
     frame.attrs["config_columns"] = sorted(config_columns)
+    frame.attrs["superseded"] = sorted(superseded)
     return frame
 
 

@@ -867,10 +867,14 @@ def run(config: TrainConfig) -> RunResult:
     with runs.RunSession(config, writer=distributed.is_main_process()) as session:
         datasets = load_datasets(config)
         if session.reusable:
-            return _load_complete(config, datasets, device)
-        runs.check_loaded_data(config, datasets)
-        session.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
-        return _train_and_evaluate(config, datasets, device, resume_from=session.resume_from)
+            result = _load_complete(config, datasets, device)
+        else:
+            runs.check_loaded_data(config, datasets)
+            session.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
+            result = _train_and_evaluate(config, datasets, device, resume_from=session.resume_from)
+    if distributed.is_main_process():
+        runs.note_used(config.run_dir)
+    return result
 
 
 def _validation_sets(datasets: Mapping[str, Any]) -> dict[str, Any]:

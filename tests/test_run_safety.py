@@ -21,6 +21,7 @@ from dmlstudy.cli import build_parser, config_options, main
 from dmlstudy.config import load_yaml
 from dmlstudy.runs import (
     HOLDER_FILE,
+    LEDGER_VARIABLE,
     RunConflictError,
     RunLockedError,
     RunStopped,
@@ -405,3 +406,56 @@ def test_cli_table_keeps_configurations_apart(tmp_path, capsys):
     )
     assert pd.read_csv(tmp_path / "t.csv")["runs"].tolist() == [1, 1]
     assert os.path.exists(tmp_path / "t.md")
+
+
+def test_a_trained_and_a_loaded_run_are_noted_in_the_ledger_the_study_runner_names(tiny_config, monkeypatch, tmp_path):
+    """Every run a notebook reports passes through ``train.run``, trained or loaded: both are noted."""
+    ledger = tmp_path / "runs.txt"
+    monkeypatch.setenv(LEDGER_VARIABLE, str(ledger))
+    trained = run(tiny_config(run_name="noted", epochs=1))
+    loaded = run(tiny_config(run_name="noted", epochs=1))
+    assert ledger.read_text().splitlines() == [trained.run_dir.name, loaded.run_dir.name]
+    monkeypatch.delenv(LEDGER_VARIABLE)
+    run(tiny_config(run_name="noted", epochs=1))  # outside a plan: no ledger, nothing written
+    assert len(ledger.read_text().splitlines()) == 2
+
+
+def test_the_table_leaves_out_runs_a_newer_configuration_replaced(tmp_path, capsys):
+    """Two generations of one run in a study folder (the run under old and new tuned values): the table and the
+    explorer take the one the plan's entries reported, keep runs no entry reports under any configuration, keep
+    two configurations entries report under one name, and name what they left out."""
+    from dmlstudy.experiments.explore import find_runs
+    from dmlstudy.runs import LEDGER_NAME, superseded_runs
+    from dmlstudy.study import gather_runs
+
+    study = tmp_path / "s"
+
+    def write(label, lr, value):
+        folder = study / f"{label}-{identity_hash({'lr': lr, 'label': label})}"
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(
+            f"run_name: {label}\ndataset: synbirds\nmethod: ms\nlr: {lr}\nseed: 0\nembedding_dim: 8\n"
+        )
+        (folder / "metrics.json").write_text(json.dumps({"R@1": value}))
+        for name in ("checkpoint.pt", "embeddings.npz"):
+            (folder / name).write_text("")
+        return folder.name
+
+    old, new = write("synbirds-ms-seed0", 0.004, 0.1), write("synbirds-ms-seed0", 0.002, 0.5)
+    adhoc = write("my-own-run", 0.001, 0.3)
+    tutorial, compared = write("synbirds-ms-seed1", 0.004, 0.2), write("synbirds-ms-seed1", 0.002, 0.4)
+    assert superseded_runs(study) == set()  # no ledger yet: runs trained by hand are all kept
+    (study / "compare").mkdir()
+    (study / "compare" / LEDGER_NAME).write_text(f"{new}\n{compared}\n{new}\n")
+    (study / "train").mkdir()
+    (study / "train" / LEDGER_NAME).write_text(f"{tutorial}\n")
+    assert superseded_runs(study) == {old}
+    frame = gather_runs("s", root=tmp_path)
+    assert sorted(frame["run_dir"].map(lambda p: p.rsplit("/", 1)[1])) == sorted([new, adhoc, tutorial, compared])
+    assert frame.attrs["superseded"] == [old]
+    assert old not in find_runs("s", runs_root=tmp_path)["run"].tolist()
+    assert (
+        main(["study", "table", "s", "--runs-root", str(tmp_path), "--metrics", "R@1", "--out", str(tmp_path / "t")])
+        == 0
+    )
+    assert "left out 1 run folder(s) that a newer configuration of the same run replaced" in capsys.readouterr().err

@@ -158,6 +158,28 @@ def test_every_entry_runs_again_when_the_checkpoint_selection_rule_changes(toy_n
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete"]
 
 
+def test_each_entry_ledgers_the_runs_its_last_execution_reported(toy_notebooks):
+    """The study runner names a ledger for each entry's kernel and empties it when the entry starts again, so
+    after a plan each entry lists the runs of its last execution only (dmlstudy.runs.superseded_runs)."""
+    write_notebook(
+        toy_notebooks / "notes.ipynb",
+        "study: str = 'x'\nrun_name: str = ''\nruns_root: str = ''\nvalue: int = 1",
+        "import pathlib\nfrom dmlstudy.runs import note_used\n"
+        "note_used(pathlib.Path(runs_root) / study / f'r-{value}')\nnote_used(pathlib.Path(runs_root) / study / 'q-0')",
+    )
+    root = toy_notebooks / "runs"
+    for value in (1, 2):
+        plan = write_plan(
+            toy_notebooks,
+            f"study: s\nentries:\n  - name: a\n    notebook: {toy_notebooks / 'notes.ipynb'}\n"
+            f"    parameters: {{value: {value}}}\n  - name: b\n    notebook: {toy_notebooks / 'echo.ipynb'}\n",
+        )
+        assert [o.status for o in run_plan(plan, root=root, progress=False)][0] == "complete"
+    assert (root / "s" / "a" / "runs.txt").read_text().splitlines() == ["r-2", "q-0"]
+    assert (root / "s" / "b" / "runs.txt").read_text() == ""  # an entry that reports no run has an empty ledger
+    assert "DMLSTUDY_RUN_LEDGER" not in os.environ
+
+
 @pytest.fixture
 def marks(toy_notebooks, monkeypatch):
     """A folder where the toy notebooks of a plan run side by side leave their marks; no outside scheduler."""

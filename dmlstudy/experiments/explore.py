@@ -45,6 +45,7 @@ from dmlstudy.experiments.kit import evaluation_sets
 from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
 from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
+from dmlstudy.runs import superseded_runs
 from dmlstudy.train import RunResult, TrainConfig, build_model, load_datasets, load_reported_state, resolve_device
 
 RUN_RECORDS = ("metrics.json", "config.yaml", "embeddings.npz", "checkpoint.pt")
@@ -91,13 +92,14 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
     """Every complete run folder ``<runs_root>/<study>/<run>/`` (all of :data:`RUN_RECORDS` present): one row
     with its dataset, method, folder name, seed, test R@1, method kwargs (JSON) and path, sorted by dataset and
     method, the protocol's runs of the method with its defaults (``<dataset>-<method>-seed<s>``) first, then by
-    seed and name. Folders without the records
-    (plan entries, unfinished runs) are skipped."""
+    seed and name. Folders without the records (plan entries, unfinished runs) are skipped, and so are runs a
+    newer configuration of the same run replaced (:func:`dmlstudy.runs.superseded_runs`)."""
     folder = Path(runs_root or default_runs_root()) / study
+    superseded = superseded_runs(folder)
     rows = []
     for metrics_file in sorted(folder.glob("*/metrics.json")):
         run_dir = metrics_file.parent
-        if not all((run_dir / name).is_file() for name in RUN_RECORDS):
+        if run_dir.name in superseded or not all((run_dir / name).is_file() for name in RUN_RECORDS):
             continue
         config = load_yaml((run_dir / "config.yaml").read_text()) or {}
         metrics = json.loads(metrics_file.read_text())
