@@ -245,7 +245,7 @@ def _use_scheduler(address: str) -> None:
 
 def _study_table(args: argparse.Namespace) -> int:
     from dmlstudy.paths import study_outputs
-    from dmlstudy.study import configuration_columns, gather_runs, summarize, write_table
+    from dmlstudy.study import configuration_columns, configuration_text, gather_runs, summarize, write_table
 
     frame = gather_runs(args.study, root=args.runs_root)
     if frame.empty:
@@ -258,14 +258,17 @@ def _study_table(args: argparse.Namespace) -> int:
             f"(not reported by the plan's last execution): {', '.join(left_out[:5])}{' …' if len(left_out) > 5 else ''}",
             file=sys.stderr,
         )
-    table = summarize(frame, by=[*args.by, *configuration_columns(frame, args.by)], metrics=args.metrics)
+    settings = configuration_columns(frame, args.by)
+    table = summarize(frame, by=[*args.by, *settings], metrics=args.metrics)
+    table.insert(len(args.by), "configuration", configuration_text(table, settings))
     out = (
         Path(args.out)
         if args.out
         else study_outputs(args.study, "results", runs_root_override=args.runs_root or "") / "runs"
     )
-    csv_path, md_path = write_table(table, out)
-    print(table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]].to_markdown(index=False))
+    shown = [*args.by, *(["configuration"] if settings else []), "runs", *args.metrics]
+    csv_path, md_path = write_table(table, out, display_columns=shown)
+    print(table[shown].to_markdown(index=False))
     print(f"\nwritten: {csv_path}, {md_path}")
     return 0
 

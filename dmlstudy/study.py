@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -592,6 +593,38 @@ def configuration_columns(frame: pd.DataFrame, by: Iterable[str]) -> list[str]:
     fields = [c for c in frame.columns if c in getattr(frame, "attrs", {}).get("config_columns", [])]
     skip = {*by, "seed", *NON_IDENTITY_FIELDS}
     return [c for c in fields if c.split(".")[0] not in skip and frame[c].astype(str).nunique(dropna=False) > 1]
+
+
+def configuration_text(table: pd.DataFrame, columns: Iterable[str]) -> pd.Series:
+    """One readable cell per row naming its settings among ``columns`` (:func:`configuration_columns`):
+    ``"lr=0.00125, num_blocks=5"``. A field the row's runs do not have (another method's keyword argument) or
+    leave empty is not named; ``method_kwargs.`` is dropped from names, floats keep 3 significant digits and a
+    file path its name. The tables' Markdown shows this instead of one mostly empty column per field."""
+
+    def shown(value: Any) -> str | None:
+        if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+            return None
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        if isinstance(value, str) and "/" in value:
+            return Path(value).name
+        return str(value)
+
+    columns = list(columns)
+    return pd.Series(
+        [
+            ", ".join(
+                f"{column.removeprefix('method_kwargs.')}={text}"
+                for column in columns
+                if (text := shown(row[column])) is not None
+            )
+            for _, row in table[columns].iterrows()
+        ]
+        if columns
+        else [""] * len(table),
+        index=table.index,
+        dtype=object,
+    )
 
 
 def _flatten(prefix: str, value: Any) -> dict[str, Any]:

@@ -459,3 +459,37 @@ def test_the_table_leaves_out_runs_a_newer_configuration_replaced(tmp_path, caps
         == 0
     )
     assert "left out 1 run folder(s) that a newer configuration of the same run replaced" in capsys.readouterr().err
+
+
+def test_the_table_names_each_rows_settings_in_one_readable_cell(tmp_path):
+    """results/runs.md: one 'configuration' cell per row with only the fields its runs have (no column of
+    another method's keyword arguments full of nan), floats to 3 significant digits, a weights path by name."""
+    from dmlstudy.study import configuration_text
+
+    table = pd.DataFrame(
+        {
+            "method": ["ms", "crt"],
+            "lr": [0.0013512, 0.004],
+            "method_kwargs.lambda_con": [np.nan, 0.2846],
+            "checkpoint_path": ["", "weights/dml_convnet_shapes.safetensors"],
+            "freeze_bn": [False, True],
+        }
+    )
+    cells = configuration_text(table, ["lr", "method_kwargs.lambda_con", "checkpoint_path", "freeze_bn"])
+    assert cells.tolist() == [
+        "lr=0.00135, freeze_bn=False",
+        "lr=0.004, lambda_con=0.285, checkpoint_path=dml_convnet_shapes.safetensors, freeze_bn=True",
+    ]
+    assert configuration_text(table, []).tolist() == ["", ""]
+    for method, lr, kwargs in (("ms", 0.001, ""), ("crt", 0.004, "method_kwargs:\n  lambda_con: 0.9\n")):
+        folder = tmp_path / "s" / f"synbirds-{method}-seed0-{identity_hash({'lr': lr})}"
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(f"dataset: synbirds\nmethod: {method}\nlr: {lr}\nseed: 0\n{kwargs}")
+        (folder / "metrics.json").write_text(json.dumps({"R@1": lr * 100}))
+    out = tmp_path / "t"
+    assert main(["study", "table", "s", "--runs-root", str(tmp_path), "--metrics", "R@1", "--out", str(out)]) == 0
+    markdown = (tmp_path / "t.md").read_text()
+    header = [cell.strip() for cell in markdown.splitlines()[0].split("|")[1:-1]]
+    assert header == ["dataset", "method", "configuration", "runs", "R@1"]
+    assert "lr=0.004, lambda_con=0.9" in markdown and "nan" not in markdown
+    assert "method_kwargs.lambda_con" in pd.read_csv(tmp_path / "t.csv").columns  # the CSV keeps every field
