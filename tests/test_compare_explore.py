@@ -612,3 +612,26 @@ def test_a_regime_waits_once_for_its_runs_and_once_for_its_rerankings(tiny_compa
     for a, b in zip(first, again, strict=True):
         pd.testing.assert_frame_equal(a.frame, b.frame)
         pd.testing.assert_frame_equal(a.claims, b.claims)
+
+
+@pytest.mark.parametrize("autocast", ["off", "bf16"])
+def test_grid_embeddings_are_the_runs_own_test_embeddings_at_its_precision(tiny_config, autocast):
+    """DIML re-ranking is judged against the R@1 a run reports, so its global embeddings must be the run's test
+    embeddings: under bf16 autocast too (the GPU default), not float32 ones of the same network. A float32 run
+    keeps its re-ranking cache key (no precision in it); a bf16 run's key names its precision."""
+    from dmlstudy.experiments import diml as diml_study
+    from dmlstudy.train import run
+
+    result = run(tiny_config(method="ms", seed=0, autocast=autocast))
+    saved = np.load(result.run_dir / "embeddings.npz")["embeddings"]
+    grid = kit.evaluation_sets(result, grid_sizes=[2])["query"]
+    np.testing.assert_array_equal(grid.global_, saved)
+    precision = kit.embedding_precision(result.config)
+    assert precision == ({} if autocast == "off" else {"autocast": "bfloat16"})
+    study = diml_study.DIMLStudy(top_ks=[0, 4], grid_sizes=[2], grid_size=2, top_k=4)
+    rows = diml_study.rerank_sweeps(result, study)
+    unranked = next(row for row in rows if row["sweep"] == "K" and row["K"] == 0)
+    assert unranked["R@1"] == pytest.approx(result.metrics["R@1"], abs=1e-12)
+    assert ("autocast" in json.loads(diml_study._sweep_cache(result, study).read_text())["settings"]) == (
+        autocast == "bf16"
+    )

@@ -246,6 +246,7 @@ def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: Tra
         "uniform": options.uniform_marginals,
         "tolerance": options.tolerance,
         "max_iterations": options.max_iterations,
+        **kit.embedding_precision(config),
     }
 
 

@@ -27,7 +27,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dmlstudy.experiments.kit import cache_key, effect_sentence, evaluation_sets, paired_differences
+from dmlstudy.experiments.kit import (
+    cache_key,
+    effect_sentence,
+    embedding_precision,
+    evaluation_sets,
+    paired_differences,
+)
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, run_grid
 from dmlstudy.methods.diml import (
@@ -186,9 +192,10 @@ def _sweep(
     )
 
 
-def _sweep_settings(config: DIMLStudy) -> dict[str, Any]:
+def _sweep_settings(config: DIMLStudy, run_config: TrainConfig) -> dict[str, Any]:
     options = config.transport_options()
     return {
+        **embedding_precision(run_config),
         "top_ks": sorted(config.top_ks),
         "grid_sizes": sorted(config.grid_sizes),
         "grid_size": config.grid_size,
@@ -200,15 +207,15 @@ def _sweep_settings(config: DIMLStudy) -> dict[str, Any]:
     }
 
 
-def _sweep_cache(run_dir: Path, config: DIMLStudy) -> Path:
-    return run_dir / f"diml_rerank-{cache_key(_sweep_settings(config))}.json"
+def _sweep_cache(result: RunResult, config: DIMLStudy) -> Path:
+    return result.run_dir / f"diml_rerank-{cache_key(_sweep_settings(config, result.config))}.json"
 
 
 def rerank_sweeps(result: RunResult, config: DIMLStudy, *, variant: str = "") -> list[dict[str, Any]]:
     """Rows of the K sweep (G = ``grid_size``) and the G sweep (K = ``top_k``) for one trained run (cached)."""
     options = config.transport_options()
-    settings = _sweep_settings(config)
-    cache = _sweep_cache(result.run_dir, config)
+    settings = _sweep_settings(config, result.config)
+    cache = _sweep_cache(result, config)
     if cache.is_file():
         return json.loads(cache.read_text())["rows"]
     sets = evaluation_sets(result, grid_sizes=sorted(set(config.grid_sizes) | {config.grid_size}))
@@ -249,7 +256,7 @@ def _rerank_sweeps_in_process(train_config: dict[str, Any], study_config: dict[s
 def sweep_frame(results: list[tuple[str, RunResult]], config: DIMLStudy) -> pd.DataFrame:
     """All sweep rows of all runs (one row per run × sweep × K or G); with ``workers > 1`` the runs' sweeps
     are computed ``workers`` at a time in separate processes first (each writes its run's cache)."""
-    missing = [(variant, result) for variant, result in results if not _sweep_cache(result.run_dir, config).is_file()]
+    missing = [(variant, result) for variant, result in results if not _sweep_cache(result, config).is_file()]
     if config.workers > 1 and len(missing) > 1:
         call_in_processes(
             _rerank_sweeps_in_process,

@@ -32,7 +32,7 @@ from dmlstudy.experiments.papers import PAPER_DATASET
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
 from dmlstudy.methods import MethodInfo
 from dmlstudy.study import PERCENT_METRICS, mean_std_text
-from dmlstudy.train import RunResult, load_datasets, resolve_device
+from dmlstudy.train import RunResult, TrainConfig, autocast_dtype, load_datasets, resolve_device
 
 Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
 BASELINE: Variant = ("ms", {"method": "ms"})  # the MS baseline every paper compares with
@@ -122,11 +122,26 @@ def device_of(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
+def embedding_precision(config: TrainConfig) -> dict[str, Any]:
+    """How a run's test embeddings are computed where it is evaluated now, as :func:`dmlstudy.train.evaluate`
+    computes them: under the autocast of its resolved device (bf16 on CUDA by default) and in its memory format.
+    Empty for float32 in the default format (every CPU study by default), so the re-ranking caches written before
+    this entered their keys stay valid; otherwise it enters them, so a run re-ranked at another precision is
+    re-ranked again."""
+    dtype = autocast_dtype(config, resolve_device(config.device))
+    return {
+        **({"autocast": str(dtype).removeprefix("torch.")} if dtype is not None else {}),
+        **({"channels_last": True} if config.channels_last else {}),
+    }
+
+
 def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str, Any]:
     """Grid embeddings (:class:`dmlstudy.methods.diml.GridEmbeddings`) of a run's query set, and gallery set if
     the dataset has one, at every grid size G: what DIML re-ranking and the transport-plan figures read. The
     embeddings are computed on the run's device and kept on the CPU; ``device`` names the run's device, where a
-    re-ranking of them should compute (on a GPU worker, the GPU: re-ranking on the CPU left it idle)."""
+    re-ranking of them should compute (on a GPU worker, the GPU: re-ranking on the CPU left it idle). They are
+    computed at the precision of the run's own test embeddings (:func:`embedding_precision`), so their global
+    ranking (K = 0) is the run's test ranking, and a re-ranking is compared with the R@1 the run reports."""
     from dmlstudy.methods.diml import embed_grid_dataset
 
     datasets = load_datasets(result.config)
@@ -139,6 +154,8 @@ def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str
             grid_sizes=tuple(grid_sizes),
             batch_size=result.config.eval_batch_size,
             device=device,
+            autocast=autocast_dtype(result.config, device),
+            channels_last=result.config.channels_last,
         )
 
     return {
