@@ -231,10 +231,14 @@ def superseded_runs(study_dir: Path) -> set[str]:
 
     A folder is superseded when no entry's ledger (:func:`note_used`) names it but one names another folder
     of the same run label (``run_name`` of its ``config.yaml``, the folder name without its hash): the same
-    run under an older configuration, left behind when tuned values or the protocol changed. A study with no
-    ledgers (runs trained by hand, or before ledgers existed) supersedes nothing, and a folder whose label no
-    ledger names (an ad-hoc run beside the plan's) is kept."""
+    run under an older configuration, left behind when tuned values or the protocol changed. Nothing is
+    superseded unless every plan entry of the study (a folder with a ``study_entry.json``) has a ledger: an
+    entry last executed before ledgers existed may report any run, so a study in that state, like one with no
+    ledgers at all (runs trained by hand), keeps every run. A folder whose label no ledger names (an ad-hoc
+    run beside the plan's) is kept."""
     study_dir = Path(study_dir)
+    if any(not (entry.parent / LEDGER_NAME).is_file() for entry in study_dir.glob("*/study_entry.json")):
+        return set()
     named = {
         line.strip()
         for ledger in study_dir.glob(f"*/{LEDGER_NAME}")

@@ -450,6 +450,11 @@ def test_the_table_leaves_out_runs_a_newer_configuration_replaced(tmp_path, caps
     (study / "train").mkdir()
     (study / "train" / LEDGER_NAME).write_text(f"{tutorial}\n")
     assert superseded_runs(study) == {old}
+    (study / "dgcrl").mkdir()
+    (study / "dgcrl" / "study_entry.json").write_text("{}")
+    assert superseded_runs(study) == set()  # an entry executed before ledgers existed may report any run
+    (study / "dgcrl" / LEDGER_NAME).write_text("")
+    assert superseded_runs(study) == {old}
     frame = gather_runs("s", root=tmp_path)
     assert sorted(frame["run_dir"].map(lambda p: p.rsplit("/", 1)[1])) == sorted([new, adhoc, tutorial, compared])
     assert frame.attrs["superseded"] == [old]
