@@ -252,9 +252,9 @@ def superseded_runs(study_dir: Path) -> set[str]:
         stored = read_config_record(run_dir) or {}
         return str(stored.get("run_name") or run_dir.name.rsplit("-", 1)[0])
 
-    folders = [path.parent for path in study_dir.glob("*/config.yaml")]
-    current = {label(run_dir) for run_dir in folders if run_dir.name in named}
-    return {run_dir.name for run_dir in folders if run_dir.name not in named and label(run_dir) in current}
+    labels = {path.parent.name: label(path.parent) for path in study_dir.glob("*/config.yaml")}
+    current = {labels[name] for name in named if name in labels}
+    return {name for name, run_label in labels.items() if name not in named and run_label in current}
 
 
 def resume_command(run_dir: Path) -> str:

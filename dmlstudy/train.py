@@ -474,6 +474,12 @@ def autocast_dtype(config: TrainConfig, device: torch.device) -> torch.dtype | N
     return None
 
 
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """Autocast to ``dtype`` on ``device``'s type (:func:`autocast_dtype`), or float32 when ``dtype`` is None: the
+    one precision context of training steps and of every test embedding (a run's, and DIML's grid embeddings)."""
+    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
 def _as_input(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return images.contiguous(memory_format=torch.channels_last) if channels_last and images.ndim == 4 else images
 
@@ -502,16 +508,23 @@ def embed(
     shard = np.array_split(np.arange(len(dataset)), distributed.world_size())[distributed.rank()]
     size = int(np.ceil(len(dataset) / distributed.world_size()))
     chunks = []
-    with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+    with autocast_context(device, autocast):
         for images in tqdm(
-            evaluation_batches(dataset, shard, batch_size=batch_size, device=device, num_workers=num_workers),
+            evaluation_batches(
+                dataset,
+                shard,
+                batch_size=batch_size,
+                device=device,
+                num_workers=num_workers,
+                channels_last=channels_last,
+            ),
             desc=f"embedding {len(shard)} images",
             total=-(-len(shard) // batch_size),
             unit="batch",
             leave=False,
             disable=not progress,
         ):
-            chunks.append(method(_as_input(images, channels_last)).float())
+            chunks.append(method(images).float())
     local = torch.cat(chunks) if chunks else torch.zeros(0, method.embedding_dim, device=device)
     method.train(was_training)
     if distributed.world_size() == 1:
@@ -1000,7 +1013,7 @@ def _train_and_evaluate(
             disable=not show,
         ):
             runs.check_stop(run_dir, config.epochs)
-            with torch.autocast(device.type, dtype=precision or torch.bfloat16, enabled=precision is not None):
+            with autocast_context(device, precision):
                 loss, parts = step(images, labels)
             watch.observe(loss, images, epoch=epoch, step=steps)
             optimizer.zero_grad(set_to_none=True)

@@ -27,9 +27,22 @@ def resolve_num_workers(num_workers: int) -> int:
 
 
 def evaluation_batches(
-    dataset, indices: np.ndarray, *, batch_size: int, device: torch.device | str, num_workers: int = 0
+    dataset,
+    indices: np.ndarray,
+    *,
+    batch_size: int,
+    device: torch.device | str,
+    num_workers: int = 0,
+    channels_last: bool = False,
 ) -> Iterator[torch.Tensor]:
-    """Image batches of ``dataset[indices]`` on ``device``, in order: slices of the cropped tensor, or a DataLoader over files."""
+    """Image batches of ``dataset[indices]`` on ``device``, in order: slices of the cropped tensor, or a DataLoader
+    over files; in the channels_last memory format when ``channels_last`` (a run that trains in it evaluates in it)."""
+    if channels_last:
+        for images in evaluation_batches(
+            dataset, indices, batch_size=batch_size, device=device, num_workers=num_workers
+        ):
+            yield images.contiguous(memory_format=torch.channels_last)
+        return
     device, indices = torch.device(device), np.asarray(indices)
     base, rows = dataset, indices
     while isinstance(base, Subset):

@@ -32,7 +32,7 @@ from dmlstudy.experiments.papers import PAPER_DATASET
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
 from dmlstudy.methods import MethodInfo
 from dmlstudy.study import PERCENT_METRICS, mean_std_text
-from dmlstudy.train import RunResult, TrainConfig, autocast_dtype, load_datasets, resolve_device
+from dmlstudy.train import RunResult, TrainConfig, autocast_context, autocast_dtype, load_datasets, resolve_device
 
 Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
 BASELINE: Variant = ("ms", {"method": "ms"})  # the MS baseline every paper compares with
@@ -148,15 +148,15 @@ def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str
     device = resolve_device(result.config.device)
 
     def embed(dataset):
-        return embed_grid_dataset(
-            result.method,
-            dataset,
-            grid_sizes=tuple(grid_sizes),
-            batch_size=result.config.eval_batch_size,
-            device=device,
-            autocast=autocast_dtype(result.config, device),
-            channels_last=result.config.channels_last,
-        )
+        with autocast_context(device, autocast_dtype(result.config, device)):
+            return embed_grid_dataset(
+                result.method,
+                dataset,
+                grid_sizes=tuple(grid_sizes),
+                batch_size=result.config.eval_batch_size,
+                device=device,
+                channels_last=result.config.channels_last,
+            )
 
     return {
         "query": embed(datasets["query"]),

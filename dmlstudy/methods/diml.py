@@ -602,26 +602,24 @@ def embed_grid_dataset(
     grid_sizes: Sequence[int] = (DEFAULT_GRID_SIZE,),
     batch_size: int = EVAL_BATCH_SIZE,
     device: torch.device | str = "cpu",
-    autocast: torch.dtype | None = None,
     channels_last: bool = False,
 ) -> GridEmbeddings:
-    """Global and local embeddings of every image of ``dataset`` (in order), one backbone pass per batch.
-
-    ``autocast`` and ``channels_last`` as in :func:`dmlstudy.train.embed`: a run's grid embeddings are computed at
-    the precision of its test embeddings, so their global ranking is the run's own (returned as float32)."""
+    """Global and local embeddings of every image of ``dataset`` (in order), one backbone pass per batch, as float32
+    arrays. They are computed under whatever autocast the caller holds (a run's are at the precision of its test
+    embeddings: :func:`dmlstudy.experiments.kit.evaluation_sets`); ``channels_last`` as in
+    :func:`dmlstudy.data.loading.evaluation_batches`."""
     backbone, _, _ = _embedding_layer(method)
-    device = torch.device(device)
     was_training = method.training
     method.eval()
     globals_, locals_ = [], {g: [] for g in grid_sizes}
-    with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-        for images in evaluation_batches(dataset, np.arange(len(dataset)), batch_size=batch_size, device=device):
-            if channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            global_, local = embed_feature_map(method, backbone(images), grid_sizes=grid_sizes)
-            globals_.append(global_.float().cpu())
-            for g in grid_sizes:
-                locals_[g].append(local[g].float().cpu())
+    batches = evaluation_batches(
+        dataset, np.arange(len(dataset)), batch_size=batch_size, device=device, channels_last=channels_last
+    )
+    for images in batches:
+        global_, local = embed_feature_map(method, backbone(images), grid_sizes=grid_sizes)
+        globals_.append(global_.float().cpu())
+        for g in grid_sizes:
+            locals_[g].append(local[g].float().cpu())
     method.train(was_training)
     return GridEmbeddings(
         torch.cat(globals_).numpy(), {g: torch.cat(v).numpy() for g, v in locals_.items()}, np.asarray(dataset.labels)
