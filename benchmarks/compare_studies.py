@@ -24,36 +24,44 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dmlstudy.config import load_yaml
 from dmlstudy.experiments.kit import judge
 from dmlstudy.paths import study_outputs
+from dmlstudy.study import gather_runs
 
 IGNORED = {"study", "runs_root", "data_root", "autocast", "device", "channels_last", "compile", "progress"}
 SEED = re.compile(r"-seed(?P<seed>\d+)$")
 DECIDED = ("held", "reversed", "equivalent")
 
 
+def _plain(value):
+    """A configuration value as JSON compares it: numbers as floats (a column that is NaN for some runs holds its
+    integers as floats in one study and maybe not in the other)."""
+    value = value.item() if hasattr(value, "item") else value
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
 def run_records(folder: Path) -> pd.DataFrame:
-    """One row per finished run: its identity without :data:`IGNORED`, row label, seed, test R@1, seconds."""
+    """One row per finished run of the study in ``folder`` (``runs/<study>``), as ``dmlstudy study table``
+    gathers them (:func:`dmlstudy.study.gather_runs`): its identity without :data:`IGNORED`, row label, seed,
+    test R@1 and the seconds of its ``history.csv``."""
+    frame = gather_runs(folder.name, root=folder.parent)
+    fields = [c for c in frame.attrs.get("config_columns", []) if c.split(".")[0] not in IGNORED]
     rows = []
-    for metrics_file in sorted(folder.glob("*/metrics.json")):
-        config = load_yaml((metrics_file.parent / "config.yaml").read_text()) or {}
-        history_file = metrics_file.parent / "history.csv"
+    for _, run in frame.iterrows():
+        kept = {field: _plain(run[field]) for field in fields if pd.notna(run[field])}
+        history_file = Path(run["run_dir"]) / "history.csv"
         history = pd.read_csv(history_file) if history_file.is_file() else pd.DataFrame()
-        name = str(config.get("run_name") or metrics_file.parent.name)
-        seed = SEED.search(name)
-        metrics = json.loads(metrics_file.read_text())
-        kept = {k: v for k, v in config.items() if k not in IGNORED}
+        name = str(kept.get("run_name") or Path(run["run_dir"]).name)
         rows.append(
             {
                 "identity": json.dumps(kept, sort_keys=True),
                 "family": json.dumps({k: v for k, v in kept.items() if k not in ("seed", "run_name")}, sort_keys=True),
                 "row": SEED.sub("", name),
-                "seed": int(seed["seed"]) if seed else -1,
-                "R@1": 100.0 * float(metrics["R@1"]),
+                "seed": int(kept.get("seed", -1)),
+                "R@1": 100.0 * float(run["R@1"]),
                 "train_seconds": float(history.get("train_seconds", pd.Series(dtype=float)).sum()),
                 "eval_seconds": float(history.get("eval_seconds", pd.Series(dtype=float)).sum()),
-                "epochs": int(metrics.get("epochs_trained", 0)),
+                "epochs": int(run.get("epochs_trained") if pd.notna(run.get("epochs_trained")) else 0),
             }
         )
     return pd.DataFrame(rows)
