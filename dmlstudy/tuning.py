@@ -26,7 +26,12 @@ Decisions:
   test split (``final_test=False``). Each trial trains until validation R@1 has not improved for ``patience``
   evaluations, up to ``epochs``.
 * **Pruning**: the median rule by default (:data:`PRUNERS`): a trial whose validation R@1 at an evaluated epoch
-  is below the median of earlier trials at that epoch stops. Chosen over successive halving because the budget
+  is below the median of earlier trials at that epoch stops (Optuna's rule compares the trial's best value so
+  far). A pretrained trial's warm-up epochs are evaluated but not reported: the warm-up state is neither
+  chosen nor counted by the run (:class:`dmlstudy.train.CheckpointSelection`), so it does not shield a trial
+  from pruning either (2026-11-26; replaying the pretrained searches' journals under both rules,
+  ``benchmarks/pruner_replay.py``, finds no decision that changes, so ``plans/tuned/pretrained/`` stands).
+  Chosen over successive halving because the budget
   is ~10 trials per row: halving needs several trials per rung before it promotes anyone, and with early
   stopping the trials have no common length to halve; the median rule needs only ``startup`` finished trials
   and compares at equal epochs. ``halving`` (Optuna's SuccessiveHalvingPruner) and ``none`` are available.
@@ -119,8 +124,9 @@ def finished_trials(study: optuna.Study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if t.number not in interrupted)
 
 
-def _epoch_values(run_dir: Path, objective: str) -> list[tuple[int, float]]:
-    """``(epoch, value)`` of every evaluated epoch in a run's history so far (none while it is being written)."""
+def _epoch_values(run_dir: Path, objective: str, warmup_epochs: int = 0) -> list[tuple[int, float]]:
+    """``(epoch, value)`` of every evaluated epoch after the first ``warmup_epochs`` in a run's history so far
+    (none while it is being written): what the pruner is told."""
     try:
         history = pd.read_csv(run_dir / "history.csv")
     except (FileNotFoundError, pd.errors.EmptyDataError, pd.errors.ParserError):
@@ -130,7 +136,7 @@ def _epoch_values(run_dir: Path, objective: str) -> list[tuple[int, float]]:
     return [
         (int(epoch), float(value))
         for epoch, value in zip(history["epoch"], history[objective])
-        if not math.isnan(value)
+        if epoch > warmup_epochs and not math.isnan(value)
     ]
 
 
@@ -217,7 +223,7 @@ def tune(
                         tell(trial, optuna.trial.TrialState.FAIL)
                     future.release()
                     continue
-                for epoch, value in _epoch_values(config.run_dir, objective):
+                for epoch, value in _epoch_values(config.run_dir, objective, config.warmup_epochs):
                     if epoch > reported.get(trial.number, 0):
                         trial.report(value, epoch)
                         reported[trial.number] = epoch

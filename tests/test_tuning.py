@@ -148,6 +148,48 @@ def test_a_pruned_trial_is_stopped_after_its_first_evaluated_epoch(tiny_config):
     assert not (run_dir / "metrics.json").is_file()  # stopped, not trained to the end
 
 
+def test_the_pruner_is_not_told_a_warm_up_evaluation(tmp_path):
+    """A pretrained trial's warm-up state is neither chosen nor counted by its run, so the pruner never sees it
+    either (Optuna's median rule would otherwise compare the trial's best value so far, warm-up included)."""
+    pd.DataFrame({"epoch": [1, 2, 3], "val_R@1": [0.6, 0.4, float("nan")]}).to_csv(tmp_path / "history.csv")
+    assert tuning._epoch_values(tmp_path, "val_R@1") == [(1, 0.6), (2, 0.4)]
+    assert tuning._epoch_values(tmp_path, "val_R@1", warmup_epochs=1) == [(2, 0.4)]
+
+
+@pytest.mark.parametrize("warmup_value, differences", [(0.6, 1), (0.3, 0)])
+def test_the_pruner_replay_finds_a_decision_the_warm_up_report_changes(tmp_path, warmup_value, differences):
+    """benchmarks/pruner_replay.py, the check behind keeping plans/tuned/pretrained/: three finished trials at 0.5
+    on epoch 2 and one pruned there, then a trial at 0.4 on epoch 2 is kept by the median rule only if its
+    warm-up value (epoch 1) is above 0.5 and counted."""
+    import importlib.util
+
+    path = ROOT / "benchmarks" / "pruner_replay.py"
+    spec = importlib.util.spec_from_file_location("pruner_replay", path)
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    journal = tmp_path / "row.journal"
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    study = optuna.create_study(study_name="row", storage=storage, direction="maximize")
+    for _ in range(3):
+        trial = study.ask()
+        for step, value in [(1, 0.3), (2, 0.5), (3, 0.55)]:
+            trial.report(value, step)
+        study.tell(trial, 0.55)
+    trial = study.ask()  # below the median at epoch 2 either way: pruned, as the replay must find too
+    trial.report(0.3, 1)
+    trial.report(0.2, 2)
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    trial = study.ask()
+    trial.report(warmup_value, 1)
+    trial.report(0.4, 2)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2)
+    found, pruned, agreeing = replay.replay(journal, pruner, warmup_epochs=1, startup=3)
+    assert (pruned, agreeing) == (1, 1)
+    assert len(found) == differences
+    if differences:
+        assert "trial 4 kept with the warm-up reported, pruned without" in found[0]
+
+
 # ----------------------------------------------------------------------------------------------
 # Declared search spaces, rows, tuned-values files, dmlstudy tune (issue 21)
 # ----------------------------------------------------------------------------------------------
