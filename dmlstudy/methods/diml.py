@@ -27,7 +27,11 @@ Decisions where the paper and the study notes leave room (all stated again where
   image) falls back to uniform ``1/G²``, so both marginals always sum to 1 (a balanced problem that
   Sinkhorn can solve) and nothing divides by zero. The authors divide by ``sum + 1e-5`` instead, which
   yields an all-zero plan in that case.
-* Sinkhorn runs in float32 always, on all pairs at once. Each pair stops on its own when the L1 violation
+* Sinkhorn runs in float32 always, autocast or not: every entry point to the transport switches autocast off
+  (:func:`_without_autocast`), since under bfloat16 autocast (the default on CUDA, ``autocast: bf16`` on a CPU)
+  the cell similarities and the iterations' matrix products would run in bfloat16, whose 3 significant
+  digits put errors of ~0.002 into the costs, i.e. ~10 % into ``exp(−C/ε)`` at the tuned ε = 0.021. It
+  runs on all pairs at once. Each pair stops on its own when the L1 violation
   of its row marginal is ≤ ``tolerance`` (the column marginal is exact after each ``b`` update) or after
   ``max_iterations``; converged pairs leave the working set, so the cost follows the typical pair, not the
   slowest one, and a pair's result does not depend on its batch. ``log_domain=None`` picks the
@@ -55,8 +59,9 @@ Decisions where the paper and the study notes leave room (all stated again where
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +97,18 @@ BASE_LOSSES = ("ms", "margin", "proxynca")
 
 # --------------------------------------------------------------------------------------------------
 # optimal transport
+
+
+def _without_autocast(function: Callable) -> Callable:
+    """``function`` with autocast off on the CPU and CUDA: its float32 tensors stay float32 inside (the inputs'
+    gradients still flow back through their casts)."""
+
+    @functools.wraps(function)
+    def float32(*args, **kwargs):
+        with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+            return function(*args, **kwargs)
+
+    return float32
 
 
 @dataclass(frozen=True)
@@ -438,6 +455,7 @@ def _marginal_error(plan: torch.Tensor, source: torch.Tensor) -> float:
 
 
 @torch.no_grad()
+@_without_autocast
 def sinkhorn(
     cost: torch.Tensor,
     source_marginal: torch.Tensor,
@@ -506,6 +524,7 @@ def _structural_pairs_last(
     return similarity, TransportPlan(plan, iterations, _marginal_error(plan, source), log_domain)
 
 
+@_without_autocast
 def structural_similarity(
     cell_similarity: torch.Tensor,
     source_weights: torch.Tensor,
@@ -630,6 +649,7 @@ def embed_grid_dataset(
 # structural similarity of all pairs of a batch (training) and of query-candidate pairs (test)
 
 
+@_without_autocast
 def pairwise_structural_similarity(
     local_a: torch.Tensor,
     global_a: torch.Tensor,
@@ -679,6 +699,7 @@ def _as_tensor(x: Any, *, name: str, ndim: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+@_without_autocast
 def candidate_structural_similarity(
     global_queries: Any,
     local_queries: Any,
