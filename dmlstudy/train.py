@@ -46,7 +46,7 @@ from dmlstudy.data import (
     evaluation_protocol,
 )
 from dmlstudy.data.folds import fold_classes, split_by_classes
-from dmlstudy.data.loading import evaluation_batches, resolve_num_workers
+from dmlstudy.data.loading import evaluation_batches, in_memory_format, resolve_num_workers
 from dmlstudy.data.tensor_cache import (
     BatchAugmentedTrain,
     DifferentImageSizes,
@@ -480,10 +480,6 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> torch.a
     return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
-def _as_input(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    return images.contiguous(memory_format=torch.channels_last) if channels_last and images.ndim == 4 else images
-
-
 @torch.no_grad()
 def embed(
     method: Method,
@@ -855,10 +851,13 @@ def _training_batches(
     if loader is None:
         for indices in sampler:
             images, labels = train.batch(indices, device)
-            yield _as_input(images, channels_last), labels
+            yield in_memory_format(images, channels_last), labels
         return
     for images, labels in loader:
-        yield _as_input(images.to(device, non_blocking=True), channels_last), labels.to(device, non_blocking=True)
+        yield (
+            in_memory_format(images.to(device, non_blocking=True), channels_last),
+            labels.to(device, non_blocking=True),
+        )
 
 
 def _add_parts(totals: dict[str, Any], loss: torch.Tensor, parts: Mapping[str, Any]) -> None:

@@ -26,6 +26,12 @@ def resolve_num_workers(num_workers: int) -> int:
     return min(8, cores)
 
 
+def in_memory_format(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """``images`` (N × C × H × W) in the channels_last memory format when ``channels_last``, else as they are: the
+    one conversion of every batch a run trains or evaluates on (a run that trains in it evaluates in it)."""
+    return images.contiguous(memory_format=torch.channels_last) if channels_last and images.ndim == 4 else images
+
+
 def evaluation_batches(
     dataset,
     indices: np.ndarray,
@@ -36,20 +42,15 @@ def evaluation_batches(
     channels_last: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Image batches of ``dataset[indices]`` on ``device``, in order: slices of the cropped tensor, or a DataLoader
-    over files; in the channels_last memory format when ``channels_last`` (a run that trains in it evaluates in it)."""
-    if channels_last:
-        for images in evaluation_batches(
-            dataset, indices, batch_size=batch_size, device=device, num_workers=num_workers
-        ):
-            yield images.contiguous(memory_format=torch.channels_last)
-        return
+    over files; in the memory format :func:`in_memory_format` gives for ``channels_last``."""
     device, indices = torch.device(device), np.asarray(indices)
     base, rows = dataset, indices
     while isinstance(base, Subset):
         rows, base = np.asarray(base.indices)[rows], base.dataset
     if isinstance(base, EvaluationImages):
         for start in range(0, len(rows), batch_size):
-            yield base.batch(torch.as_tensor(rows[start : start + batch_size], device=base.crops.device), device)
+            rows_here = torch.as_tensor(rows[start : start + batch_size], device=base.crops.device)
+            yield in_memory_format(base.batch(rows_here, device), channels_last)
         return
     memoized = isinstance(base, ImageListDataset) and base.is_memoized
     loader = DataLoader(
@@ -60,4 +61,4 @@ def evaluation_batches(
         pin_memory=device.type == "cuda",
     )
     for images, _ in loader:
-        yield images.to(device, non_blocking=True)
+        yield in_memory_format(images.to(device, non_blocking=True), channels_last)
