@@ -1,13 +1,13 @@
-"""Replay finished Optuna journals through the median pruner twice: once with every evaluated epoch reported (as
-the searches ran) and once without the warm-up epochs (as ``dmlstudy.tuning`` reports them now), and list every
-moment at which the two would have decided differently.
+"""Replay a tuning plan's finished Optuna journals through its pruner twice: once with every evaluated epoch
+reported (as the searches ran) and once without the warm-up epochs (as ``dmlstudy.tuning`` reports them now),
+and list every moment at which the two would have decided differently.
 
 The pruner's inputs change only when an operation is appended to a study's journal (a report, a finished trial),
 so comparing the two decisions for every running trial after every operation covers every poll the search made.
 No difference anywhere means the search would have taken the same path under either rule, so the tuned values it
-chose stand.
+chose stand. The pruner, its settings, the warm-up and the journals' folder all come from the plan.
 
-    .venv/bin/python benchmarks/pruner_replay.py runs/tune_pretrained/tuning --warmup-epochs 1 --prune-after 2
+    .venv/bin/python benchmarks/pruner_replay.py plans/tune_pretrained.yaml
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from dmlstudy.tuning import PRUNERS, journal_path, load_tune_config
+
 # Optuna's journal operation codes (optuna.storages.journal._storage.JournalOperation)
 CREATE_TRIAL, SET_TRIAL_STATE_VALUES, SET_TRIAL_INTERMEDIATE_VALUE = 4, 6, 7
 
 
-def replay(
-    journal: Path, pruner: optuna.pruners.BasePruner, warmup_epochs: int, startup: int
-) -> tuple[list[str], int, int]:
+def replay(journal: Path, pruner: optuna.pruners.BasePruner, warmup_epochs: int) -> tuple[list[str], int, int]:
     """The moments in ``journal`` at which reporting the warm-up epochs or not changes the pruner's decision;
     then how many trials the journal records as pruned, and for how many of them the replay (warm-up reported,
     as the searches ran) decides "prune" just before: the replay's check on itself."""
@@ -70,8 +70,6 @@ def replay(
             trials[op["trial_id"]]["values"][int(op["step"])] = float(op["intermediate_value"])
         else:
             continue
-        if sum(t["state"] == TrialState.COMPLETE for t in trials) < startup:
-            continue
         reported, skipped = decisions(False), decisions(True)
         for number in reported:
             if reported[number] != skipped[number]:
@@ -85,24 +83,29 @@ def replay(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("journals", type=Path, help="a folder of *.journal files (or one file)")
-    parser.add_argument("--warmup-epochs", type=int, default=1)
-    parser.add_argument("--prune-after", type=int, default=2, help="the tuning plan's prune_after")
-    parser.add_argument("--startup-trials", type=int, default=3, help="the tuning plan's startup_trials")
+    parser.add_argument("plan", type=Path, help="the tuning plan whose journals to replay (plans/tune_pretrained.yaml)")
+    parser.add_argument(
+        "--warmup-epochs", type=int, default=None, help="epochs left out of the reports (default: the plan regime's)"
+    )
     args = parser.parse_args(argv)
-    files = sorted(args.journals.glob("*.journal")) if args.journals.is_dir() else [args.journals]
+    config = load_tune_config(args.plan)
+    base = config.base_config(config.datasets[0])
+    warmup = base.warmup_epochs if args.warmup_epochs is None else args.warmup_epochs
+    folder = journal_path(base, "any").parent
+    files = sorted(folder.glob("*.journal"))
     if not files:
-        parser.error(f"no *.journal file in {args.journals}")
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=args.startup_trials, n_warmup_steps=args.prune_after)
+        parser.error(f"no *.journal file in {folder}: run `dmlstudy tune {args.plan}` first")
+    pruner = PRUNERS[config.pruner](config)
     total = pruned = agreeing = 0
     for journal in files:
-        differences, journal_pruned, journal_agreeing = replay(journal, pruner, args.warmup_epochs, args.startup_trials)
+        differences, journal_pruned, journal_agreeing = replay(journal, pruner, warmup)
         total, pruned, agreeing = total + len(differences), pruned + journal_pruned, agreeing + journal_agreeing
         print(f"{journal.name}: {len(differences)} differing decisions")
         for line in differences:
             print("  " + line)
     print(
-        f"{len(files)} journals, {total} differing decisions; the replay prunes {agreeing} of the {pruned} trials they record as pruned"
+        f"{len(files)} journals, warm-up of {warmup} epoch(s) left out: {total} differing decisions; "
+        f"the replay prunes {agreeing} of the {pruned} trials they record as pruned"
     )
     return 1 if total else 0
 

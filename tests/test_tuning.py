@@ -183,7 +183,7 @@ def test_the_pruner_replay_finds_a_decision_the_warm_up_report_changes(tmp_path,
     trial.report(warmup_value, 1)
     trial.report(0.4, 2)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2)
-    found, pruned, agreeing = replay.replay(journal, pruner, warmup_epochs=1, startup=3)
+    found, pruned, agreeing = replay.replay(journal, pruner, warmup_epochs=1)
     assert (pruned, agreeing) == (1, 1)
     assert len(found) == differences
     if differences:
