@@ -1,4 +1,4 @@
-"""The CUDA targets of issue 15, side by side on one GPU machine.
+"""The CUDA measurements, side by side on one GPU machine.
 
 Run on a machine with a GPU: ``python benchmarks/bench_gpu.py [--epochs 6] [--cpu-cores 2]``. Three parts:
 

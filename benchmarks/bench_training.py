@@ -1,4 +1,4 @@
-"""Training input pipeline and compute path, old against new, side by side in one process (issue 15).
+"""Training input pipeline and compute path, old against new, side by side in one process.
 
 Run: ``.venv/bin/python benchmarks/bench_training.py [--dataset synbirds] [--threads 1 2] [--epochs 3]``
 (``--compile`` adds the compiled variant; ``--augment`` adds the batch-augmentation micro-benchmark;
@@ -8,8 +8,7 @@ Speed: for each device (CPU at every ``--threads`` count, and CUDA when present)
 through ``dmlstudy.train.run`` with
 
 * ``old``: ``input_pipeline="files"`` (PNG decoding and per-item PIL transforms in the main process,
-  ``num_workers=0``), ``channels_last=False``, no compile, 256 images per evaluation pass: the pipeline before
-  issue 15;
+  ``num_workers=0``), ``channels_last=False``, no compile, 256 images per evaluation pass: the first pipeline;
 * ``new``: the defaults (``input_pipeline="auto"`` → the cached uint8 tensor with batched augmentation,
   ``eval_batch_size=64``; ``channels_last`` off, as by default; bf16 autocast on CUDA only);
 * ``new+compile`` (with ``--compile``): ``new`` with ``compile=True``; its first epoch holds the compile time;
@@ -29,7 +28,7 @@ Evaluation (``--evaluation``): one evaluation of the test split by the same mode
 ``--epochs`` first: k-means NMI converges faster on an untrained model's embeddings), median of
 ``--repeats`` after one warm-up evaluation (which the old pipeline spends decoding and memoizing the test
 images): the old pipeline with every metric (what
-each per-epoch evaluation cost when issue 15 was filed), the new pipeline with every metric (a run's final
+each per-epoch evaluation cost with the first pipeline), the new pipeline with every metric (a run's final
 evaluation), and the new pipeline with the retrieval metrics only (``full=False``: what each per-epoch
 evaluation of the study's protocol computes, on its validation classes).
 

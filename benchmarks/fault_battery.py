@@ -1,4 +1,4 @@
-"""The fault battery of issue 16: bad inputs and faults tried as a new user would, from the CLI and the Python
+"""The fault battery: bad inputs and faults tried as a new user would, from the CLI and the Python
 API, each judged by what the user is left with.
 
 Usage (the code under test is whatever ``dmlstudy`` the interpreter imports; point PYTHONPATH at a worktree)::
@@ -183,8 +183,8 @@ def finished_runs(runs: Path) -> list[Path]:
 
 
 def any_checkpoint(runs: Path) -> bool:
-    """Whether training had started: ``environment.json`` is written when a run starts training (before and
-    after issue 16), a checkpoint only after the first epoch's evaluation."""
+    """Whether training had started: ``environment.json`` is written when a run starts training (with and
+    without run guards), a checkpoint only after the first epoch's evaluation."""
     return bool(list(runs.glob("b/*/checkpoint.pt")) or list(runs.glob("b/*/environment.json")))
 
 

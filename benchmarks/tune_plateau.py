@@ -1,5 +1,5 @@
 """Trials to a plateau: reads the Optuna journals of a tuning plan (default ``benchmarks/tune_plateau.yaml``, 16
-trials per row) and applies the rule its header declares (issue 21).
+trials per row) and applies the rule its header declares.
 
 Run: ``.venv/bin/dmlstudy tune benchmarks/tune_plateau.yaml`` first, then
 ``.venv/bin/python benchmarks/tune_plateau.py [--plan benchmarks/tune_plateau.yaml] [--tolerance 0.005]``.

@@ -1,6 +1,6 @@
 """Losses: Multi-Similarity on a similarity matrix, and the classic DML losses by name.
 
-Multi-Similarity (Wang et al., CVPR 2019; ``../shared/notes``-style protocol §0) is written once, on a
+Multi-Similarity (Wang et al., CVPR 2019) is written once, on a
 similarity matrix ``S`` (B × B), so methods whose similarity is not a plain inner product (DIML's
 structural similarity, cross-attention's sᴺ) reuse it. On cosine similarities it equals
 pytorch-metric-learning's ``MultiSimilarityLoss`` with its ``MultiSimilarityMiner`` (tested).

@@ -28,11 +28,10 @@ Decisions:
   and ``torch.use_deterministic_algorithms`` the file is bit-identical on one machine type and torch version.
   Across CPUs (other SIMD kernels) float sums can round differently, so :func:`verify` compares the hash
   and, if it differs, the held-out accuracy within :data:`ACCURACY_TOLERANCE`.
-* **On a GPU** (``device``; meant for the resnet18-at-128-px backbone of issue 20): the source set and the
+* **On a GPU** (``device``; meant for a resnet18 backbone at 128 px): the source set and the
   model live on the device; the batch order and every augmentation parameter are still drawn from the CPU
   generator (the same draws as a CPU build); cuBLAS gets a fixed workspace and deterministic algorithms
-  warn instead of failing where CUDA has none. Written without a GPU to run it on (none has been lent to
-  the project): the CPU path is the tested one.
+  warn instead of failing where CUDA has none. The CPU path is the tested one; the GPU path has not been run.
 """
 
 from __future__ import annotations

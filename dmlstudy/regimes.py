@@ -1,4 +1,4 @@
-"""Training regimes: how a run's backbone starts and how it is trained (issue 20).
+"""Training regimes: how a run's backbone starts and how it is trained.
 
 The four papers fine-tune ImageNet-pretrained backbones; the study's first regime trains from random
 initialisation. A regime is a named set of :class:`~dmlstudy.train.TrainConfig` overrides applied by the

@@ -1,7 +1,7 @@
 """The life of a run folder: identity, name, reuse or refusal, one writer at a time, checks before any data
 loads, and clean interruption. :func:`dmlstudy.train.run` calls into this module at its start and its end.
 
-Decisions (issue 16):
+Decisions (docs/run_safety.md):
 
 * **Identity.** A run is identified by the fields of its :class:`~dmlstudy.train.TrainConfig` that change
   what it computes: every field except :data:`NON_IDENTITY_FIELDS` (where it is written, its label, the
@@ -443,7 +443,7 @@ class RunLock:
         self.lock.release()
 
 
-# ---------------------------------------------------------------------------------------------- session
+# ---------------------------------------------------------------------------------------------- run guard
 
 
 def kept_checkpoint(run_dir: Path, epochs: int) -> str:

@@ -1,4 +1,4 @@
-"""Search spaces as data: what a method declares it may be tuned over (issue 21).
+"""Search spaces as data: what a method declares it may be tuned over.
 
 A search space maps a *key* to a primitive. A key is a :class:`~dmlstudy.train.TrainConfig` field (``lr``,
 ``head_lr``, ``weight_decay``) or a dotted path into ``method_kwargs`` (``method_kwargs.alpha``,

@@ -1,4 +1,4 @@
-"""Runs that never collide or vanish (issue 16): identity, reuse without overwrite, one writer, stale locks,
+"""Runs that never collide or vanish: identity, reuse without overwrite, one writer, stale locks,
 full disks, YAML floats, non-finite inputs, early errors, signals."""
 
 import errno

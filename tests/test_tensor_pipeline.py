@@ -1,4 +1,4 @@
-"""The tensor input pipeline (issue 15): cached uint8 datasets, per-sample batched augmentation on the device,
+"""The tensor input pipeline: cached uint8 datasets, per-sample batched augmentation on the device,
 the evaluation geometry, fallbacks to the file pipeline, cache invalidation and the compute fast path."""
 
 import logging

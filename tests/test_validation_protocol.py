@@ -1,4 +1,4 @@
-"""Issue 21's protocol in the training engine: class-disjoint validation folds, the checkpoint chosen on
+"""The validation protocol in the training engine: class-disjoint validation folds, the checkpoint chosen on
 them, patience, test classes read once (never by tuning runs), and paired seeds across methods."""
 
 import json

@@ -1,9 +1,9 @@
 """Shapes: a procedural pretraining source set (compositions of geometric primitives), in the CUB layout.
 
-The study's "ImageNet" (issue 20): a general source of object-like images, not a copy of a target set.
+The study's "ImageNet" for the generated datasets: a general source of object-like images, not a copy of a target set.
 Measured before it was chosen: the formula-driven :mod:`dmlstudy.data.fractals` set did not train within the
 15-minute budget (held-out top-1 2.2 % on 100 classes after 8 epochs of 19,000 images, chance 1 %; see
-``weights/README.md``), because a thin IFS attractor under a random pose, colour ramp and background leaves a
+``docs/datasets.md``), because a thin IFS attractor under a random pose, colour ramp and background leaves a
 small CNN almost nothing stable to learn from 64 pixels. Shapes keeps the nuisances and makes the class visible:
 
 * **A class is a composition** (:func:`sample_class`): ``m ∈ {2, 3}`` primitives, each a kind from

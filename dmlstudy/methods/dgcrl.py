@@ -3,7 +3,7 @@
 Registered as ``dgcrl`` (the full method: centre softmax with margin, Gram–Schmidt decorrelation) and
 ``gcrl`` (the distance form of Eq. 2, the "slow" loss the paper accelerates, without decorrelation).
 
-Pipeline (project notes §4):
+Pipeline:
 
 * **Feature.** The backbone map is pooled twice; the global-average and the global-max vectors are each
   L2-normalised and concatenated (``B × 2C``), then projected to d by a linear layer (``projection=True``,
