@@ -3,7 +3,7 @@
 ``build_dataset(name, root, split)`` is the one entry point; importing this package registers every reader.
 """
 
-from dmlstudy.data import cars, cub, fractals, glyphs, inshop, shapes, sop, synbirds  # noqa: F401,E401  (register readers)
+from dmlstudy.data import cars, cub, emoji, fractals, glyphs, inshop, shapes, sop, synbirds  # noqa: F401,E401  (register readers)
 from dmlstudy.data.base import (
     DATASETS,
     CorruptImageError,
