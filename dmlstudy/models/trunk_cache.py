@@ -1,0 +1,196 @@
+"""Fine-tuning only the last stage of an ImageNet EfficientNet, on cached activations of its frozen stem.
+
+On CPU, fine-tuning all of EfficientNet-Lite0 is slow (``benchmarks/bench_lite0.py``). Its early stages hold
+generic ImageNet features; the last stage and the 1 × 1 head make the features the methods' heads read. So
+the network is split in two at ``blocks[first_trainable_block]`` (6 for Lite0):
+
+* the **stem** (``conv_stem``, ``bn1``, ``blocks[:6]``, with the backbone's input renormalisation) is frozen
+  for good (parameters without gradients, BatchNorm on its running statistics), so its output for an image
+  and an augmentation view never changes: it is computed once (:func:`stem_activations`) and stored in float16
+  (:func:`cached_stem_activations`; 192 × 4 × 4 per image at 128 px, 6 KiB);
+* the **tail** (``blocks[6:]``, ``conv_head``, ``bn2``) trains; :class:`StemCachedBackbone`'s ``forward`` takes
+  the cached activations and returns the ``B × C × H × W`` feature map a method's head reads (1280 × 4 × 4 at
+  128 px), exactly as :class:`~dmlstudy.models.backbones.Backbone` would from the images (eval mode).
+
+A cache file holds the activations of one split under one view: the test view (centre crop) or one
+augmentation view of the training set (the random crops and flips that
+:func:`dmlstudy.data.batch_transforms.augment_batch` draws for ``(seed, epoch)``). Its name is a digest of
+:class:`StemCacheKey`: the split's identity, the image size, the view, the stem's weights and the storage
+type; the key is also stored in the file and checked on reading, so a changed dataset, view or stem never
+reads stale activations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from torch import nn
+
+from dmlstudy.models.backbones import Backbone
+from dmlstudy.records import write_bytes_atomically
+
+CACHE_FORMAT = 1
+LITE0_FIRST_TRAINABLE_BLOCK = 6  # Lite0's last stage: one MBConv block, 192 → 320 channels at stride 32
+SPLIT_PARTS = ("conv_stem", "bn1", "blocks", "conv_head", "bn2")  # the layout of timm's EfficientNet family
+ACTIVATIONS = "activations"  # the tensor's name in a cache file
+
+
+class StemCachedBackbone(Backbone):
+    """A :class:`~dmlstudy.models.backbones.Backbone` whose stem is frozen and whose ``forward`` starts after it.
+
+    Args:
+        name: a timm EfficientNet-family model (``conv_stem``, ``bn1``, ``blocks``, ``conv_head``, ``bn2``),
+            by default ``dml_efficientnet_lite0``.
+        first_trainable_block: the index into ``blocks`` where the tail starts.
+        **options: :class:`~dmlstudy.models.backbones.Backbone`'s (``pretrained``, ``freeze_bn``, …); ``freeze_bn``
+            concerns the tail, the stem's BatchNorm always runs on its running statistics.
+
+    The state dict is the full backbone's (same keys as a ``Backbone`` of ``name``), so trained weights load into a
+    ``Backbone`` that embeds images directly.
+    """
+
+    def __init__(
+        self,
+        name: str = "dml_efficientnet_lite0",
+        *,
+        first_trainable_block: int = LITE0_FIRST_TRAINABLE_BLOCK,
+        **options,
+    ) -> None:
+        super().__init__(name, **options)
+        missing = [part for part in SPLIT_PARTS if not hasattr(self.model, part)]
+        if missing:
+            raise ValueError(f"backbone {name!r} has no {missing}: the stem/tail split needs the EfficientNet layout")
+        if not 0 < first_trainable_block < len(self.model.blocks):
+            last = len(self.model.blocks) - 1
+            raise ValueError(f"first_trainable_block must be in 1…{last} for {name!r}, got {first_trainable_block}")
+        self.first_trainable_block = first_trainable_block
+        for module in self.stem_modules():
+            module.requires_grad_(False)
+            module.eval()
+
+    def stem_modules(self) -> list[nn.Module]:
+        """The frozen layers, in the order they run."""
+        return [self.model.conv_stem, self.model.bn1, *self.model.blocks[: self.first_trainable_block]]
+
+    def train(self, mode: bool = True) -> StemCachedBackbone:
+        super().train(mode)
+        for module in self.stem_modules():
+            module.eval()
+        return self
+
+    @torch.no_grad()
+    def stem(self, images: torch.Tensor) -> torch.Tensor:
+        """Stem activations ``B × C × S/32 × S/32`` (192 channels for Lite0) of ImageNet-normalised ``images``."""
+        if self.renormalise is not None:
+            images = self.renormalise(images)
+        for module in self.stem_modules():
+            images = module(images)
+        return images
+
+    def forward(self, activations: torch.Tensor) -> torch.Tensor:
+        """Feature map ``B × num_features × H × W`` of stem ``activations`` (any float type; computed in the
+        tail's type)."""
+        features = activations.to(self.model.conv_head.weight.dtype)
+        features = self.model.blocks[self.first_trainable_block :](features)
+        return self.model.bn2(self.model.conv_head(features))
+
+    def stem_digest(self) -> str:
+        """SHA-256 of the stem's weights and buffers (names, shapes, types, bytes) and the split point."""
+        digest = hashlib.sha256(f"{self.name} split at blocks[{self.first_trainable_block}]\n".encode())
+        if self.renormalise is not None:
+            digest.update(
+                f"{self.renormalise.scale.flatten().tolist()} {self.renormalise.shift.flatten().tolist()}".encode()
+            )
+        for index, module in enumerate(self.stem_modules()):
+            for key, tensor in module.state_dict().items():
+                digest.update(f"\n{index}.{key} {tuple(tensor.shape)} {tensor.dtype}\n".encode())
+                digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class StemCacheKey:
+    """What a cache file's activations depend on.
+
+    ``dataset_digest`` identifies the split's images (e.g. :func:`dmlstudy.data.tensor_cache.cache_key`);
+    ``augmentation_seed`` is None for the test view (resize and centre crop), else the seed the training
+    augmentation was drawn with, and ``view`` its epoch argument (view ``v`` of the training set).
+    """
+
+    dataset_digest: str
+    image_size: int
+    augmentation_seed: int | None
+    view: int
+    stem_digest: str
+    dtype: str = "float16"
+
+    def file_name(self) -> str:
+        text = json.dumps({"format": CACHE_FORMAT, **asdict(self)}, sort_keys=True)
+        return f"stem-{hashlib.sha256(text.encode()).hexdigest()[:32]}.safetensors"
+
+    def metadata(self) -> dict[str, str]:
+        return {"format": str(CACHE_FORMAT), **{field: json.dumps(value) for field, value in asdict(self).items()}}
+
+
+def stem_activations(
+    backbone: StemCachedBackbone, batches: Iterable[torch.Tensor], *, dtype: torch.dtype = torch.float16
+) -> torch.Tensor:
+    """The stem's activations ``N × C × h × w`` (in ``dtype``, on the CPU) of the image ``batches``, in order."""
+    parts = [backbone.stem(images).to("cpu", dtype) for images in batches]
+    if not parts:
+        raise ValueError("stem_activations: no batches of images")
+    return torch.cat(parts)
+
+
+def read_stem_cache(path: Path, key: StemCacheKey) -> torch.Tensor | None:
+    """The activations stored at ``path`` under ``key``; None when there is no such file, and a warning
+    when the file cannot be read or was written for another key."""
+    if not path.is_file():
+        return None
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as handle:
+            stored = handle.metadata() or {}
+            activations = handle.get_tensor(ACTIVATIONS) if stored == key.metadata() else None
+    except Exception as error:  # a truncated or foreign file: each reader raises its own type
+        warnings.warn(f"stem cache {path} cannot be read ({type(error).__name__}: {error}); recomputing", stacklevel=2)
+        return None
+    if activations is None:
+        warnings.warn(f"stem cache {path} was written for another key; recomputing", stacklevel=2)
+    return activations
+
+
+def cached_stem_activations(
+    backbone: StemCachedBackbone,
+    batches: Iterable[torch.Tensor],
+    *,
+    folder: str | Path,
+    dataset_digest: str,
+    image_size: int,
+    augmentation_seed: int | None = None,
+    view: int = 0,
+    dtype: torch.dtype = torch.float16,
+) -> torch.Tensor:
+    """The stem's activations of one view of a split (``batches``: its images in dataset order), read from
+    ``folder`` when a file for this :class:`StemCacheKey` is there, else computed and written (atomically:
+    parallel runs may compute a view twice, never read half a file). ``batches`` is only iterated on a miss."""
+    key = StemCacheKey(
+        dataset_digest=dataset_digest,
+        image_size=image_size,
+        augmentation_seed=augmentation_seed,
+        view=view,
+        stem_digest=backbone.stem_digest(),
+        dtype=str(dtype).removeprefix("torch."),
+    )
+    path = Path(folder) / key.file_name()
+    activations = read_stem_cache(path, key)
+    if activations is None:
+        activations = stem_activations(backbone, batches, dtype=dtype)
+        write_bytes_atomically(path, safetensors.torch.save({ACTIVATIONS: activations}, metadata=key.metadata()))
+    return activations
