@@ -7,6 +7,9 @@
 methods|datasets|backbones|plans`` prints the valid names with one line each. A finished run is loaded, not
 retrained; ``--overwrite`` replaces it.
 
+Help, ``list`` and a mistyped name answer without importing torch: the names, descriptions and options come
+from :mod:`dmlstudy.catalog`; a command imports what it runs when it runs.
+
 Errors print one line, ``error: <message>``, and exit with status 1; ``--debug`` (anywhere on the command
 line) or ``DMLSTUDY_DEBUG=1`` shows the traceback instead. A run stopped by SIGTERM/SIGINT exits 143/130
 after printing how to resume it.
@@ -15,32 +18,26 @@ after printing how to resume it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
 import json
 import os
 import re
 import sys
-import typing
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dmlstudy.catalog import OPTION_TYPES, Catalog, ConfigOption, catalog, first_line
 from dmlstudy.config import load_yaml
 
 
-def _config_choices() -> dict[str, list[str]]:
+def _config_choices(registered: Catalog) -> dict[str, list[str]]:
     """Valid names of TrainConfig's choice-valued fields, from their registries (argparse enforces them)."""
-    from dmlstudy.data import list_datasets
-    from dmlstudy.methods import list_methods
-    from dmlstudy.train import OPTIMIZERS, SCHEDULES
-
     return {
-        "method": list_methods(),
-        "dataset": list_datasets(),
-        "optimizer": sorted(OPTIMIZERS),
-        "lr_schedule": sorted(SCHEDULES),
+        "method": list(registered.methods),
+        "dataset": list(registered.datasets),
+        "optimizer": registered.optimizers,
+        "lr_schedule": registered.lr_schedules,
     }
 
 
@@ -51,22 +48,16 @@ def _option_help(comment: str, default: object, choices: list[str] | None) -> st
     return text.replace("%", "%%")  # argparse %-formats help strings
 
 
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
+def _add_config_options(parser: argparse.ArgumentParser, registered: Catalog) -> None:
     """One option per TrainConfig field; its help is the field's comment (:meth:`TypedConfig.field_help`)
     and default, plus the valid names of choice-valued fields."""
-    from dmlstudy.models import list_backbones
-    from dmlstudy.train import TrainConfig
-
-    hints = typing.get_type_hints(TrainConfig)
-    comments = TrainConfig.field_help()
-    choices = _config_choices()
-    defaults = TrainConfig()
-    for spec in dataclasses.fields(TrainConfig):
+    choices = _config_choices(registered)
+    for spec in registered.train_options:
         option = "--" + spec.name.replace("_", "-")
-        kind = hints[spec.name]
-        text = _option_help(comments[spec.name], getattr(defaults, spec.name), choices.get(spec.name))
+        kind = OPTION_TYPES[spec.type]
+        text = _option_help(spec.help, spec.default, choices.get(spec.name))
         if spec.name == "backbone":
-            text += "; e.g. " + ", ".join(list_backbones())
+            text += "; e.g. " + ", ".join(registered.backbones)
         if kind is bool:
             parser.add_argument(
                 option, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
@@ -146,16 +137,9 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_line(text: str | None) -> str:
-    lines = inspect.cleandoc(text or "").splitlines()
-    return lines[0].replace("``", "") if lines else ""
-
-
-def _method_description(name: str) -> str:
+def _method_description(registered: Catalog, name: str) -> str:
     """One line about a registered method, from the registry: its label, group and paper or summary."""
-    from dmlstudy.methods import method_info
-
-    info = method_info(name)
+    info = registered.methods[name]
     return (
         f"{info.label} [{info.group}]"
         + (f" — {info.paper}" if info.paper else "")
@@ -178,18 +162,13 @@ def _plan_description(path: Path, *, width: int = 110) -> str:
 def listing(what: str) -> dict[str, str]:
     """``name → one line`` for ``what`` in methods, datasets, backbones, plans (what ``dmlstudy list`` prints)."""
     if what == "methods":
-        from dmlstudy.methods import list_methods
-
-        return {name: _method_description(name) for name in list_methods()}
+        registered = catalog()
+        return {name: _method_description(registered, name) for name in registered.methods}
     if what == "datasets":
-        from dmlstudy.data import DATASETS, list_datasets
-
-        return {name: _first_line(DATASETS[name].__doc__) for name in list_datasets()}
+        return dict(catalog().datasets)
     if what == "backbones":
-        from dmlstudy.models import list_backbones
-
         return {
-            **list_backbones(),
+            **catalog().backbones,
             "<any timm model name>": "any name of timm.list_models(); --pretrained takes its weights from the Hugging Face cache (downloaded once when online)",
         }
     if what == "plans":
@@ -231,8 +210,6 @@ def _study_run(args: argparse.Namespace) -> int:
 def _use_scheduler(address: str) -> None:
     """``--scheduler``: check the address now (a clear error within seconds), then hand it to the notebook
     kernels through ``DMLSTUDY_SCHEDULER``, which :mod:`dmlstudy.engine` reads."""
-    import os
-
     from dmlstudy import engine
 
     if address:
@@ -302,13 +279,11 @@ def _add_tune_parser(commands: argparse._SubParsersAction) -> None:
     tune.set_defaults(handler=_tune)
 
 
-def _train_description() -> str:
-    from dmlstudy.train import TrainConfig
-
+def _train_description(registered: Catalog) -> str:
     return (
-        _first_line(TrainConfig.__doc__)
+        first_line(registered.train_description)
         + "\n\n"
-        + inspect.cleandoc(TrainConfig.__doc__).split("\n\n", 1)[1].replace("``", "")
+        + registered.train_description.split("\n\n", 1)[1].replace("``", "")
     )
 
 
@@ -329,17 +304,18 @@ def _pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_pretrain_parser(commands: argparse._SubParsersAction) -> None:
-    from dmlstudy.pretrain import PretrainConfig
-
+def _add_pretrain_parser(commands: argparse._SubParsersAction, options: list[ConfigOption]) -> None:
     parser = commands.add_parser(
         "pretrain", help="pretrain a backbone on the shapes source set; writes weights/ + a model card"
     )
-    hints, comments, defaults = typing.get_type_hints(PretrainConfig), PretrainConfig.field_help(), PretrainConfig()
-    for name in PretrainConfig.field_names():
-        text = _option_help(comments[name], getattr(defaults, name), None)
+    for spec in options:
+        text = _option_help(spec.help, spec.default, None)
         parser.add_argument(
-            "--" + name.replace("_", "-"), dest=name, type=hints[name], default=argparse.SUPPRESS, help=text
+            "--" + spec.name.replace("_", "-"),
+            dest=spec.name,
+            type=OPTION_TYPES[spec.type],
+            default=argparse.SUPPRESS,
+            help=text,
         )
     parser.add_argument(
         "--verify", default="", metavar="CARD", help="rebuild what a model card describes; compare hash (or accuracy)"
@@ -348,6 +324,7 @@ def _add_pretrain_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    registered = catalog()
     parser = argparse.ArgumentParser(
         prog="dmlstudy",
         description=__doc__.splitlines()[0],
@@ -363,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train",
         help="train and evaluate one method on one dataset",
-        description=_train_description(),
+        description=_train_description(registered),
         epilog=TRAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -372,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="YAML file of TrainConfig fields (its 'parameters' mapping, or the top level); options given here override it",
     )
-    _add_config_options(train)
+    _add_config_options(train, registered)
     train.set_defaults(handler=_train)
 
     listed = commands.add_parser("list", help="list the valid methods, datasets, backbones or plans, one line each")
@@ -430,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="output stem [default: results/runs for the default study, runs/<study>/results/runs otherwise]",
     )
     table.set_defaults(handler=_study_table)
-    _add_pretrain_parser(commands)
+    _add_pretrain_parser(commands, registered.pretrain_options)
     _add_tune_parser(commands)
     return parser
 
@@ -447,12 +424,11 @@ def _error_text(error: BaseException) -> str:
 
 def _show_run_warnings() -> None:
     """Run warnings (:class:`dmlstudy.runs.RunWarning`) print as ``warning: <message>``; others as usual."""
-    from dmlstudy.runs import RunWarning
-
     default = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, RunWarning):
+        runs = sys.modules.get("dmlstudy.runs")  # loaded by whatever warns; not imported here (it imports torch)
+        if runs is not None and issubclass(category, runs.RunWarning):
             print(f"warning: {message}", file=sys.stderr, flush=True)
         else:
             default(message, category, filename, lineno, file, line)

@@ -1,13 +1,22 @@
-"""The command line explains itself (help from the config's comments, valid names listed), and every long
+"""The command line explains itself (help from the config's comments, valid names listed) and answers help,
+``list`` and a mistyped name without importing torch (from a catalogue that equals the registries), and every long
 wait shows progress: dataset generation, the study runner (without the kernel's TCP warning)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import io
+import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import threading
+import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +24,8 @@ import nbformat
 import pytest
 import yaml
 
-from dmlstudy.cli import build_parser, main
+from dmlstudy import catalog
+from dmlstudy.cli import LISTABLE, build_parser, listing, main
 from dmlstudy.config import TypedConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,6 +124,181 @@ def test_list_datasets_backbones_and_plans(capsys):
     expected = {str(p.relative_to(REPO)) for p in (REPO / "plans").rglob("*.yaml")}
     assert expected <= set(plans)
     assert plans["plans/smoke.yaml"].startswith("Every notebook at its CI-sized defaults")
+
+
+HEAVY_MODULES = ("torch", "torchvision", "timm", "pandas", "matplotlib")
+RUN_CLI = textwrap.dedent(f"""
+    import contextlib, io, json, sys
+    from dmlstudy import cli
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(sys.argv[1:])
+        except SystemExit as exit:
+            code = exit.code
+    heavy = sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules)
+    print(json.dumps({{"code": code, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy}}))
+""")
+
+
+def run_light(*argv: str) -> dict:
+    """``dmlstudy <argv>`` in a fresh interpreter: its exit code, stdout, stderr and the heavy modules it loaded."""
+    env = {k: v for k, v in os.environ.items() if k != catalog.PLUGIN_VARIABLE}
+    if catalog.stored_catalog() is None:  # the first command after a source change reads the registries and caches them
+        subprocess.run([sys.executable, "-m", "dmlstudy", "list", "methods"], cwd=REPO, env=env, capture_output=True)
+    assert catalog.stored_catalog() is not None, "the catalogue cache was not written"
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_CLI, *argv], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "argv, shown",
+    [
+        ((), "usage: dmlstudy"),
+        (("train",), "--method NAME"),
+        (("pretrain",), "--epochs EPOCHS"),
+        (("tune",), "plans/tune.yaml"),
+        (("study", "run"), "--scheduler ADDRESS"),
+        (("list",), "methods,datasets,backbones,plans"),
+    ],
+)
+def test_help_imports_no_heavy_module(argv, shown):
+    result = run_light(*argv, "--help")
+    assert (result["code"], result["heavy"]) == (0, [])
+    assert shown in result["out"]
+
+
+def test_listing_imports_no_heavy_module_and_shows_the_registries():
+    from dmlstudy.data import list_datasets
+    from dmlstudy.methods import list_methods, method_info
+    from dmlstudy.models import list_backbones
+
+    methods = run_light("list", "methods")
+    assert (methods["code"], methods["heavy"]) == (0, [])
+    rows = dict(line.split(None, 1) for line in methods["out"].splitlines())
+    assert sorted(rows) == list_methods()
+    for name, row in rows.items():
+        info = method_info(name)
+        assert row == f"{info.label} [{info.group}]" + (f" — {info.paper}" if info.paper else "") + f": {info.summary}"
+    datasets, backbones = run_light("list", "datasets"), run_light("list", "backbones")
+    assert datasets["heavy"] == backbones["heavy"] == []
+    assert [line.split()[0] for line in datasets["out"].splitlines()] == list_datasets()
+    assert [line.split()[0] for line in backbones["out"].splitlines()][:-1] == list(list_backbones())
+
+
+@pytest.mark.parametrize(
+    "argv, valid",
+    [
+        (("train", "--method", "nosuch"), "methods"),
+        (("train", "--dataset", "nosuch"), "datasets"),
+        (("train", "--lr-schedule", "nosuch"), "lr_schedules"),
+        (("list", "nosuch"), "listable"),
+    ],
+)
+def test_an_unknown_name_is_refused_before_any_heavy_import(argv, valid):
+    from dmlstudy.data import list_datasets
+    from dmlstudy.methods import list_methods
+    from dmlstudy.train import SCHEDULES
+
+    names = {"methods": list_methods(), "datasets": list_datasets(), "lr_schedules": SCHEDULES, "listable": LISTABLE}
+    result = run_light(*argv)
+    assert (result["code"], result["heavy"], result["out"]) == (2, [], "")
+    assert "invalid choice: 'nosuch'" in result["err"]
+    assert all(f"'{name}'" in result["err"] for name in names[valid])
+
+
+def test_the_catalogue_equals_the_registries(monkeypatch, tmp_path):
+    """Names and every shown field, against the registries and configs themselves (not through the catalogue)."""
+    from dmlstudy.data import DATASETS
+    from dmlstudy.methods import METHOD_INFO, list_methods
+    from dmlstudy.models import list_backbones
+    from dmlstudy.pretrain import PretrainConfig
+    from dmlstudy.train import OPTIMIZERS, SCHEDULES, TrainConfig
+
+    monkeypatch.delenv(catalog.PLUGIN_VARIABLE, raising=False)
+    monkeypatch.setenv(catalog.CACHE_VARIABLE, str(tmp_path))
+    names = catalog.catalog()  # read from the registries and cached
+    assert catalog.stored_catalog() == names
+    assert {name: (entry.label, entry.group, entry.paper, entry.summary) for name, entry in names.methods.items()} == {
+        name: (i.label, i.group, i.paper, i.summary) for name, i in METHOD_INFO.items()
+    }
+    assert list(names.methods) == list_methods()
+    assert names.datasets == {
+        name: (builder.__doc__ or "").strip().splitlines()[0].replace("``", "")
+        for name, builder in sorted(DATASETS.items())
+    }
+    assert names.backbones == list_backbones()
+    assert (names.optimizers, names.lr_schedules) == (sorted(OPTIMIZERS), sorted(SCHEDULES))
+    for config, options in ((TrainConfig, names.train_options), (PretrainConfig, names.pretrain_options)):
+        hints, defaults = typing.get_type_hints(config), config()
+        expected = [(f.name, hints[f.name].__name__, getattr(defaults, f.name)) for f in dataclasses.fields(config)]
+        assert [(o.name, o.type, o.default) for o in options] == expected
+        assert {o.name: o.help for o in options} == config.field_help()
+    assert names == catalog.live_catalog()
+
+
+def test_a_cached_catalogue_is_read_only_for_the_sources_it_was_read_from(tmp_path, monkeypatch):
+    monkeypatch.delenv(catalog.PLUGIN_VARIABLE, raising=False)
+    monkeypatch.setenv(catalog.CACHE_VARIABLE, str(tmp_path))
+    live = catalog.live_catalog()
+    shortened = dataclasses.replace(live, methods={"ms": live.methods["ms"]})
+    catalog.write_catalog(live=shortened)
+    assert catalog.catalog() == shortened  # the cache of these sources is what is read
+    monkeypatch.setattr(catalog, "source_digest", lambda: "0" * 64)  # the sources changed
+    assert catalog.catalog() == live and catalog.stored_catalog() == live  # read again and cached under the new digest
+    catalog.cache_file().write_text("{damaged")
+    assert catalog.catalog() == live
+
+
+PLUGIN = textwrap.dedent('''
+    from dmlstudy.methods import Method, register_method
+
+
+    @register_method("throwaway_cli", label="throwaway (test)", group="classic", summary="a plugin method")
+    class ThrowawayCLI(Method):
+        """Never built."""
+''')
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """A plugin method module on sys.path and in DMLSTUDY_METHOD_MODULES; unregistered afterwards."""
+    from dmlstudy.methods import METHOD_INFO, METHODS
+
+    (tmp_path / "throwaway_cli_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(catalog.PLUGIN_VARIABLE, "throwaway_cli_plugin")
+    yield "throwaway_cli"
+    METHODS.pop("throwaway_cli", None)
+    METHOD_INFO.pop("throwaway_cli", None)
+    sys.modules.pop("throwaway_cli_plugin", None)
+
+
+def test_a_plugin_method_is_listed_and_accepted(plugin):
+    import dmlstudy.methods
+
+    assert catalog.PLUGIN_VARIABLE == dmlstudy.methods.PLUGIN_VARIABLE
+    assert listing("methods")[plugin] == "throwaway (test) [classic]: a plugin method"
+    assert build_parser().parse_args(["train", "--method", plugin]).method == plugin
+
+
+def test_run_warnings_print_as_one_line(monkeypatch, capsys):
+    from dmlstudy.cli import _show_run_warnings
+    from dmlstudy.runs import RunWarning
+
+    shown_before = []
+    monkeypatch.setattr(
+        warnings, "showwarning", lambda message, category, *_: shown_before.append((str(message), category))
+    )
+    _show_run_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("the lock was stale", RunWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    assert capsys.readouterr().err == "warning: the lock was stale\n"
+    assert shown_before == [("something else", UserWarning)]  # other warnings go where they went before
 
 
 @dataclass
