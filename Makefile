@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml requirements.txt
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e . || $(BIN)/python -m pip install --quiet --no-deps -e .
 	-@git config filter.notebook-outputs.clean "$(BIN)/python -m dmlstudy.experiments.notebooks strip" 2>/dev/null
+	-@$(BIN)/dmlstudy list methods > /dev/null  # caches the CLI's catalogue of names (dmlstudy/catalog.py)
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -23,8 +24,8 @@ study: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/dmlstudy data generate && \
 	$(BIN)/dmlstudy study run $(PLAN); status=$$?; \
-	$(BIN)/dmlstudy study table $$(basename $(PLAN) .yaml) --by dataset method || status=1; \
-	echo "study finished in $$(( $$(date +%s) - start )) s (status $$status)"; \
+	[ $$status -ge 128 ] || $(BIN)/dmlstudy study table $$(basename $(PLAN) .yaml) --by dataset method || status=1; \
+	echo "study $$( [ $$status -ge 128 ] && echo stopped after || echo finished in ) $$(( $$(date +%s) - start )) s (status $$status)"; \
 	echo "runs and executed notebooks: runs/   tables: results/   figures: figures/"; \
 	exit $$status
 

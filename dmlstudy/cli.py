@@ -443,6 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     _show_run_warnings()
     try:
         return args.handler(args)
+    except KeyboardInterrupt:  # before a command installed its own handler (a run's or a plan's): nothing started
+        if debug:
+            raise
+        print("stopped by Ctrl-C before the command started its work; nothing changed", file=sys.stderr)
+        return 130
     except Exception as error:  # SystemExit (also a run stopped by a signal) and KeyboardInterrupt pass through
         if debug:
             raise

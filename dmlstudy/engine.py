@@ -21,6 +21,13 @@ Decisions:
   killing it) is only the fallback for a task that does not stop within ``STOP_SECONDS``.
 * Workers live across tasks, so every task starts from the same state (:func:`task_state`): torch and faiss
   thread counts set, the worker's device chosen, and ``train.run`` seeds everything itself.
+* Progress: a plan that executes notebooks side by side learns about their runs from a small ledger: the study
+  runner names a file in ``DMLSTUDY_RUN_EVENTS`` for every notebook kernel it starts, and :func:`run_tasks`
+  appends one JSON line per training task the kernel submits (run folder, epochs) and per one that failed
+  (:func:`note_run_event`); the runner reads the file and the run folders (:mod:`dmlstudy.study`).
+* Ctrl-C: the worker processes of a local cluster ignore SIGINT (:func:`start_local_cluster`), so a terminal's
+  Ctrl-C, which reaches every process of the foreground group, stops the process that owns the cluster
+  (which cancels its tasks and closes the cluster) instead of killing the workers mid-step.
 * GPUs: worker ``i`` of a local cluster on a machine with ``g`` GPUs trains on ``cuda:(i mod g)``
   (:func:`device_for_worker`), so ``workers = k·g`` puts ``k`` runs on each GPU. The device reaches
   ``train.resolve_device("auto")`` through the ``DMLSTUDY_DEVICE`` environment variable, which a worker
@@ -30,8 +37,11 @@ Decisions:
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -42,6 +52,7 @@ from typing import Any
 SCHEDULER_VARIABLE = "DMLSTUDY_SCHEDULER"  # address of an existing scheduler: attach instead of starting one
 DEVICE_VARIABLE = "DMLSTUDY_DEVICE"  # the device resolve_device("auto") picks on a worker
 THREADS_VARIABLE = "DMLSTUDY_TASK_THREADS"  # torch/faiss threads of each task on a worker
+RUN_EVENTS_VARIABLE = "DMLSTUDY_RUN_EVENTS"  # a file the study runner reads: the runs this process submits
 CONNECT_SECONDS = 5  # how long to try an address before reporting it unreachable
 STOP_SECONDS = 60  # how long a cancelled task may take to reach its next training step before its worker restarts
 LOST_SECONDS = 60  # how long a grid waits on a local cluster with no worker left before it gives up
@@ -134,14 +145,18 @@ def start_local_cluster(
     The workers start without Dask's default ``MALLOC_TRIM_THRESHOLD_=65536``: an explicit trim threshold
     turns off glibc's dynamic mmap threshold, so every tensor over 128 KiB is mmap-ed and unmapped again;
     a training run in such a worker took 1.7× the wall time of the same run in a plain process
-    (``benchmarks/bench_engine.py``). Runs hold no Dask data, so trimming buys nothing here."""
+    (``benchmarks/bench_engine.py``). Runs hold no Dask data, so trimming buys nothing here.
+
+    The worker processes start with SIGINT ignored (:func:`sigint_ignored`), so a Ctrl-C reaches only the
+    process that owns the cluster. A worker its nanny restarts later (after a crash) starts without that."""
     import dask
     from distributed import Client, LocalCluster
 
     plans = local_worker_plans(workers, cores=available_cores(), gpus=gpu_count() if gpus is None else gpus)
     if threads:
         plans = [WorkerPlan(plan.name, plan.device, threads) for plan in plans]
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+    settings = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+    with dask.config.set(settings), sigint_ignored():
         cluster = LocalCluster(
             n_workers=0, threads_per_worker=1, processes=True, dashboard_address=dashboard_address, memory_limit=0
         )  # runs hold no Dask data: no memory-based pausing; the OS decides
@@ -154,6 +169,22 @@ def start_local_cluster(
         client = Client(cluster, set_as_default=False)
         client.wait_for_workers(len(plans), timeout=120)
     return cluster, client
+
+
+@contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process within the block (main thread only; elsewhere nothing changes). A
+    process started meanwhile inherits the ignored disposition across ``exec``, and Python (and asyncio) then
+    install no KeyboardInterrupt handler in it: that is how the local cluster's workers come to ignore a
+    terminal's Ctrl-C. A Ctrl-C within the block itself is lost (the seconds a cluster takes to start)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def get_client(workers: int = 1):
@@ -245,8 +276,9 @@ def task_values(config) -> dict[str, Any]:
     }
 
 
-def train_task(values: dict[str, Any]) -> dict[str, float]:
-    """Train (or resume, or just load the metrics of) the run of TrainConfig ``values``: idempotent.
+def train_task(values: dict[str, Any], origins: dict[str, str] | None = None) -> dict[str, float]:
+    """Train (or resume, or just load the metrics of) the run of TrainConfig ``values``: idempotent. ``origins``
+    (where each value came from, :func:`dmlstudy.runs.with_origins`) go to the run's ``config.yaml``.
 
     The run resumes, so a run folder that a live process outside the engine is writing (a notebook of the same
     plan training that run itself) is waited for and then loaded or continued (:mod:`dmlstudy.runs`, "One
@@ -257,7 +289,7 @@ def train_task(values: dict[str, Any]) -> dict[str, float]:
     from dmlstudy import runs
     from dmlstudy.train import TrainConfig, is_complete, run
 
-    config = TrainConfig(**{**values, "resume": True, "progress": False})
+    config = runs.with_origins(TrainConfig(**{**values, "resume": True, "progress": False}), origins or {})
     if is_complete(config):
         return json.loads((config.run_dir / "metrics.json").read_text())
     with task_state(), runs.stop_when(_cancelled_test()):
@@ -288,6 +320,25 @@ def call_task(function: Callable[..., Any], *args: Any) -> Any:
         return function(*args)
 
 
+def note_run_event(event: str, run: str, **fields: Any) -> None:
+    """Append ``{"event", "run", **fields}`` as one JSON line to the file :data:`RUN_EVENTS_VARIABLE` names, if
+    any (the study runner's ledger of the runs its notebooks submit). One short line per write, appended, so
+    the kernels of a plan can share one file."""
+    path = os.environ.get(RUN_EVENTS_VARIABLE)
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"event": event, "run": run, **fields}) + "\n")
+
+
+def _run_folder(function: Callable[..., Any], args: tuple) -> str:
+    """The run folder's name of a :func:`train_task` submission ('' for any other task)."""
+    if function is not train_task:
+        return ""
+    from dmlstudy.train import TrainConfig
+
+    return TrainConfig(**args[0]).run_dir.name
+
+
 def failure_line(future) -> str:
     """The last line of a failed future's traceback: ``Type: message``."""
     error = future.exception()
@@ -308,16 +359,21 @@ def run_tasks(
     to its end; failures are raised together afterwards as a :class:`GridRunError` naming each failed label
     with its traceback's last line. A grid's tasks have priority ``−len(submissions)``: when several grids
     share a cluster (notebooks of one plan side by side, :mod:`dmlstudy.study`), the smaller grid's tasks go
-    first, so a notebook's next short grid is not queued behind another's hundred runs."""
+    first, so a notebook's next short grid is not queued behind another's hundred runs. Each training task
+    (:func:`train_task`) is noted in the study runner's ledger when submitted and when failed
+    (:func:`note_run_event`)."""
     from distributed import as_completed
     from tqdm.auto import tqdm
 
-    futures = {
-        client.submit(
+    futures, runs = {}, {}
+    noted = bool(os.environ.get(RUN_EVENTS_VARIABLE))
+    for label, function, args, key in submissions:
+        future = client.submit(
             function, *args, key=key, retries=retries, pure=False, workers=workers, priority=-len(submissions)
-        ): label
-        for label, function, args, key in submissions
-    }
+        )
+        futures[future], runs[future] = label, _run_folder(function, args) if noted else ""
+        if runs[future]:
+            note_run_event("submitted", runs[future], epochs=int(args[0]["epochs"]))
     results, failures = {}, []
     bar = tqdm(total=len(futures), desc=what, leave=False, disable=not progress)
     completed = as_completed(list(futures), loop=client.loop)
@@ -336,6 +392,8 @@ def run_tasks(
                     results[label] = future.result()
                 else:
                     failures.append(f"{label} failed: {failure_line(future)}")
+                    if runs[future]:
+                        note_run_event("failed", runs[future])
                 future.release()  # nothing on a worker holds results: a lost worker never forces recomputation
                 bar.set_postfix(
                     done=len(results), running=_running(client, futures), failed=len(failures), refresh=False

@@ -26,9 +26,24 @@ Plans resume by default: ``resume=True`` is injected into every notebook that de
 the entry sets it), so an entry whose notebook was stopped continues its interrupted runs, and runs that
 finished are loaded, never retrained. ``overwrite`` (``dmlstudy study run --overwrite``) executes every
 entry again and injects ``overwrite=True`` where declared: the only way a plan replaces finished records.
-SIGTERM/SIGINT stop the plan after recording the current entry as ``interrupted``, print how to resume,
-and exit 143/130 (:class:`dmlstudy.runs.RunInterrupted`). Plans are read with
-:func:`dmlstudy.config.load_yaml` (``lr: 1e-3`` is a float).
+Plans are read with :func:`dmlstudy.config.load_yaml` (``lr: 1e-3`` is a float).
+
+What a plan shows (:class:`PlanProgress`): one line per entry (:func:`entry_line`: ``[2/8] crt
+notebooks/10_crt.ipynb  5 seeds × 2 datasets  started``, then ``done in 43 min``) above one bar over the plan's
+runs, ended / known so far, with the time left (:class:`RunProgress`). The runner learns of runs from a ledger
+that the notebooks' kernels append to (``DMLSTUDY_RUN_EVENTS``, a file it names: the engine notes each run a
+kernel submits, with its epoch cap, before any worker starts it, and each run that fails:
+:func:`dmlstudy.engine.note_run_event`) and from the run folders of the study, where a run has finished once
+its records are complete. So the total grows as the notebooks submit their grids, runs already finished when
+the plan starts are done at once, and a run a kernel trains itself counts when it finishes. A ledger rather
+than the scheduler's task stream: it needs no client of the scheduler, knows the run behind each task, and
+works for every scheduler, or none.
+
+Ctrl-C (SIGINT) or SIGTERM stops a plan cleanly (:class:`_PlanInterrupts`): the kernels are interrupted as
+Jupyter interrupts them, their grids' tasks stop at the next training step keeping the last epoch's
+checkpoint, the running entries are recorded as ``interrupted``, the kernels and the plan's cluster shut down,
+and one line says what was kept (finished runs and notebooks) and that the same command resumes; the exit
+status is 130 (143 for SIGTERM, :class:`dmlstudy.runs.RunInterrupted`). A second signal kills the kernels.
 
 Entries at once: ``concurrent_entries: N`` (plan level, default 1) executes up to N entries side by side, in
 plan order, and first starts one local cluster of the entries' largest ``workers`` that every notebook's
@@ -54,11 +69,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import math
 import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -68,10 +85,19 @@ from typing import Any
 
 import pandas as pd
 
+from dmlstudy import engine
 from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_root, runs_root
 from dmlstudy.records import write_json
-from dmlstudy.runs import LEDGER_NAME, LEDGER_VARIABLE, SELECTION_RULE, copy_finished_runs, superseded_runs
+from dmlstudy.runs import (
+    LEDGER_NAME,
+    LEDGER_VARIABLE,
+    SELECTION_RULE,
+    RunInterrupted,
+    copy_finished_runs,
+    is_complete,
+    superseded_runs,
+)
 
 
 class PlanError(ValueError):
@@ -240,50 +266,259 @@ def kernel_config():
     return Config({"KernelManager": {"transport_encryption": "auto"}}) if zmq.has("curve") else Config()
 
 
+def duration_text(seconds: float) -> str:
+    """A duration as a person reads it: ``"12 s"``, ``"43 min"``, ``"1 h 05 min"``."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def entry_summary(parameters: dict[str, Any]) -> str:
+    """What an entry covers, in a few words: ``"5 seeds × 2 datasets, 2 regimes"`` for a notebook over grids
+    (its ``seeds``, ``datasets`` and ``methods`` lists; ``regime`` with ``compared_regimes``), ``"ms, synbirds,
+    seed 0"`` for one run (``method``, ``dataset``, ``seed``); '' when it names none of these."""
+    counted = [
+        f"{len(values)} {noun}{'' if len(values) == 1 else 's'}"
+        for key, noun in (("seeds", "seed"), ("datasets", "dataset"), ("methods", "method"))
+        if isinstance(values := parameters.get(key), list) and values
+    ]
+    regimes = {parameters["regime"]} if isinstance(parameters.get("regime"), str) else set()
+    regimes |= set(parameters.get("compared_regimes") or [])
+    named = [str(parameters[key]) for key in ("method", "dataset") if isinstance(parameters.get(key), str)]
+    if isinstance(parameters.get("seed"), int):
+        named.append(f"seed {parameters['seed']}")
+    return ", ".join([" × ".join(counted)] * bool(counted) + [f"{len(regimes)} regimes"] * (len(regimes) > 1) + named)
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the project when it lies inside it (``notebooks/10_crt.ipynb``), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(project_root()))
+    except ValueError:
+        return str(path)
+
+
+def entry_line(number: int, total: int, entry: PlanEntry, status: str, *, parameters: dict | None = None) -> str:
+    """The one line the runner prints about an entry: with ``parameters`` (when it starts, or is skipped) its
+    notebook and :func:`entry_summary` too: ``[2/8] crt  notebooks/10_crt.ipynb  5 seeds × 2 datasets  started``;
+    without, ``[2/8] crt  done in 43 min``."""
+    parts = [f"[{number}/{total}] {entry.run_name}"]
+    if parameters is not None:
+        parts += [_shown_path(entry.notebook), entry_summary(parameters)]
+    return "  ".join(part for part in [*parts, status] if part)
+
+
+def outcome_status(outcome: EntryOutcome) -> str:
+    """How an entry ended, for :func:`entry_line`: ``done in 43 min``, ``failed after 2 min: cell 4: …``."""
+    took = duration_text(outcome.seconds)
+    return {
+        "complete": f"done in {took}",
+        "skipped": "skipped (up to date)",
+        "interrupted": f"interrupted after {took}",
+    }.get(outcome.status, f"{outcome.status} after {took}: {outcome.error}".rstrip(": "))
+
+
+class RunProgress:
+    """The runs of a plan as the runner learns of them: ``finished_before`` (finished on disk when the plan
+    starts: done at once), runs the notebooks submit (with their epoch caps), runs that finish or fail. Pure
+    bookkeeping: every event carries its time ``at`` (seconds on any one clock).
+
+    The time left (:meth:`eta`) is the epochs the waiting and running runs may still train (each counts its
+    cap, ``epochs``: early stopping is averaged in) over the rate at which this plan has trained epochs: the
+    caps of the runs it finished over the seconds during which any run was waiting or training, counted down
+    from the last finish. A run that finishes unannounced (one a notebook trained in its own kernel) counts
+    as done, not in the rate."""
+
+    def __init__(self, finished_before: Iterable[str] = ()) -> None:
+        self.finished: set[str] = set(finished_before)
+        self.failed: set[str] = set()
+        self.epochs: dict[str, int] = {}  # run → epoch cap, for every run submitted in this plan
+        self._trained_epochs = 0  # caps of the submitted runs that finished
+        self._busy = 0.0  # seconds with a run waiting or training, before _busy_since
+        self._busy_since: float | None = None  # start of the current stretch with a run waiting or training
+        self._busy_at_last_finish = 0.0
+
+    @property
+    def pending(self) -> set[str]:
+        """Submitted runs that have neither finished nor failed."""
+        return set(self.epochs) - self.finished - self.failed
+
+    @property
+    def total(self) -> int:
+        return len(self.finished | self.failed | set(self.epochs))
+
+    @property
+    def ended(self) -> int:
+        return len(self.finished | self.failed)
+
+    def _busy_until(self, at: float) -> float:
+        return self._busy + (at - self._busy_since if self._busy_since is not None else 0.0)
+
+    def _after_change(self, at: float) -> None:
+        if self.pending and self._busy_since is None:
+            self._busy_since = at
+        elif not self.pending and self._busy_since is not None:
+            self._busy, self._busy_since = self._busy_until(at), None
+
+    def submitted(self, run: str, epochs: int, at: float) -> None:
+        if run in self.finished:
+            return
+        self.failed.discard(run)  # submitted again after a failure: waiting again
+        self.epochs[run] = epochs
+        self._after_change(at)
+
+    def finish(self, run: str, at: float) -> None:
+        if run in self.finished:
+            return
+        if run in self.pending:
+            self._trained_epochs += self.epochs[run]
+            self._busy_at_last_finish = self._busy_until(at)
+        self.finished.add(run)
+        self.failed.discard(run)
+        self._after_change(at)
+
+    def fail(self, run: str, at: float) -> None:
+        if run in self.pending:
+            self.failed.add(run)
+            self._after_change(at)
+
+    def eta(self, now: float) -> float | None:
+        """Seconds until the submitted runs have all ended; None while no submitted run has finished (no rate
+        yet) or none is left."""
+        left = sum(self.epochs[run] for run in self.pending)
+        if not left or not self._trained_epochs or self._busy_at_last_finish <= 0:
+            return None
+        seconds_per_epoch = self._busy_at_last_finish / self._trained_epochs
+        return max(0.0, left * seconds_per_epoch - (self._busy_until(now) - self._busy_at_last_finish))
+
+
+def read_run_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The JSON lines appended to ``path`` (:func:`dmlstudy.engine.note_run_event`) after byte ``offset``, and
+    the offset after the last whole line (a line still being written is read the next time; one that is not
+    JSON is passed over)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    events = []
+    for line in data[:end].splitlines():
+        with contextlib.suppress(ValueError):
+            events.append(json.loads(line))
+    return [event for event in events if isinstance(event, dict)], offset + end
+
+
+def run_records(study_dir: Path) -> dict[str, int]:
+    """``metrics.json`` modification times (ns) of a study's run folders, by folder name: a run finishes (or,
+    overwritten, finishes again) when its time changes and the folder :func:`dmlstudy.runs.is_complete`."""
+    records: dict[str, int] = {}
+    for path in Path(study_dir).glob("*/metrics.json"):
+        with contextlib.suppress(OSError):  # a folder being replaced
+            records[path.parent.name] = path.stat().st_mtime_ns
+    return records
+
+
 class PlanProgress:
-    """What :func:`run_plan` shows while it works: a tqdm bar over the plan's entries whose postfix names each
-    running entry with its time so far (a daemon thread refreshes it every ``heartbeat`` seconds, so a notebook
-    whose one training cell runs for minutes is never silent), with papermill's bar over the notebook's cells
-    beneath it when one entry runs at a time (:meth:`cell_bar`). Messages go above the bars (:meth:`write`).
-    The notebooks' own bars are not forwarded: plans run them with ``progress: false``, and widget bars have
-    no text form.
+    """What :func:`run_plan` shows while it works: one tqdm bar over the plan's runs, ``ended/known so far``
+    (the total grows as notebooks submit their grids), its postfix the time left (:class:`RunProgress`), the
+    failed runs and the notebooks done and running; papermill's bar over a notebook's cells beneath it when one
+    entry runs at a time (:meth:`cell_bar`). Lines about the entries go above it (:meth:`write`).
+
+    The runner learns of runs in two ways, both read by a daemon thread every ``heartbeat`` seconds (and so
+    never silent while a notebook's one training cell runs for minutes): the ledger ``events`` that the
+    notebooks' kernels append to when they submit a run to the engine or one fails
+    (:func:`dmlstudy.engine.note_run_event`; the kernel knows the run before any worker starts it, so the total
+    counts runs still queued), and the run folders of ``study_dir``, where a run has finished once its records
+    are complete (:func:`run_records`): runs a kernel trained itself count too, and runs already finished when
+    the plan starts count as done at once (none with ``overwrite``, which trains them again). The notebooks' own
+    bars are not forwarded: plans run them with ``progress: false``, and widget bars have no text form.
     """
 
-    def __init__(self, total: int, *, enabled: bool = True, heartbeat: float = 5.0) -> None:
+    def __init__(
+        self,
+        entries: int,
+        study_dir: Path,
+        *,
+        events: Path | None = None,
+        overwrite: bool = False,
+        enabled: bool = True,
+        heartbeat: float = 5.0,
+    ) -> None:
         from tqdm.auto import tqdm
 
         self._tqdm = tqdm
-        self.bar = tqdm(total=total, desc="plan", unit="entry", disable=not enabled, dynamic_ncols=True)
-        self.enabled, self.heartbeat = enabled, heartbeat
-        self.running: dict[str, float] = {}  # entry name → when it started
+        self.study_dir, self.events, self.heartbeat, self.enabled = Path(study_dir), events, heartbeat, enabled
+        self._records = run_records(self.study_dir)
+        finished = set() if overwrite else {name for name in self._records if is_complete(self.study_dir / name)}
+        self.runs = RunProgress(finished)
+        self.entries, self.entries_ended, self.entries_running = entries, 0, 0
+        self._offset = 0
+        self.bar = tqdm(
+            total=self.runs.total,
+            initial=self.runs.ended,
+            desc="runs, ended/known (more as notebooks submit)",
+            unit="run",
+            bar_format="{desc}: {n_fmt}/{total_fmt} |{bar:16}| {elapsed}{postfix}",
+            disable=not enabled,
+            dynamic_ncols=True,
+        )
         self._stop, self._lock = threading.Event(), threading.Lock()
         self._thread = threading.Thread(target=self._tick, name="plan-progress", daemon=True)
         if enabled:
             self._thread.start()
 
-    def _postfix(self) -> str:
-        now = time.perf_counter()
-        return ", ".join(
-            f"{name} running {self._tqdm.format_interval(now - started)}" for name, started in self.running.items()
-        )
+    def poll(self, now: float) -> None:
+        """Read the ledger's new events and the run folders that changed, as of ``now``."""
+        events, self._offset = read_run_events(self.events, self._offset) if self.events else ([], 0)
+        for event in events:
+            if event.get("event") == "submitted":
+                self.runs.submitted(event["run"], int(event.get("epochs", 1)), now)
+            elif event.get("event") == "failed":
+                self.runs.fail(event["run"], now)
+        for name, modified in run_records(self.study_dir).items():
+            if self._records.get(name) != modified and is_complete(self.study_dir / name):
+                self._records[name] = modified
+                self.runs.finish(name, now)
+
+    def _postfix(self, now: float) -> str:
+        eta = self.runs.eta(now)
+        parts = [
+            f"ETA {duration_text(eta)}"
+            if eta is not None
+            else ("ETA after the first run" if self.runs.pending else ""),
+            f"{len(self.runs.failed)} failed" if self.runs.failed else "",
+            f"notebooks {self.entries_ended}/{self.entries} ended"
+            + (f", {self.entries_running} running" if self.entries_running else ""),
+        ]
+        return ", ".join(part for part in parts if part)
+
+    def _show(self, now: float) -> None:
+        self.bar.total, self.bar.n = self.runs.total, self.runs.ended
+        self.bar.set_postfix_str(self._postfix(now), refresh=True)
 
     def _tick(self) -> None:
         while not self._stop.wait(self.heartbeat):
             with self._lock:
-                if self.running:
-                    self.bar.set_postfix_str(self._postfix())
+                now = time.monotonic()
+                self.poll(now)
+                self._show(now)
 
-    def start(self, name: str) -> None:
+    def start(self) -> None:
+        """An entry started."""
         with self._lock:
-            self.running[name] = time.perf_counter()
-            self.bar.set_postfix_str(self._postfix())
+            self.entries_running += 1
+            self._show(time.monotonic())
 
-    def done(self, name: str = "") -> None:
-        """One entry ended (``name``; a skipped entry never started and passes none)."""
+    def done(self, *, started: bool = True) -> None:
+        """An entry ended (``started=False``: a skipped one, which never started)."""
         with self._lock:
-            self.running.pop(name, None)
-            self.bar.set_postfix_str(self._postfix(), refresh=False)
-            self.bar.update(1)
+            self.entries_running -= started
+            self.entries_ended += 1
+            self._show(time.monotonic())
 
     def write(self, text: str) -> None:
         self._tqdm.write(text)
@@ -307,7 +542,11 @@ class PlanProgress:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self.bar.close()
+        with self._lock:
+            if self.enabled:
+                self.poll(time.monotonic())
+                self._show(time.monotonic())
+            self.bar.close()
 
 
 def run_plan(
@@ -320,12 +559,41 @@ def run_plan(
     overwrite: bool = False,
 ) -> list[EntryOutcome]:
     """Execute every entry of a plan with papermill (see the module docstring); returns one outcome per entry,
-    in plan order."""
+    in plan order. SIGINT/SIGTERM stop it with :class:`dmlstudy.runs.RunInterrupted` (:class:`_PlanInterrupts`)."""
     root = Path(root) if root else runs_root()
-    spec = _read_plan(Path(plan))
-    entries = [e for e in _plan_entries(spec, Path(plan)) if re.search(only, e.run_name)]
-    concurrent = _concurrent_entries(spec, Path(plan))
-    source = _reused_study(spec, Path(plan))
+    outcomes: dict[int, EntryOutcome] = {}
+    with _PlanInterrupts(plan, root) as interrupts:
+        try:
+            return _run_plan(
+                Path(plan),
+                root=root,
+                only=only,
+                kernel_name=kernel_name,
+                progress=progress,
+                overwrite=overwrite,
+                interrupts=interrupts,
+                outcomes=outcomes,
+            )
+        except RunInterrupted as interruption:
+            raise interrupts.stopped(interruption.signum, outcomes.values()) from None
+
+
+def _run_plan(
+    plan: Path,
+    *,
+    root: Path,
+    only: str,
+    kernel_name: str,
+    progress: bool,
+    overwrite: bool,
+    interrupts: _PlanInterrupts,
+    outcomes: dict[int, EntryOutcome],
+) -> list[EntryOutcome]:
+    """:func:`run_plan`, filling ``outcomes`` (entry number → outcome) as entries end."""
+    spec = _read_plan(plan)
+    entries = [e for e in _plan_entries(spec, plan) if re.search(only, e.run_name)]
+    concurrent = _concurrent_entries(spec, plan)
+    source = _reused_study(spec, plan)
     if source and entries and not overwrite:
         copied = copy_finished_runs(root / source, root / entries[0].study)
         print(f"reuse_runs_of {source!r}: {len(copied)} finished run folders copied from {root / source}", flush=True)
@@ -333,34 +601,39 @@ def run_plan(
     prepared = [
         (entry, injected_parameters(entry, declared[entry.notebook], root, overwrite=overwrite)) for entry in entries
     ]
-    outcomes: dict[int, EntryOutcome] = {}
-    with PlanProgress(len(prepared), enabled=progress) as shown:
+    study_dir = interrupts.study_dir = root / (entries[0].study if entries else str(spec.get("study") or plan.stem))
+    with (
+        tempfile.TemporaryDirectory(prefix="dmlstudy-plan-") as scratch,
+        PlanProgress(
+            len(prepared), study_dir, events=Path(scratch) / "runs.jsonl", overwrite=overwrite, enabled=progress
+        ) as shown,
+    ):
         waiting = []
         for number, (entry, parameters) in enumerate(prepared, start=1):
             if not overwrite and _is_complete(entry.run_dir(root) / "study_entry.json", parameters):
                 outcomes[number] = EntryOutcome(entry, "skipped")
-                shown.write(f"[{number}/{len(prepared)}] {entry.run_name}: complete, skipped")
-                shown.done()
+                shown.write(entry_line(number, len(prepared), entry, "skipped (up to date)", parameters=parameters))
+                shown.done(started=False)
             else:
                 waiting.append((number, entry, parameters))
         concurrent = min(concurrent, len(waiting))
-        with _shared_cluster(waiting if concurrent > 1 else []) as environment, _PlanInterrupts(plan) as interrupts:
-            outcomes.update(
-                _execute_entries(
-                    waiting,
-                    root=root,
-                    concurrent=concurrent,
-                    kernel_name=kernel_name,
-                    environment=environment,
-                    shown=shown,
-                    total=len(prepared),
-                    interrupts=interrupts,
-                )
+        with _shared_cluster(waiting if concurrent > 1 else [], plan=plan, concurrent=concurrent) as environment:
+            interrupts.entries_started()
+            _execute_entries(
+                waiting,
+                root=root,
+                concurrent=concurrent,
+                kernel_name=kernel_name,
+                environment={**environment, engine.RUN_EVENTS_VARIABLE: str(shown.events)},
+                shown=shown,
+                total=len(prepared),
+                interrupts=interrupts,
+                outcomes=outcomes,
             )
     ordered = [outcomes[number] for number in sorted(outcomes)]
     failures = [o for o in ordered if o.status == "failed"]
     print(
-        f"plan {Path(plan).name}: {sum(o.status == 'complete' for o in ordered)} ran, "
+        f"plan {plan.name}: {sum(o.status == 'complete' for o in ordered)} ran, "
         f"{sum(o.status == 'skipped' for o in ordered)} skipped, {len(failures)} failed",
         flush=True,
     )
@@ -379,12 +652,13 @@ def _execute_entries(
     shown: PlanProgress,
     total: int,
     interrupts: _PlanInterrupts,
-) -> dict[int, EntryOutcome]:
+    outcomes: dict[int, EntryOutcome],
+) -> None:
     """Execute ``waiting`` in order, up to ``concurrent`` at once (an ``after_earlier`` entry waits until none
-    runs); raises :class:`dmlstudy.runs.RunInterrupted` once the running ones have ended after a signal."""
+    runs), each outcome into ``outcomes``; raises :class:`dmlstudy.runs.RunInterrupted` once the running ones
+    have ended after a signal."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-    outcomes: dict[int, EntryOutcome] = {}
     running: dict[Any, tuple[int, PlanEntry]] = {}
     pending = list(waiting)
     cells = shown.cell_bar() if concurrent == 1 else False
@@ -395,8 +669,8 @@ def _execute_entries(
                 if entry.after_earlier and running:
                     break
                 pending.pop(0)
-                shown.write(f"[{number}/{total}] {entry.run_name}: {entry.notebook.name} {parameters}")
-                shown.start(entry.run_name)
+                shown.write(entry_line(number, total, entry, "started", parameters=parameters))
+                shown.start()
                 future = pool.submit(
                     _execute_entry,
                     entry,
@@ -411,14 +685,11 @@ def _execute_entries(
             for future in finished:
                 number, entry = running.pop(future)
                 outcome = outcomes[number] = future.result()
-                shown.write(
-                    f"    {entry.run_name} {outcome.status} in {outcome.seconds:.0f} s {outcome.error}".rstrip()
-                )
-                shown.done(entry.run_name)
-    interrupted = [outcome.entry.run_name for outcome in outcomes.values() if outcome.status == "interrupted"]
+                if outcome.status != "interrupted":  # the plan's one closing line speaks for those
+                    shown.write(entry_line(number, total, entry, outcome_status(outcome)))
+                shown.done()
     if interrupts.received:
-        raise interrupts.stopped(interrupted)
-    return outcomes
+        raise RunInterrupted(interrupts.received[0], "")
 
 
 def _execute_entry(
@@ -432,7 +703,8 @@ def _execute_entry(
 ) -> EntryOutcome:
     """One notebook through papermill (``kernel``: the kernel's name and the environment it starts with), its
     outcome written to its ``study_entry.json``. The kernel also gets :data:`dmlstudy.runs.LEDGER_VARIABLE`:
-    the entry's ledger of the runs it reports, emptied first (:func:`dmlstudy.runs.superseded_runs`)."""
+    the entry's ledger of the runs it reports, emptied first (:func:`dmlstudy.runs.superseded_runs`). Once the
+    plan is interrupted no further cell starts (``on_cell_start``)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -440,7 +712,7 @@ def _execute_entry(
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = run_dir / LEDGER_NAME
     ledger.write_text("", encoding="utf-8")
-    manager = _kernel_manager({**kernel[1], LEDGER_VARIABLE: str(ledger)})
+    manager = _kernel_manager({**kernel[1], LEDGER_VARIABLE: str(ledger)}, interrupts)
     inputs = entry_inputs(parameters)
     started = time.perf_counter()
     try:
@@ -453,6 +725,7 @@ def _execute_entry(
             cwd=str(project_root()),
             progress_bar=cells,
             config=kernel_config(),
+            on_cell_start=interrupts.refuse_cells,
         )
         outcome = EntryOutcome(entry, "complete", time.perf_counter() - started)
     except PapermillExecutionError as error:
@@ -462,7 +735,8 @@ def _execute_entry(
     except Exception as error:  # a kernel that died, a notebook that could not be read, …
         outcome = EntryOutcome(entry, "failed", time.perf_counter() - started, f"{type(error).__name__}: {error}")
     if interrupts.received and outcome.status != "complete":  # one that ended before the signal stays complete
-        outcome = EntryOutcome(entry, "interrupted", outcome.seconds, interrupts.message([entry.run_name]))
+        signal_name = signal.Signals(interrupts.received[0]).name
+        outcome = EntryOutcome(entry, "interrupted", outcome.seconds, f"interrupted by {signal_name}")
     write_json(
         run_dir / "study_entry.json",
         {
@@ -478,18 +752,19 @@ def _execute_entry(
 
 
 @contextlib.contextmanager
-def _shared_cluster(waiting: list[tuple[int, PlanEntry, dict[str, Any]]]) -> Iterator[dict[str, str]]:
+def _shared_cluster(
+    waiting: list[tuple[int, PlanEntry, dict[str, Any]]], *, plan: Path, concurrent: int
+) -> Iterator[dict[str, str]]:
     """The environment the plan's kernels start with: this process's, as it was before the plan. For entries
     that execute side by side, plus ``DMLSTUDY_SCHEDULER`` naming one local cluster of their largest
-    ``workers`` (the engine's :func:`~dmlstudy.engine.start_local_cluster`), closed at the end; no cluster when
-    ``waiting`` is empty or ``DMLSTUDY_SCHEDULER`` already names one.
+    ``workers`` (the engine's :func:`~dmlstudy.engine.start_local_cluster`, whose workers ignore a terminal's
+    Ctrl-C), closed at the end; no cluster when ``waiting`` is empty or ``DMLSTUDY_SCHEDULER`` already names one.
 
     The kernels get that environment explicitly (:func:`_kernel_manager`), not this process's ``os.environ``:
     each Dask nanny sets ``OMP_NUM_THREADS=1`` (and MKL's, OpenBLAS's) in the process that holds it whenever it
     (re)starts its worker, which would give kernels started after it one thread. ``os.environ`` is restored
-    when the plan ends."""
-    from dmlstudy import engine
-
+    when the plan ends. Closing the cluster is quiet: after an interrupt its nannies kill workers whose
+    cancelled task has not yet stopped, and say so."""
     environment = dict(os.environ)
     if not waiting or engine.scheduler_address():
         yield environment
@@ -498,81 +773,141 @@ def _shared_cluster(waiting: list[tuple[int, PlanEntry, dict[str, Any]]]) -> Ite
     threads = int(os.environ.get(engine.THREADS_VARIABLE) or 0) or None
     cluster, client = engine.start_local_cluster(workers, threads=threads)
     print(
-        f"plan: {len(waiting)} entries, up to several at once, share one local cluster of {workers} workers "
-        f"({cluster.scheduler_address}, dashboard {client.dashboard_link})",
+        f"plan {plan.name}: {len(waiting)} notebooks, up to {concurrent} at once, share one local cluster of "
+        f"{workers} workers (dashboard {client.dashboard_link})",
         flush=True,
     )
     try:
         yield {**environment, engine.SCHEDULER_VARIABLE: cluster.scheduler_address}
     finally:
+        dask_logs = logging.getLogger("distributed")
+        level = dask_logs.level
+        dask_logs.setLevel(logging.CRITICAL)
         with contextlib.suppress(Exception):  # closing must not hide what happened in the entries
             client.close()
             cluster.close()
+        dask_logs.setLevel(level)
         for key in set(os.environ) - set(environment):
             del os.environ[key]
         os.environ.update(environment)
 
 
-def _kernel_manager(environment: dict[str, str]) -> type:
+def _kernel_manager(environment: dict[str, str], interrupts: _PlanInterrupts) -> type:
     """A kernel manager class (nbclient's default, :class:`jupyter_client.AsyncKernelManager`) whose kernels
-    start with ``environment``."""
+    start with ``environment`` and are known to ``interrupts`` while they live; none starts once the plan is
+    interrupted."""
     from jupyter_client import AsyncKernelManager
 
     class PlanKernelManager(AsyncKernelManager):
         async def start_kernel(self, **kwargs: Any) -> None:
+            if interrupts.received:
+                raise RuntimeError("the plan was interrupted")
             kwargs.setdefault("env", dict(environment))
             await super().start_kernel(**kwargs)
+            interrupts.kernels.add(self.provisioner.pid)
+
+        async def shutdown_kernel(self, *args: Any, **kwargs: Any) -> None:
+            if self.provisioner is not None:
+                interrupts.kernels.discard(self.provisioner.pid)
+            await super().shutdown_kernel(*args, **kwargs)
 
     return PlanKernelManager
 
 
-class _PlanInterrupts:
-    """SIGTERM/SIGINT while a plan executes entries (main thread only; handlers restored after).
+def resume_command(plan: Path, root: Path) -> str:
+    """The command that executes ``plan`` again, and so resumes it: ``make study`` for the default plan."""
+    shown = _shown_path(plan)
+    if Path(root).resolve() != runs_root().resolve():
+        return f"dmlstudy study run {shown} --runs-root {root}"
+    return "make study" if shown == "plans/default.yaml" else f"make study PLAN={shown}"
 
-    Papermill starts each kernel in its own session, so a signal sent to ``dmlstudy study run`` does not
-    reach it: the first signal is forwarded to this process's children (the kernels, whose
-    :func:`dmlstudy.train.run` then keeps its checkpoint and stops, and the plan's cluster); no further entry
-    starts, each running one is recorded as ``interrupted`` when its notebook ends, and the plan prints how to
-    resume and raises :class:`dmlstudy.runs.RunInterrupted` (exit 143/130). A second signal kills this process's
-    children (kernels and cluster; each run keeps its last finished epoch's checkpoint, whose writes are atomic)
-    and raises it at once in the main thread.
+
+def stop_line(signal_name: str, *, runs: int, notebooks: int, command: str) -> str:
+    """The one line a stopped plan ends with: what was kept (finished runs and notebooks) and how to resume."""
+    return (
+        f"stopped by {signal_name}: kept {runs} finished run{'s' * (runs != 1)} and {notebooks} finished "
+        f"notebook{'s' * (notebooks != 1)} (runs in flight resume from their last epoch checkpoint); "
+        f"run `{command}` again to resume"
+    )
+
+
+class _PlanInterrupts:
+    """SIGTERM/SIGINT while a plan runs (main thread only; handlers restored after).
+
+    A terminal's Ctrl-C reaches every process of its foreground group: this one, and the workers of the plan's
+    cluster, which ignore it (:func:`dmlstudy.engine.start_local_cluster`). Papermill starts each kernel in its
+    own session, out of reach. Before any entry starts, a signal stops the plan at once. Once entries run, the
+    first signal interrupts each kernel as Jupyter does (SIGINT: the running cell raises KeyboardInterrupt,
+    :func:`dmlstudy.engine.run_tasks` cancels its grid's tasks, which stop at their next training step with
+    their last epoch's checkpoint kept, or :func:`dmlstudy.train.run` in the kernel keeps its own), no further
+    cell or entry starts, each running entry is recorded as ``interrupted``, and the plan closes its cluster.
+    A second signal kills the kernels (and their processes) and stops at once. Either way :meth:`stopped`
+    prints one line, what was kept and how to resume, and the exit status is 128 + the signal (130, 143).
+    Once a signal has come, the logs of papermill (a killed kernel's "Kernel died") and of this process's Dask
+    nannies (a worker killed because its cancelled task did not stop in time) are silenced: the stop is the
+    plan's own doing, and the one line says what came of it.
     """
 
-    def __init__(self, plan: str | Path) -> None:
-        self.plan = Path(plan)
+    QUIET_LOGS = ("papermill", "distributed")
+
+    def __init__(self, plan: str | Path, root: Path) -> None:
+        self.plan, self.root = Path(plan), root
         self.received: list[int] = []
+        self.study_dir: Path | None = None  # the plan's runs, once it is read
+        self.kernels: set[int] = set()  # process ids of the plan's live kernels
+        self._immediate = True  # no entry started yet: a signal stops the plan at once
         self._previous: dict[int, Any] = {}
+        self._levels: dict[str, int] = {}
 
-    def message(self, running: Iterable[str]) -> str:
-        names = ", ".join(running) or "none running"
-        forced = "; a second signal killed the kernels and workers" if len(self.received) > 1 else ""
-        return (
-            f"plan {self.plan.name} interrupted by {signal.Signals(self.received[0]).name} (entries: {names}){forced}; "
-            f"finished entries are kept and interrupted runs resume: dmlstudy study run {self.plan}"
+    def entries_started(self) -> None:
+        """From now on the first signal interrupts the kernels and lets the entries end."""
+        self._immediate = False
+        if self.received:
+            raise RunInterrupted(self.received[0], "")
+
+    def refuse_cells(self, cell: Any = None, cell_index: int = 0) -> None:
+        """nbclient's ``on_cell_start``: no cell starts once the plan is interrupted (a kernel that was just
+        starting when the signal came, and so was not interrupted, executes nothing)."""
+        if self.received:
+            raise RuntimeError("the plan was interrupted")
+
+    def stopped(self, signum: int, outcomes: Iterable[EntryOutcome]) -> RunInterrupted:
+        """Print the one line that says what was kept and how to resume (:func:`stop_line`); the exception to
+        exit with."""
+        records = run_records(self.study_dir) if self.study_dir else {}
+        message = stop_line(
+            signal.Signals(signum).name,
+            runs=sum(is_complete(self.study_dir / name) for name in records),
+            notebooks=sum(outcome.status in ("complete", "skipped") for outcome in outcomes),
+            command=resume_command(self.plan, self.root),
         )
-
-    def stopped(self, running: Iterable[str]):
-        from dmlstudy.runs import RunInterrupted
-
-        message = self.message(running)
         print(message, file=sys.stderr, flush=True)
-        return RunInterrupted(self.received[0], message)
+        return RunInterrupted(signum, message)
 
     def _handler(self, signum, frame) -> None:
         import psutil
 
         self.received.append(signum)
-        first = len(self.received) == 1
-        for child in psutil.Process().children(recursive=True):
+        for name in self.QUIET_LOGS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        if self._immediate:
+            raise RunInterrupted(signum, "")
+        kernels = list(self.kernels)
+        if len(self.received) == 1:
+            for pid in kernels:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGINT)
+            return
+        for pid in kernels:
             with contextlib.suppress(psutil.Error):
-                if first:
-                    child.send_signal(signum)
-                else:
-                    child.kill()
-        if not first:
-            raise self.stopped([])
+                kernel = psutil.Process(pid)
+                for process in [*kernel.children(recursive=True), kernel]:
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+        raise RunInterrupted(self.received[0], "")
 
     def __enter__(self) -> _PlanInterrupts:
+        self._levels = {name: logging.getLogger(name).level for name in self.QUIET_LOGS}
         if threading.current_thread() is threading.main_thread():
             self._previous = {
                 number: signal.signal(number, self._handler) for number in (signal.SIGTERM, signal.SIGINT)
@@ -582,6 +917,8 @@ class _PlanInterrupts:
     def __exit__(self, *exc_info) -> None:
         for number, action in self._previous.items():
             signal.signal(number, action)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def configuration_columns(frame: pd.DataFrame, by: Iterable[str]) -> list[str]:

@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -340,22 +339,6 @@ def test_generation_shows_a_progress_bar(tmp_path, capsys):
     ensure_generated(tmp_path / "birds", SynBirdsGenerator(num_classes=4, images_per_class=5, workers=2), seed=0)
     error = capsys.readouterr().err
     assert "generating synbirds" in error and "20/20" in error
-
-
-def test_plan_progress_keeps_ticking_during_a_long_entry():
-    from dmlstudy.study import PlanProgress
-
-    with PlanProgress(2, heartbeat=0.01) as shown:
-        shown.start("slow-entry")
-        ticked = threading.Event()
-        for _ in range(1000):
-            if "slow-entry running" in str(shown.bar.postfix):
-                ticked.set()
-                break
-            ticked.wait(0.01)
-        assert ticked.is_set()
-        shown.done("slow-entry")
-        assert shown.bar.n == 1 and "slow-entry" not in str(shown.bar.postfix)
 
 
 def write_notebook(path: Path) -> Path:

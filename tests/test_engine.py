@@ -200,6 +200,55 @@ def test_stopping_a_running_task_frees_its_run_folder_at_once(tiny_config, one_t
     assert client.run(os.getpid) == workers
 
 
+def test_local_workers_ignore_a_terminals_ctrl_c(one_thread_tasks):
+    """Ctrl-C in a terminal signals every process of its foreground group, the local cluster's workers too; they
+    must live on (the process that owns them cancels its tasks and closes the cluster), while this process
+    still gets its KeyboardInterrupt."""
+    handler = signal.getsignal(signal.SIGINT)
+    client = engine.get_client(1)
+    workers = client.run(os.getpid)
+    for pid in workers.values():
+        os.kill(pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert client.submit(int, "7", pure=False).result(timeout=60) == 7
+    assert client.run(os.getpid) == workers  # the same processes: none died and was restarted
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_grid_notes_its_runs_in_the_study_runners_ledger(tiny_config, tmp_path, one_thread_tasks, monkeypatch):
+    """How a plan's runner learns of the runs its notebooks submit to the shared cluster: the engine appends each
+    training task to the ledger the runner names (run folder and epoch cap, before any worker starts it) and
+    each that failed; other tasks are not runs."""
+    ledger = tmp_path / "runs.jsonl"
+    monkeypatch.setenv(engine.RUN_EVENTS_VARIABLE, str(ledger))
+    good = tiny_config(run_name="good", epochs=1)
+    bad = tiny_config(run_name="bad", epochs=3, data_root=str(tmp_path / "no data here"))
+    tasks = [
+        (config.run_name, engine.train_task, (engine.task_values(config),), engine.run_task_key(config))
+        for config in (good, bad)
+    ]
+    with pytest.raises(engine.GridRunError, match="1 of 3 tasks failed"):
+        engine.run_tasks(
+            engine.get_client(1),
+            [*tasks, ("nap", time.sleep, (0,), f"nap-{time.time_ns()}")],
+            what="tasks",
+            progress=False,
+        )
+    events = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert sorted(events, key=json.dumps) == sorted(
+        [
+            {"event": "submitted", "run": good.run_dir.name, "epochs": 1},
+            {"event": "submitted", "run": bad.run_dir.name, "epochs": 3},
+            {"event": "failed", "run": bad.run_dir.name},
+        ],
+        key=json.dumps,
+    )
+    assert (good.run_dir / "metrics.json").is_file()
+    monkeypatch.delenv(engine.RUN_EVENTS_VARIABLE)
+    engine.note_run_event("submitted", "elsewhere", epochs=1)  # no ledger named: nothing written
+    assert len(ledger.read_text().splitlines()) == 3
+
+
 def test_local_workers_keep_glibcs_dynamic_malloc_thresholds():
     """Dask sets MALLOC_TRIM_THRESHOLD_=65536 in its workers by default, which made a training run there 1.7×
     slower than in a plain process (every tensor over 128 KiB mmap-ed and unmapped again)."""
