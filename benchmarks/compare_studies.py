@@ -8,7 +8,7 @@ are the same run when their configurations agree on every key but those the chan
 (:data:`IGNORED`); the folder names differ, because a run's folder carries the digest of its configuration.
 
 For every row (regime, dataset, variant) the test R@1 of the runs both studies trained is paired by seed and the
-differences (B − A) judged by the study's own rule (:func:`dmlstudy.experiments.kit.judge`, ±1.0 R@1 point):
+differences (B − A) judged by the study's own rule (:func:`dmlstudy.verdicts.judge`, ±1.0 R@1 point):
 *equivalent* says the change moved that row by less than a point. Then each study's ``results/claims.csv`` is
 read (``<study folder>/results/`` or, for the published study, ``results/``) and the verdicts set side by side,
 and the runs' summed training and evaluation seconds compared. Reads records only; trains nothing.
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dmlstudy.experiments.kit import judge
 from dmlstudy.paths import study_outputs
 from dmlstudy.study import gather_runs
+from dmlstudy.verdicts import judge
 
 IGNORED = {"study", "runs_root", "data_root", "autocast", "device", "channels_last", "compile", "progress"}
 SEED = re.compile(r"-seed(?P<seed>\d+)$")

@@ -9,7 +9,7 @@ study ran again both kinds of run are in its runs folder: ``pretrained-<dataset>
 row and dataset this script takes the run with the scratch values and the run with the pretrained values of each
 seed, pairs their best validation R@1 (``val_R@1`` of ``metrics.json``: validation classes, fold 0, the classes
 both tunings scored) and judges the differences (own − reused) by the study's rule
-(:func:`dmlstudy.experiments.kit.judge`). Seed 0 chose the pretrained values, so the judged seeds are 1-4 by
+(:func:`dmlstudy.verdicts.judge`). Seed 0 chose the pretrained values, so the judged seeds are 1-4 by
 default; seed 0's difference is printed beside them. Reads records only; trains nothing.
 """
 
@@ -24,10 +24,10 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments.kit import judge
 from dmlstudy.regimes import run_prefix
 from dmlstudy.search_space import flattened
 from dmlstudy.tuning import OBJECTIVE, tuned_overrides
+from dmlstudy.verdicts import judge
 
 FOLDER = re.compile(
     rf"{run_prefix('pretrained')}(?P<dataset>[a-z0-9]+)-(?P<row>[a-z_]+)-seed(?P<seed>\d+)-[0-9a-f]{{8}}"

@@ -24,7 +24,7 @@ overstates its configuration (the winner's curse). For every row whose best tria
 best of the first 4 (the study's budget), both configurations and the committed ``plans/tuned/`` values train
 again with each of the given seeds — fresh seeds, not seed 0 that chose them — on the same folds, through the
 engine. The paired differences of the budget choice's best validation R@1 from each of the other two are judged
-by the study's rule (:func:`dmlstudy.experiments.kit.judge`: 95 % t-interval, ±1 point equivalence margin).
+by the study's rule (:func:`dmlstudy.verdicts.judge`: 95 % t-interval, ±1 point equivalence margin).
 ``--confirm-rows glyphs:softmax …`` restricts the confirmation to those rows. Still validation classes only: no
 test image is read.
 """
@@ -42,7 +42,6 @@ import pandas as pd
 
 from dmlstudy import engine
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments.kit import judge
 from dmlstudy.regimes import run_prefix
 from dmlstudy.search_space import merged
 from dmlstudy.tuning import (
@@ -59,6 +58,7 @@ from dmlstudy.tuning import (
     tuned_file,
     tuned_overrides,
 )
+from dmlstudy.verdicts import judge
 
 
 def committed_value(dataset: str, row: str) -> float | None:

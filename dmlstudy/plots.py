@@ -34,6 +34,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from dmlstudy import metrics as metric_functions
+from dmlstudy.experiments.rows import classic_rows, main_rows, row_info
 from dmlstudy.paths import study_outputs
 
 # ----------------------------------------------------------------------------------------------
@@ -82,8 +83,6 @@ class MethodStyle:
 def method_order() -> list[str]:
     """Every row of the comparison in its order: ``ms``, the registry's paper methods, the extra rows
     (``diml_rerank``, ``softmax``), then the classic baselines — the order that gives each its colour."""
-    from dmlstudy.experiments.compare import classic_rows, main_rows
-
     return list(dict.fromkeys([*main_rows(), *classic_rows()]))
 
 
@@ -93,8 +92,6 @@ def method_style(name: str) -> MethodStyle:
     The i-th row of :func:`method_order` gets colour ``PALETTE[i % 10]`` and its group's marker for pass
     ``i // 10``; a name outside the order gets a colour fixed by its name and the marker ``X``.
     """
-    from dmlstudy.experiments.compare import row_info
-
     order = method_order()
     if name not in order:
         digest = int(hashlib.sha256(name.encode()).hexdigest(), 16)

@@ -98,6 +98,7 @@ from dmlstudy.runs import (
     is_complete,
     superseded_runs,
 )
+from dmlstudy.verdicts import PERCENT_METRICS
 
 
 class PlanError(ValueError):
@@ -1018,25 +1019,6 @@ def summarize(
         table[metric] = [mean_std_text(m, s, n, decimals=decimals) for m, s, n in zip(mean, std, table["runs"])]
         table[f"{metric}_mean"], table[f"{metric}_std"] = mean, std
     return table.reset_index()
-
-
-PERCENT_METRICS = {
-    "R@1",
-    "R@2",
-    "R@4",
-    "R@8",
-    "R@10",
-    "R@16",
-    "R@20",
-    "R@30",
-    "R@32",
-    "R@100",
-    "R@1000",
-    "P@1",
-    "RP",
-    "MAP@R",
-    "NMI",
-}
 
 
 def write_table(

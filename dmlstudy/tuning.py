@@ -1,4 +1,4 @@
-"""Per-row hyperparameter tuning with Optuna on validation classes, on the Dask engine (issue 21).
+"""Per-row hyperparameter tuning with Optuna on validation classes, on the Dask engine.
 
 One driver (this process) asks Optuna for trials (``study.ask()``), submits each trial's run as an engine task
 (:func:`dmlstudy.engine.train_task`), reports every evaluated epoch to the pruner as the run writes it, and
@@ -9,7 +9,9 @@ cluster's shared filesystem; an RDB URL (``storage="postgresql://…"``) is the 
 ``dmlstudy tune plans/tune.yaml`` (:func:`run_tune_plan`, configured by :class:`TuneConfig`) tunes every
 *row* of the study — a registered method or a shared variant (``softmax``: DGCRL with parts switched off) —
 on every dataset, and writes the chosen values to ``plans/tuned/<dataset>.yaml``, which the study reads
-through :func:`tuned_overrides`.
+through :func:`tuned_overrides`. A plan's rows are names, ``registry`` (every tunable row) or a study plan
+(``plans/default.yaml``: the rows its comparison shows, :func:`plan_rows`), so a method added to the study's
+comparison is tuned without editing the tuning plan.
 
 Decisions:
 
@@ -66,8 +68,11 @@ import yaml
 from dmlstudy import engine
 from dmlstudy import search_space as search
 from dmlstudy.config import TypedConfig, load_yaml
+from dmlstudy.experiments.rows import RERANK, SHARED_VARIANTS
 from dmlstudy.methods import VARIANT_SEARCH_SPACES, list_methods, method_info, search_space
+from dmlstudy.paths import project_file
 from dmlstudy.regimes import REGIMES, regime, regime_overrides
+from dmlstudy.study import load_plan
 from dmlstudy.train import TrainConfig, load_datasets
 
 SearchSpace = Callable[[optuna.trial.BaseTrial], dict[str, Any]]
@@ -242,9 +247,7 @@ def tune(
 # ----------------------------------------------------------------------------------------------
 def row_spec(row: str) -> dict[str, Any]:
     """The TrainConfig overrides that make ``row``: ``{"method": row}`` for a registered method, or a shared
-    variant's spec (:data:`dmlstudy.experiments.kit.SHARED_VARIANTS`, e.g. ``softmax``)."""
-    from dmlstudy.experiments.kit import SHARED_VARIANTS  # kit imports the protocol, which reads tuned values
-
+    variant's spec (:data:`dmlstudy.experiments.rows.SHARED_VARIANTS`, e.g. ``softmax``)."""
     if row in SHARED_VARIANTS:
         return dict(SHARED_VARIANTS[row])
     method_info(row)  # unknown names list the valid ones
@@ -254,6 +257,40 @@ def row_spec(row: str) -> dict[str, Any]:
 def list_rows() -> list[str]:
     """Every tunable row: the registered methods and the variants with a declared search space."""
     return [*list_methods(), *sorted(VARIANT_SEARCH_SPACES)]
+
+
+REGISTRY_ROWS = "registry"  # a tuning plan's rows: every tunable row (list_rows)
+COMPARISON_ROWS = ("methods", "classic_methods")  # the parameters of a study plan's comparison entry that list rows
+
+
+def comparison_rows(plan: str | Path) -> list[str]:
+    """The rows a study plan's comparison shows: every entry's ``methods`` and ``classic_methods``
+    (:class:`dmlstudy.experiments.compare.CompareStudy`), in order; ``diml_rerank`` is the ``ms`` runs re-ranked,
+    so it stands for ``ms``."""
+    rows = [
+        "ms" if name == RERANK else name
+        for entry in load_plan(project_file(plan))
+        for key in COMPARISON_ROWS
+        for name in entry.parameters.get(key) or []
+    ]
+    if not rows:
+        raise ValueError(f"{plan}: no entry of this study plan lists rows ({' or '.join(COMPARISON_ROWS)})")
+    return rows
+
+
+def plan_rows(rows: list | str) -> list[str]:
+    """A tuning plan's ``rows`` as row names, in order, each once: a row name stays; ``registry`` is every
+    tunable row (:func:`list_rows`); a study plan (``plans/default.yaml``) is the rows its comparison shows
+    (:func:`comparison_rows`)."""
+    names: list[str] = []
+    for item in [rows] if isinstance(rows, str) else rows:
+        if item == REGISTRY_ROWS:
+            names += list_rows()
+        elif isinstance(item, str) and item.endswith((".yaml", ".yml")):
+            names += comparison_rows(item)
+        else:
+            names.append(item)
+    return list(dict.fromkeys(names))
 
 
 def suggest(trial: optuna.trial.BaseTrial, space: search.SearchSpace) -> dict[str, Any]:
@@ -298,7 +335,9 @@ class TuneConfig(TypedConfig):
 
     name: str = "tune"  # runs go to <runs_root>/<name>/, journals to <runs_root>/<name>/tuning/
     datasets: list = field(default_factory=lambda: ["synbirds"])  # registered dataset names
-    rows: list = field(default_factory=lambda: ["ms"])  # registered methods or shared variants (dmlstudy list methods)
+    rows: list = field(
+        default_factory=lambda: ["ms"]
+    )  # row names (dmlstudy list methods; softmax), `registry` (every row) or a study plan (plans/default.yaml: its comparison's rows)
     trials: int = 10  # trials per (dataset, row), the paper defaults first; the same for every row
     startup_trials: int = 3  # random trials before TPE models the results (and before the median pruner acts)
     sampler_seed: int = 0  # seed of the TPE sampler (the same for every row)
@@ -327,6 +366,8 @@ class TuneConfig(TypedConfig):
     regime: str = "scratch"  # scratch or pretrained: how every trial starts and trains (dmlstudy/regimes.py)
 
     def __post_init__(self) -> None:
+        if isinstance(self.rows, (str, list)):
+            self.rows = plan_rows(self.rows)  # `rows: registry` or `rows: plans/default.yaml` → row names
         super().__post_init__()
         self.check_choice("pruner", sorted(PRUNERS))
         regime(self.regime, backbone=self.backbone)  # an unknown regime or a backbone its weights do not fit
@@ -339,6 +380,12 @@ class TuneConfig(TypedConfig):
         unknown = sorted(set(self.rows) - set(list_rows()))
         if unknown:
             raise ValueError(f"parameter 'rows': unknown rows {unknown}; valid: {list_rows()}")
+        without_lr = [row for row in self.rows if "lr" not in search_space(row)]
+        if without_lr:
+            raise ValueError(
+                f"parameter 'rows': {without_lr} declare no 'lr' in their search space; every row tunes its learning "
+                "rate: register_method(..., search_space={'lr': dmlstudy.search_space.LR, ...}) (docs/adding_a_method.md)"
+            )
 
     def base_config(self, dataset: str) -> TrainConfig:
         """The TrainConfig of a trial on ``dataset`` before the row's overrides."""

@@ -105,11 +105,13 @@ def paired_differences(
     first_scale: float = 1.0,
     second_scale: float = 1.0,
     column: str = "variant",
+    in_points: bool = False,
 ) -> Paired:
     """``first_scale·A_s − second_scale·B_s`` for every seed ``s`` that both rows ran on ``dataset``.
 
     ``frame`` has one row per run (``column`` naming the row, ``dataset``, ``seed``, ``metric``); retrieval
-    metrics are turned into points (:func:`metric_scale`). Seed s gives both runs the same backbone
+    metrics are turned into points (:func:`metric_scale`) unless ``in_points`` (a per-seed table already holds
+    them in points). Seed s gives both runs the same backbone
     initialisation and batch sequence, so only seeds present on both sides pair; runs with a missing value of
     ``metric`` do not count. A row with no runs at all raises ``KeyError``. The result also names the paired
     runs whose epochs-to-best the cap cut short (:func:`paired_censoring`), for :func:`censor` when ``metric``
@@ -124,7 +126,7 @@ def paired_differences(
         if rows.empty:
             raise KeyError(f"no runs of {column} {name!r} on {dataset!r}")
         rows = rows.dropna(subset=[metric])
-        sides.append(rows.groupby("seed")[metric].mean() * metric_scale(metric))
+        sides.append(rows.groupby("seed")[metric].mean() * (1.0 if in_points else metric_scale(metric)))
     common = sides[0].index.intersection(sides[1].index).sort_values()
     differences = first_scale * sides[0].loc[common] - second_scale * sides[1].loc[common]
     seeds = tuple(int(s) for s in common)
@@ -176,13 +178,27 @@ def paired_interval(
     dataset: str,
     regime: str,
     confidence: float = CONFIDENCE,
+    a_scale: float = 1.0,
+    b_scale: float = 1.0,
+    seeds: int | None = None,
 ) -> tuple[float, float, float, int]:
     """(Δ, low, high, n) of a claim recomputed from a per-seed table (columns ``regime, dataset, row, seed,
-    <metrics>``): rows ``row == A`` and ``row == B`` of ``regime`` and ``dataset`` paired by ``seed``
-    (:func:`paired_differences`), Δ = mean of A_s − B_s in points for retrieval metrics, and its two-sided
-    t-interval at ``confidence`` (NaN below 2 paired seeds)."""
-    paired = paired_differences(per_seed[per_seed["regime"] == regime], dataset, A, B, metric, column="row")
-    differences = np.asarray(paired.differences)
+    <metrics>``, retrieval metrics in points as the claims read them): rows ``row == A`` and ``row == B`` of
+    ``regime`` and ``dataset`` paired by ``seed`` (:func:`paired_differences`), the first ``seeds`` pairs in seed
+    order (all when None: the look a claims table's ``seeds`` column names), Δ = mean of a_scale·A_s −
+    b_scale·B_s, and its two-sided t-interval at ``confidence`` (NaN below 2 paired seeds)."""
+    paired = paired_differences(
+        per_seed[per_seed["regime"] == regime],
+        dataset,
+        A,
+        B,
+        metric,
+        first_scale=a_scale,
+        second_scale=b_scale,
+        column="row",
+        in_points=True,
+    )
+    differences = np.asarray(paired.differences)[:seeds]
     n = len(differences)
     if n < 2:
         return (float(differences.mean()) if n else math.nan), math.nan, math.nan, n

@@ -70,13 +70,15 @@ ablation_datasets: list = ['synbirds']  # datasets of the ablation claims (the p
 ablation_seeds: list = [0]  # seeds of the ablation claims (the paper notebooks' ablation_seeds; ≥ 2 for a verdict)
 margin: float = 1.0  # equivalence margin of the verdicts, R@1 points (declared in the plan before the runs)
 compared_regimes: list = []  # further regimes beside `regime` (dmlstudy/regimes.py): every row again, the claims judged in each
+seed_cap: int = 0  # sequential design: the most paired seeds a claim may get (0: one look at the seeds given)
+seed_batch: int = 5  # sequential design: seeds added to the rows of undecided claims at each further look
 
 # %%
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
 from dmlstudy import plots
-from dmlstudy.experiments import compare, kit
+from dmlstudy.experiments import claims, compare, figure_index, kit, regime_comparison, rows, tables
 from dmlstudy.records import seed_everything
 from dmlstudy.study import write_table
 
@@ -87,7 +89,7 @@ print("protocol:", config.protocol_text(), "on", config.datasets)
 print(
     "main methods:", config.methods, "| classic baselines:", config.classic_methods, "with seeds", config.classic_seeds
 )
-display(Markdown(compare.rows_markdown(config)))
+display(Markdown(rows.rows_markdown(config)))
 
 # %% [markdown]
 # ## Runs
@@ -120,8 +122,8 @@ main_results, classic_results, frame = headline.main, headline.classic, headline
 # %%
 for comparison in comparisons:
     for dataset in config.datasets:
-        display(Markdown(compare.comparison_markdown(comparison.table, comparison.config, dataset=dataset)))
-    written = compare.write_comparison(comparison.table, comparison.config)
+        display(Markdown(tables.comparison_markdown(comparison.table, comparison.config, dataset=dataset)))
+    written = tables.write_comparison(comparison.table, comparison.config)
     print("written:", *[str(p) for p in written], sep="\n  ")
 
 # %% [markdown]
@@ -133,9 +135,9 @@ for comparison in comparisons:
 
 # %%
 if len(comparisons) > 1:
-    regime_table = compare.regime_differences(comparisons, margin=config.margin)
+    regime_table = regime_comparison.regime_differences(comparisons, margin=config.margin)
     display(Markdown(regime_table.drop(columns=["variant", "outcome"]).to_markdown(index=False)))
-    print("written:", *[str(p) for p in compare.write_regime_differences(regime_table, config)], sep="\n  ")
+    print("written:", *[str(p) for p in regime_comparison.write_regime_differences(regime_table, config)], sep="\n  ")
 
 # %% [markdown]
 # ## Did the papers' claims hold on our data?
@@ -146,34 +148,38 @@ if len(comparisons) > 1:
 # Ablation runs are the paper notebooks' (same names, `ablation_datasets` × `ablation_seeds`); the extra
 # DIML re-rankings (1 × 1 grid, top 10) are computed here from the `ms` runs.
 #
-# **The rule, declared before the runs.** Seed $s$ gives both sides of a claim "A > B" the same backbone
-# initialisation and the same batch sequence, so the differences are paired: $d_s = A_s - B_s$ over the
-# seeds both sides ran, $\Delta = \bar d$ with the 95 % t-interval
-# $\Delta \pm t_{0.975,\,n-1}\, s_d / \sqrt n$. The claim **held** when the interval lies above 0,
-# is **reversed** below 0, is **equivalent** inside $\pm$`margin` R@1 points, and **undecided** otherwise —
-# with the number of seeds at which the observed spread would decide it. Fewer than 2 paired seeds: no
-# verdict. A claim on epochs-to-best also asks whether runs reached the epoch cap still improving (censored):
-# a verdict they could overturn reads **undecided (censored)** (a rule added after the first two-regime
-# study, docs/protocol.md). The paper's Δ (its backbone, its data: CUB-200 beside SynBirds, Cars196 beside Glyphs) is for
-# scale only.
+# **The rule, declared before the runs** (`docs/protocol.md`, `dmlstudy/verdicts.py`). Seed $s$ gives both
+# sides of a claim the same backbone initialisation and the same batch sequence, so the differences are paired:
+# $d_s = A_s - B_s$ over the seeds both sides ran, $\Delta = \bar d$ with the t-interval
+# $\Delta \pm t_{1-\alpha_k/2,\,n-1}\, s_d / \sqrt n$ at the look's level ($\alpha_k = 0.05$ for a single look).
+# The interval is read by the claim's kind, in a stated order: for **A > B**, *held* above 0 (*smaller than the
+# margin* when it stays inside $(0, +m)$), *reversed* below 0, *equivalent (no effect)* — the claim **not
+# held** — across 0 inside $\pm m$; for **A ≈ B**, *equivalent* (held) inside $\pm m$, judged first, *not
+# equivalent* clear of it. Otherwise *undecided*: with the plan's sequential design (`seed_cap` above the seeds)
+# the rows of undecided claims get `seed_batch` more seeds per look, the error rate spent across the looks;
+# at the cap the table says the largest |Δ| the data still allow. A claim on epochs-to-best whose runs reached
+# the epoch cap still improving (censored) reads **undecided (censored)** where that could overturn it.
+# **Holm p** adjusts the decisions' p-values across each regime's claims. Every row recomputes from
+# `runs_per_seed.csv`, written beside `claims.csv`. The paper's Δ (its backbone, its data: CUB-200 beside
+# SynBirds, Cars196 beside Glyphs) is for scale only.
 
 # %%
-claims = compare.all_claims(comparisons)
+claim_table = regime_comparison.all_claims(comparisons)
 for comparison in comparisons:
     print(f"protocol ({comparison.config.regime} regime): {comparison.config.protocol_text()}")
-display(Markdown(claims[compare.CLAIM_COLUMNS].to_markdown(index=False)))
-claims_written = compare.write_claims(claims, config)
+display(Markdown(claim_table[claims.CLAIM_COLUMNS].to_markdown(index=False)))
+claims_written = claims.write_claims(claim_table, config, runs=regime_comparison.all_runs(comparisons))
 print("written:", *[str(p) for p in claims_written], sep="\n  ")
-claim_readings = compare.claim_sentences(claims)
+claim_readings = claims.claim_sentences(claim_table)
 for sentence in claim_readings:
     print("→", sentence)
 
 # %% [markdown]
-# **Forest plot**: each claim's Δ with its interval; the grey band is ±margin (an interval inside it is
-# *equivalent*), the colour the verdict (hollow: one seed, no verdict).
+# **Forest plot**: each claim's Δ with its interval; the grey band is ±margin, the colour the claim's outcome
+# (hollow: one seed, no verdict), a black ring a verdict that survives Holm's adjustment.
 
 # %%
-figure = compare.forest_figure(claims)
+figure = claims.forest_figure(claim_table)
 plots.save_figure(figure, "claims_forest", study=config.study)
 plt.show()
 
@@ -196,11 +202,11 @@ plt.show()
 print(f"protocol: {config.protocol_text()}; test embeddings, drop_first = 0")
 geometry_written = []
 for metric, title in kit.GEOMETRY.items():
-    geometry = compare.geometry_table(frame, metric=metric)
+    geometry = tables.geometry_table(frame, metric=metric)
     print(f"\n{title}")
     display(geometry[[c for c in geometry.columns if not c.endswith("_mean") and c != "variant"]])
     geometry_written += write_table(geometry, results_folder / f"compare_{metric.lower()}")
-geometry_readings = kit.geometry_readings(compare.own_embedding_rows(frame))
+geometry_readings = kit.geometry_readings(tables.own_embedding_rows(frame))
 for sentence in geometry_readings:
     print("→", sentence)
 
@@ -212,7 +218,7 @@ for sentence in geometry_readings:
 all_results, shown = main_results + classic_results, list(dict.fromkeys(frame["variant"]))
 for dataset in config.datasets:
     embeddings = kit.first_seed_embeddings(all_results, dataset=dataset, variants=shown)
-    figure = compare.spectrum_figure(embeddings, dataset=dataset)
+    figure = tables.spectrum_figure(embeddings, dataset=dataset)
     plots.save_figure(figure, f"compare_spectrum_{dataset}", study=config.study)
     plt.show()
 
@@ -232,7 +238,7 @@ for kind, enabled in (("umap", config.umap), ("tsne", config.tsne)):
             kind=kind,
             classes=config.projection_classes,
             title=f"{config.datasets[0]}, first seed",
-            label=compare.method_label,
+            label=rows.method_label,
         )
         plots.save_figure(figure, f"compare_{kind}", study=config.study)
         plt.show()
@@ -245,10 +251,10 @@ for kind, enabled in (("umap", config.umap), ("tsne", config.tsne)):
 # is at test time (the `rerank_seconds` column).
 
 # %%
-cost = compare.cost_table(frame)
+cost = tables.cost_table(frame)
 display(cost)
 write_table(cost, results_folder / "compare_cost")
-figure = compare.time_figure(frame)
+figure = tables.time_figure(frame)
 plots.save_figure(figure, "compare_recall_vs_time", study=config.study)
 plt.show()
 
@@ -276,5 +282,5 @@ for sentence in compare.caveats(config, frame):
 # notebook that made it (from the file-name prefix).
 
 # %%
-readme = compare.write_figures_readme(config.figures_folder(), study=config.study)
+readme = figure_index.write_figures_readme(config.figures_folder(), study=config.study)
 print(readme, "lists", readme.read_text().count("![]("), "figures")

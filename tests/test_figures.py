@@ -18,7 +18,8 @@ import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from dmlstudy import plots  # noqa: E402
-from dmlstudy.experiments import compare, cross_attention, dgcrl, diml  # noqa: E402
+from dmlstudy.experiments import cross_attention, dgcrl, diml, tables  # noqa: E402
+from dmlstudy.experiments.rows import RERANK, method_label, row_info  # noqa: E402
 from dmlstudy.methods import build_method, list_methods  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 
@@ -91,7 +92,7 @@ def comparison_frame() -> pd.DataFrame:
     for variant, group, seconds, recall in (
         ("ms", "classic", 100.0, 0.40),
         ("crt", "paper", 104.0, 0.41),
-        (compare.RERANK, "paper", 100.0, 0.42),
+        (RERANK, "paper", 100.0, 0.42),
         ("triplet", "classic", 98.0, 0.35),
     ):
         for seed in (0, 1):
@@ -110,13 +111,13 @@ def comparison_frame() -> pd.DataFrame:
 
 def test_method_styles_are_distinct_and_follow_the_comparison_order():
     order = plots.method_order()
-    assert order[0] == "ms" and compare.RERANK in order and "softmax" in order
+    assert order[0] == "ms" and RERANK in order and "softmax" in order
     assert set(list_methods()) <= set(order)
     styles = [plots.method_style(name) for name in order]
     assert len({(s.colour, s.marker) for s in styles}) == len(order)
     assert all(s.colour in plots.PALETTE for s in styles)
-    paper = {plots.method_style(n).marker for n in order if compare.row_info(n).group == "paper"}
-    classic = {plots.method_style(n).marker for n in order if compare.row_info(n).group == "classic"}
+    paper = {plots.method_style(n).marker for n in order if row_info(n).group == "paper"}
+    classic = {plots.method_style(n).marker for n in order if row_info(n).group == "classic"}
     assert not paper & classic  # the marker tells the group
     assert plots.method_style("no-such-row") == plots.method_style("no-such-row")
     assert plots.method_style("no-such-row").marker == plots.OTHER_MARKER
@@ -124,26 +125,26 @@ def test_method_styles_are_distinct_and_follow_the_comparison_order():
 
 def test_a_method_has_one_colour_in_every_figure():
     rng = np.random.default_rng(0)
-    embeddings = {name: (rng.normal(size=(40, 8)), np.arange(40) % 4) for name in ("ms", "crt", compare.RERANK)}
-    spectrum = series_colours(compare.spectrum_figure(embeddings, dataset="synbirds"))
-    timing = series_colours(compare.time_figure(comparison_frame()))
+    embeddings = {name: (rng.normal(size=(40, 8)), np.arange(40) % 4) for name in ("ms", "crt", RERANK)}
+    spectrum = series_colours(tables.spectrum_figure(embeddings, dataset="synbirds"))
+    timing = series_colours(tables.time_figure(comparison_frame()))
     results = [
         (name, SimpleNamespace(config=SimpleNamespace(dataset="synbirds"), history=history()))
         for name in ("ms", "dgcrl", "softmax")
     ]
     curves = series_colours(dgcrl.loss_curves(results))
-    ms = compare.method_label("ms")
+    ms = method_label("ms")
     by_spectrum = {label.split(" (ρ")[0]: style for label, style in spectrum.items()}
     expected = plots.method_style("ms")
     assert by_spectrum[ms] == timing[ms] == curves[dgcrl.VARIANT_LABELS["ms"]] == (expected.colour, expected.marker)
-    assert by_spectrum[compare.method_label("crt")] == timing[compare.method_label("crt")]
-    assert by_spectrum[ms][0] != by_spectrum[compare.method_label("crt")][0]
+    assert by_spectrum[method_label("crt")] == timing[method_label("crt")]
+    assert by_spectrum[ms][0] != by_spectrum[method_label("crt")][0]
 
 
 @pytest.mark.parametrize(
     "draw",
     [
-        lambda: compare.time_figure(comparison_frame()),
+        lambda: tables.time_figure(comparison_frame()),
         lambda: plots.spectrum({name: np.random.default_rng(1).normal(size=(30, 6)) for name in ("ms", "crt", "x")}),
         lambda: dgcrl.alpha_figure(alpha_frame([1, 16, 64])),
         lambda: dgcrl.toy_figure(steps=5),

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from scipy import stats
 
+from dmlstudy import verdicts
 from dmlstudy.experiments import kit, papers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_paired_interval_is_scipys_t_interval():
     differences = np.random.default_rng(3).normal(0.7, 1.9, size=7)
-    verdict = kit.judge(differences)
+    verdict = verdicts.judge(differences)
     low, high = stats.t.interval(0.95, len(differences) - 1, loc=differences.mean(), scale=stats.sem(differences))
     assert (verdict.mean, verdict.low, verdict.high) == pytest.approx((differences.mean(), low, high))
     assert verdict.seeds == 7
@@ -28,25 +29,25 @@ def test_the_paired_interval_is_scipys_t_interval():
     [
         ([2.0, 2.5, 3.0], "held"),  # interval well above 0
         ([-2.0, -2.5, -3.0], "reversed"),
-        ([0.1, -0.1, 0.05, -0.05, 0.0], "equivalent"),  # interval inside ±1
+        ([0.1, -0.1, 0.05, -0.05, 0.0], "not held"),  # interval across 0 inside ±1: no effect
         ([3.0, -2.0, 0.5], "undecided"),  # wide interval across 0 and past the margin
         ([0.3, 0.35, 0.4, 0.45, 0.5], "held"),  # inside the margin but above 0: held is declared first
     ],
 )
-def test_the_four_verdicts(differences, outcome):
-    assert kit.judge(differences, margin=1.0).outcome == outcome
+def test_the_verdicts(differences, outcome):
+    assert verdicts.judge(differences, margin=1.0).outcome == outcome
 
 
 def test_no_verdict_from_one_seed():
-    one = kit.judge([5.0])
+    one = verdicts.judge([5.0])
     assert (one.outcome, one.text, one.seeds, one.seeds_to_decide) == ("no verdict", "no verdict (1 seed)", 1, None)
     assert math.isnan(one.low) and math.isnan(one.high)
-    assert kit.judge([]).text == "no verdict (0 seeds)"
+    assert verdicts.judge([]).text == "no verdict (0 seeds)"
 
 
 def test_seeds_to_decide_on_a_crafted_case():
     differences = [-1.2, 0.3, 1.8]  # mean 0.3, sd 1.5: undecided at n = 3
-    verdict = kit.judge(differences, margin=1.0)
+    verdict = verdicts.judge(differences, margin=1.0)
     assert verdict.outcome == "undecided"
 
     def first_deciding(decides):  # independently, with scipy's t-interval around the same mean and sd
@@ -60,7 +61,7 @@ def test_seeds_to_decide_on_a_crafted_case():
     assert (excluding_zero, inside_margin) == (99, 21)
     assert verdict.seeds_to_decide == 21  # the smaller
     assert verdict.text == "undecided (≈ 21 seeds would decide)"
-    assert kit.seeds_to_decide(0.0, 3.0, margin=1.0) > kit.seeds_to_decide(0.0, 1.0, margin=1.0)
+    assert verdicts.seeds_to_decide(0.0, 3.0, margin=1.0) > verdicts.seeds_to_decide(0.0, 1.0, margin=1.0)
 
 
 def frame_of(values):
@@ -75,26 +76,26 @@ def frame_of(values):
 
 def test_paired_differences_pair_only_the_seeds_both_sides_ran():
     frame = frame_of({"a": {0: 0.50, 1: 0.52, 2: 0.54, 4: 0.9}, "b": {0: 0.40, 2: 0.41, 3: 0.1, 4: math.nan}})
-    paired = kit.paired_differences(frame, "d", "a", "b")
+    paired = verdicts.paired_differences(frame, "d", "a", "b")
     assert paired.seeds == (0, 2)  # seed 4 of b has no value, seeds 1 and 3 run on one side only
     assert paired.differences == pytest.approx((10.0, 13.0))  # R@1 in points
-    scaled = kit.paired_differences(frame, "d", "a", "b", first_scale=0.5)
+    scaled = verdicts.paired_differences(frame, "d", "a", "b", first_scale=0.5)
     assert scaled.differences == pytest.approx((25.0 - 40.0, 27.0 - 41.0))
     with pytest.raises(KeyError, match="no runs of variant 'c'"):
-        kit.paired_differences(frame, "d", "a", "c")
+        verdicts.paired_differences(frame, "d", "a", "c")
 
 
 def test_effect_sentence_reads_the_papers_direction_through_the_rule():
-    up = kit.Paired((0, 1, 2), (2.0, 2.5, 3.0))
-    assert kit.effect_sentence("x", ours=up, paper=2.0).endswith("paper +2.00 → held.")
-    assert kit.effect_sentence("x", ours=up, paper=-2.0).endswith("paper -2.00 → reversed.")
-    assert "95 % CI [+1.26, +3.74], 3 paired seeds" in kit.effect_sentence("x", ours=up, paper=2.0)
-    flat = kit.Paired((0, 1, 2, 3, 4), (0.1, -0.1, 0.05, -0.05, 0.0))
-    assert "→ consistent (equivalent within ±1)" in kit.effect_sentence("x", ours=flat, paper=0.1)
-    assert "→ NOT consistent" in kit.effect_sentence("x", ours=up, paper=-0.1)
-    assert "no verdict (1 seed)" in kit.effect_sentence("x", ours=kit.Paired((0,), (1.0,)), paper=2.0)
+    up = verdicts.Paired((0, 1, 2), (2.0, 2.5, 3.0))
+    assert verdicts.effect_sentence("x", ours=up, paper=2.0).endswith("paper +2.00 → held.")
+    assert verdicts.effect_sentence("x", ours=up, paper=-2.0).endswith("paper -2.00 → reversed.")
+    assert "95 % CI [+1.26, +3.74], 3 paired seeds" in verdicts.effect_sentence("x", ours=up, paper=2.0)
+    flat = verdicts.Paired((0, 1, 2, 3, 4), (0.1, -0.1, 0.05, -0.05, 0.0))
+    assert "→ consistent (equivalent within ±1)" in verdicts.effect_sentence("x", ours=flat, paper=0.1)
+    assert "→ NOT consistent" in verdicts.effect_sentence("x", ours=up, paper=-0.1)
+    assert "no verdict (1 seed)" in verdicts.effect_sentence("x", ours=verdicts.Paired((0,), (1.0,)), paper=2.0)
     for missing in (None, math.nan):
-        assert kit.effect_sentence("x", ours=up, paper=missing).endswith(
+        assert verdicts.effect_sentence("x", ours=up, paper=missing).endswith(
             "→ held (A > B); the paper reports no number for this."
         )
 
@@ -185,8 +186,8 @@ def test_papers_and_claims_yaml_ship_with_the_package():
     ],
 )
 def test_censoring_overturns_only_the_verdicts_it_could_reverse(differences, can_rise, can_fall, outcome, censored):
-    judged = kit.judge(differences, margin=1.0)
-    verdict = kit.censor(judged, can_rise=can_rise, can_fall=can_fall)
+    judged = verdicts.judge(differences, margin=1.0)
+    verdict = verdicts.censor(judged, can_rise=can_rise, can_fall=can_fall)
     assert verdict.outcome == outcome
     assert (verdict.mean, verdict.low, verdict.high, verdict.seeds) == (
         judged.mean,
@@ -211,10 +212,10 @@ def test_paired_censoring_sorts_censored_runs_by_the_direction_they_move_the_dif
             "best_epoch_censored": [True, False, True, True, False, False, True],
         }
     )
-    both = kit.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (0, 1, 2), first_scale=0.2)
+    both = verdicts.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (0, 1, 2), first_scale=0.2)
     assert both == {"can_rise": "2 of 3 triplet runs", "can_fall": "1 of 3 dgcrl runs"}
-    assert kit.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (1,)) == {"can_rise": "", "can_fall": ""}
-    flipped = kit.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (0, 1, 2), first_scale=-1.0)
+    assert verdicts.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (1,)) == {"can_rise": "", "can_fall": ""}
+    flipped = verdicts.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (0, 1, 2), first_scale=-1.0)
     assert flipped == {"can_rise": "", "can_fall": "2 of 3 triplet runs, 1 of 3 dgcrl runs"}
     no_column = frame.drop(columns="best_epoch_censored")
-    assert kit.paired_censoring(no_column, "glyphs", "triplet", "dgcrl", (0, 1, 2)) == {"can_rise": "", "can_fall": ""}
+    assert verdicts.paired_censoring(no_column, "glyphs", "triplet", "dgcrl", (0, 1, 2)) == {"can_rise": "", "can_fall": ""}

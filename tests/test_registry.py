@@ -9,7 +9,8 @@ import textwrap
 import pytest
 
 import dmlstudy.methods as methods
-from dmlstudy.experiments import compare
+from dmlstudy.experiments import compare, tables
+from dmlstudy.experiments.rows import classic_rows, method_label, rows_markdown
 from dmlstudy.methods import GROUPS, METHOD_INFO, METHODS, list_methods, method_info, register_method
 
 PLUGIN = textwrap.dedent('''
@@ -70,11 +71,8 @@ def test_labels_and_groups_come_from_the_registration():
     assert set(list_methods(group="paper")) == {"crt", "diml", "cross_attention", "dgcrl", "gcrl"}
     assert set(list_methods(group="paper")) | set(list_methods(group="classic")) == set(list_methods())
     assert all(method_info(name).summary for name in list_methods())
-    assert (
-        compare.method_label("lifted") == "lifted structure"
-        and compare.method_label("diml_rerank") == "MS + DIML re-ranking"
-    )
-    assert set(compare.classic_rows()) == set(list_methods(group="classic")) - {"ms"}
+    assert method_label("lifted") == "lifted structure" and method_label("diml_rerank") == "MS + DIML re-ranking"
+    assert set(classic_rows()) == set(list_methods(group="classic")) - {"ms"}
     with pytest.raises(ValueError, match="group must be one of"):
         register_method("nope", group="other")
     with pytest.raises(KeyError, match="unknown method 'nope'"):
@@ -93,8 +91,8 @@ def test_a_method_in_a_new_module_appears_in_the_comparison_of_a_tiny_run(plugin
         umap=False,
         tsne=False,
     )
-    frame = compare.comparison_frame(compare.run_main(config), compare.run_classic(config), [], methods=config.methods)
-    table = compare.comparison_table(frame)
+    frame = tables.comparison_frame(compare.run_main(config), compare.run_classic(config), [], methods=config.methods)
+    table = tables.comparison_table(frame)
     assert table["method"].tolist() == ["MS baseline", "Proxy-Anchor on GeM (test)"]
     assert table.loc[1, "group"] == "classic" and 0.0 <= table.loc[1, "R@1_mean"] <= 100.0
-    assert "| Proxy-Anchor on GeM (test) (`throwaway_gem`) | Generalised-mean pooling" in compare.rows_markdown(config)
+    assert "| Proxy-Anchor on GeM (test) (`throwaway_gem`) | Generalised-mean pooling" in rows_markdown(config)

@@ -161,17 +161,17 @@ def test_censoring_overturns_only_what_it_could_move(differences, claimed, can_r
 def test_paired_interval_recomputes_a_claim_from_the_per_seed_table():
     per_seed = pd.DataFrame(
         [
-            ("scratch", "glyphs", "crt", 0, 0.20),
-            ("scratch", "glyphs", "crt", 1, 0.25),
-            ("scratch", "glyphs", "crt", 2, 0.22),
-            ("scratch", "glyphs", "crt", 3, 0.30),  # no ms run of seed 3: does not pair
-            ("scratch", "glyphs", "ms", 0, 0.18),
-            ("scratch", "glyphs", "ms", 1, 0.21),
-            ("scratch", "glyphs", "ms", 2, 0.22),
-            ("pretrained", "glyphs", "ms", 1, 0.90),  # another regime: not read
-            ("scratch", "synbirds", "ms", 1, 0.90),  # another dataset: not read
+            ("scratch", "glyphs", "crt", 0, 20.0),
+            ("scratch", "glyphs", "crt", 1, 25.0),
+            ("scratch", "glyphs", "crt", 2, 22.0),
+            ("scratch", "glyphs", "crt", 3, 30.0),  # no ms run of seed 3: does not pair
+            ("scratch", "glyphs", "ms", 0, 18.0),
+            ("scratch", "glyphs", "ms", 1, 21.0),
+            ("scratch", "glyphs", "ms", 2, 22.0),
+            ("pretrained", "glyphs", "ms", 1, 90.0),  # another regime: not read
+            ("scratch", "synbirds", "ms", 1, 90.0),  # another dataset: not read
         ],
-        columns=["regime", "dataset", "row", "seed", "R@1"],
+        columns=["regime", "dataset", "row", "seed", "R@1"],  # in points, as the claims read them
     )
     delta, low, high, n = verdicts.paired_interval(
         per_seed, A="crt", B="ms", metric="R@1", dataset="glyphs", regime="scratch"
@@ -179,6 +179,10 @@ def test_paired_interval_recomputes_a_claim_from_the_per_seed_table():
     differences = np.array([2.0, 4.0, 0.0])  # in points
     expected = stats.t.interval(0.95, 2, loc=differences.mean(), scale=stats.sem(differences))
     assert (delta, low, high, n) == pytest.approx((2.0, *expected, 3))
+    first_two = verdicts.paired_interval(
+        per_seed, A="crt", B="ms", metric="R@1", dataset="glyphs", regime="scratch", seeds=2
+    )
+    assert first_two[0] == pytest.approx(3.0) and first_two[3] == 2
     with pytest.raises(KeyError):
         verdicts.paired_interval(per_seed, A="crt", B="dgcrl", metric="R@1", dataset="glyphs", regime="scratch")
 

@@ -1,6 +1,8 @@
 """Study notebooks' logic: one module per notebook, each with the typed config its ``parameters`` cell
-mirrors and the functions (sweeps, tables) the notebook calls. Notebooks stay thin. What every notebook
-shares is in :mod:`~dmlstudy.experiments.kit`; the papers' numbers are in ``papers.yaml``
+mirrors and the functions (sweeps, tables) the notebook calls. Notebooks stay thin. The comparison
+(:mod:`~dmlstudy.experiments.compare`) keeps its parts in modules of their own: ``rows``, ``rerank``, ``tables``,
+``claims``, ``regime_comparison`` and ``figure_index``. What every notebook shares is in
+:mod:`~dmlstudy.experiments.kit`; the papers' numbers are in ``papers.yaml``
 (:mod:`~dmlstudy.experiments.papers`); the notebooks' sources and their build in
 :mod:`~dmlstudy.experiments.notebooks`.
 

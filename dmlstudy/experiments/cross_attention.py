@@ -48,9 +48,7 @@ from dmlstudy.experiments.kit import (
     as_grid,
     box,
     device_of,
-    effect_sentence,
     lookup,
-    paired_differences,
     paper_column,
     paper_dataset,
     run_variants,
@@ -69,6 +67,7 @@ from dmlstudy.methods.cross_attention import (
 from dmlstudy.plots import CORRECT, OVERLAY_CMAP, WRONG, seen_image
 from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, load_datasets
+from dmlstudy.verdicts import effect_sentence, paired_differences
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Kotovenko et al., CVPR 2023), from papers.yaml, in %.

@@ -43,11 +43,8 @@ from dmlstudy.data import build_dataset, build_transforms, evaluation_protocol
 from dmlstudy.experiments.kit import (
     box,
     device_of,
-    effect_sentence,
-    judge,
     link,
     lookup,
-    paired_differences,
     paper_column,
     paper_dataset,
     projection_figure,
@@ -64,6 +61,7 @@ from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, TrainConfig, embed
+from dmlstudy.verdicts import effect_sentence, judge, paired_differences
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Kan et al., NeurIPS 2022), from papers.yaml. Recall@1 in %.
@@ -427,7 +425,7 @@ def dims_table(
 def backbone_table(
     results: list[tuple[str, RunResult]], variants: Mapping[str, Mapping[str, tuple[str, dict]]]
 ) -> tuple[pd.DataFrame, list[str]]:
-    """MS vs +CRT per backbone (ours, with the study's verdict on "+CRT > MS", :func:`kit.judge`) and the
+    """MS vs +CRT per backbone (ours, with the study's verdict on "+CRT > MS", :func:`verdicts.judge`) and the
     paper's per-backbone gains (CUB, Cars)."""
     table, frame = summary(results), results_frame(results)
     rows, sentences = [], []

@@ -46,12 +46,7 @@ from torch.utils.data import Subset
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.experiments.kit import (
-    SHARED_VARIANTS,
-    Verdict,
-    censor,
     first_seed_embeddings,
-    judge,
-    paired_differences,
     paper_dataset,
     projection_figure,
     variant_name,
@@ -60,6 +55,7 @@ from dmlstudy.experiments.kit import (
 )
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame
+from dmlstudy.experiments.rows import SHARED_VARIANTS
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
     DGCRL,
@@ -82,6 +78,7 @@ from dmlstudy.train import (
     load_datasets,
     selection_evaluations,
 )
+from dmlstudy.verdicts import Verdict, censor, judge, paired_differences
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.
@@ -344,7 +341,7 @@ def _paper_r1(dataset: str, variant: str) -> str:
 
 
 def _verdict(frame: pd.DataFrame, dataset: str, first: str, second: str) -> Verdict | None:
-    """:func:`~dmlstudy.experiments.kit.judge` of "``first`` > ``second``" in R@1 from per-seed paired runs
+    """:func:`~dmlstudy.verdicts.judge` of "``first`` > ``second``" in R@1 from per-seed paired runs
     (None when either has no run on ``dataset``)."""
     try:
         return judge(paired_differences(frame, dataset, first, second).differences)
@@ -360,7 +357,7 @@ def _compare(name_a: str, name_b: str, verdict: Verdict) -> str:
 def main_sentence(frame: pd.DataFrame, dataset: str) -> str:
     """Did DGCRL beat the plain softmax (the N-S + margin + decorrelation effect) and MS on ``dataset``?
     ``frame``: one row per run (:func:`results_frame`). The paper's direction is read by the study's rule
-    (:func:`~dmlstudy.experiments.kit.judge` of the per-seed paired differences)."""
+    (:func:`~dmlstudy.verdicts.judge` of the per-seed paired differences)."""
     if frame[(frame["dataset"] == dataset) & (frame["variant"] == "dgcrl")].empty:
         return f"{dataset}: no dgcrl run, nothing to compare."
     verdicts = {other: _verdict(frame, dataset, "dgcrl", other) for other in ("softmax", "ms")}
@@ -445,7 +442,7 @@ def alpha_figure(frame: pd.DataFrame) -> plt.Figure:
 
 def alpha_sentence(runs: pd.DataFrame, *, reference: float = 128.0) -> list[str]:
     """Paper: poor for small α, stable for α ≥ 16. Checked per dataset by the study's rule
-    (:func:`~dmlstudy.experiments.kit.judge`) on :func:`alpha_runs`' per-seed R@1: "α = ``reference`` (the
+    (:func:`~dmlstudy.verdicts.judge`) on :func:`alpha_runs`' per-seed R@1: "α = ``reference`` (the
     default) > the smallest α" (poor at small α: held), and "α = ``reference`` ≈ α" for every other α ≥ 16
     (stable: equivalent)."""
     sentences = []
@@ -601,7 +598,7 @@ def loss_sentence(table: pd.DataFrame, dataset: str, *, frame: pd.DataFrame) -> 
     """The paper's "20 epochs vs 100" and "5× faster than triplet", measured on ``dataset``: the claim
     "DGCRL's best epoch ≤ 1/5 of triplet's" is judged by the study's rule on the per-seed paired differences
     triplet best epoch / 5 − DGCRL best epoch (epochs; ``frame`` from :func:`loss_frame`), margin 1 epoch, and
-    by :func:`kit.censor` when runs reached the epoch cap still improving."""
+    by :func:`verdicts.censor` when runs reached the epoch cap still improving."""
     here = table[table["dataset"] == dataset].set_index("variant")
     if "dgcrl" not in here.index:
         return f"{dataset}: no dgcrl run."

@@ -29,25 +29,18 @@ import torch
 
 from dmlstudy.experiments.kit import (
     cache_key,
-    effect_sentence,
     embedding_precision,
     evaluation_sets,
-    paired_differences,
 )
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, run_grid
-from dmlstudy.methods.diml import (
-    DEFAULT_EPSILON,
-    DEFAULT_GRID_SIZE,
-    GridEmbeddings,
-    TransportOptions,
-    candidate_structural_similarity,
-    reranked_retrieval_metrics,
-    structural_similarity,
-)
+from dmlstudy.methods.diml import DEFAULT_GRID_SIZE, GridEmbeddings
 from dmlstudy.records import write_json
+from dmlstudy.reranking import reranked_retrieval_metrics
 from dmlstudy.study import summarize
 from dmlstudy.train import RunResult, TrainConfig, run
+from dmlstudy.transport import DEFAULT_EPSILON, TransportOptions, candidate_structural_similarity, structural_similarity
+from dmlstudy.verdicts import effect_sentence, paired_differences
 
 METRICS = ["P@1", "RP", "MAP@R"]
 PAPER_DATASETS = ("CUB-200", "Cars196", "SOP")
@@ -310,7 +303,7 @@ def sweep_readings(
     frame: pd.DataFrame, *, sweep: str, low: int, high: int, paper_dataset: str = "CUB-200", metric: str = "P@1"
 ) -> list[str]:
     """One sentence per (dataset, base loss, training): the change of ``metric`` from ``low`` to ``high`` (K or
-    G), paired per seed, with the study's verdict (:func:`~dmlstudy.experiments.kit.effect_sentence`) against
+    G), paired per seed, with the study's verdict (:func:`~dmlstudy.verdicts.effect_sentence`) against
     the paper's change for the same base loss. ``frame``: the per-run rows of :func:`sweep_frame`."""
     column = "K" if sweep == "K" else "G"
     paper = PAPER_TRUNCATION if sweep == "K" else PAPER_GRID
@@ -340,7 +333,7 @@ def training_table(frame: pd.DataFrame, *, top_k: int) -> pd.DataFrame:
 def training_readings(frame: pd.DataFrame, *, top_k: int, metric: str = "P@1") -> list[str]:
     """Per dataset, base loss and ranking (cosine, K = 0, and re-ranked, K = ``top_k``): DIML training −
     the baseline in ``metric``, paired per seed, with the study's verdict on "DIML training > baseline"
-    (:func:`~dmlstudy.experiments.kit.effect_sentence`; the supplement gives no number). ``frame``: the
+    (:func:`~dmlstudy.verdicts.effect_sentence`; the supplement gives no number). ``frame``: the
     per-run rows of :func:`sweep_frame`."""
     rows = frame[(frame["sweep"] == "K") & frame["K"].isin([0, top_k])].assign(variant=lambda f: f["training"])
     sentences = []

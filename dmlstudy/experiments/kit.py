@@ -5,9 +5,7 @@ the method registry and :mod:`dmlstudy.plots`, never a paper module.
 * variant grids: ``{key: (name, spec)}`` sweeps → ``{name: spec}`` grids → runs (:func:`as_grid`,
   :func:`run_variants`, :func:`with_reference`, :func:`variant_name`, :func:`find_run`);
 * mean ± std tables and their lookups (:func:`summary`, :func:`lookup`);
-* **the verdict rule** (:func:`judge` of per-seed paired differences, :func:`paired_differences`) and its
-  phrasings (:attr:`Verdict.text` for a claim "A > B", :func:`effect_sentence` against a paper's
-  number) — swap :func:`judge` to change the rule everywhere;
+* the papers' numbers beside ours (the verdict rule itself is :mod:`dmlstudy.verdicts`);
 * the papers' numbers as table columns (:func:`paper_column`, :data:`PAPER_DATASET`);
 * the embedding geometry table, projections (t-SNE / UMAP) and the diagram boxes and arrows.
 """
@@ -18,7 +16,6 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -26,28 +23,14 @@ import numpy as np
 import pandas as pd
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
-from scipy import stats
 
 from dmlstudy.experiments.papers import PAPER_DATASET
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
-from dmlstudy.methods import MethodInfo
-from dmlstudy.study import PERCENT_METRICS, mean_std_text
+from dmlstudy.study import mean_std_text
 from dmlstudy.train import RunResult, TrainConfig, autocast_context, autocast_dtype, load_datasets, resolve_device
 
 Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
 BASELINE: Variant = ("ms", {"method": "ms"})  # the MS baseline every paper compares with
-SHARED_VARIANTS: dict[str, dict] = {  # named runs one notebook trains and another shows (same name, same spec)
-    "softmax": {"method": "dgcrl", "method_kwargs": {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}},
-}
-SHARED_ROWS = {  # how the comparison shows them
-    "softmax": MethodInfo(
-        "softmax",
-        "softmax (DGCRL head, no N-S)",
-        "paper",
-        "DGCRL's own baseline",
-        "DGCRL's head as a plain softmax classifier: no normalize-scale, no margin, no decorrelation (the run of notebook 40)",
-    ),
-}
 MAX_PROJECTION_POINTS = 4095
 TSNE_ITERATIONS = (
     500  # 250 early-exaggeration + 250 free steps: settled for a few thousand points, half the default cost
@@ -202,245 +185,6 @@ def report(protocol: ProtocolConfig, table: pd.DataFrame, sentences: Sequence[st
     for sentence in sentences:
         print("→", sentence)
     return [f"{title} — {sentence}" for sentence in sentences]
-
-
-# ----------------------------------------------------------------------------------------------
-# The verdict rule: paired seeds, a t-interval, four verdicts declared before the runs
-# ----------------------------------------------------------------------------------------------
-MARGIN = 1.0  # equivalence margin in the claim's unit (R@1 points); the plans set it as `margin`
-CONFIDENCE = 0.95  # two-sided t-interval of the mean paired difference
-NO_EFFECT = 0.25  # a paper difference below this many points is read as "no effect" (an equivalence claim)
-MAX_SEEDS = 10_000  # seeds-to-decide searches no further ("more than 10000")
-VERDICTS = ("held", "reversed", "equivalent", "undecided")
-
-
-def metric_scale(metric: str) -> float:
-    """100 for retrieval metrics stored as fractions (shown and judged in points), 1 for the others."""
-    return 100.0 if metric in PERCENT_METRICS else 1.0
-
-
-@dataclass(frozen=True)
-class Paired:
-    """Per-seed paired differences ``d_s = A_s − B_s`` of one metric, in points (or the metric's own unit)."""
-
-    seeds: tuple[int, ...]
-    differences: tuple[float, ...]
-    censoring: Mapping[str, str] = field(default_factory=dict)  # censor()'s arguments: paired_censoring()
-
-
-def paired_differences(
-    frame: pd.DataFrame,
-    dataset: str,
-    first: str,
-    second: str,
-    metric: str = "R@1",
-    *,
-    first_scale: float = 1.0,
-    second_scale: float = 1.0,
-) -> Paired:
-    """``first_scale·A_s − second_scale·B_s`` for every seed ``s`` that both variants ran on ``dataset``.
-
-    ``frame`` has one row per run (``variant``, ``dataset``, ``seed``, ``metric``: :func:`results_frame`);
-    retrieval metrics are turned into points (:func:`metric_scale`). Seed s gives both runs the same
-    backbone initialisation and batch sequence, so only seeds present on both sides pair; runs with a
-    missing value of ``metric`` do not count. A variant with no runs at all raises ``KeyError``. The result
-    also names the paired runs whose epochs-to-best the cap cut short (:func:`paired_censoring`), for
-    :func:`censor` when ``metric`` is one.
-    """
-    if metric not in frame.columns:
-        raise KeyError(f"paired_differences: no column {metric!r} among {sorted(frame.columns)}")
-    here = frame[frame["dataset"] == dataset]
-    sides = []
-    for variant in (first, second):
-        rows = here[here["variant"] == variant]
-        if rows.empty:
-            raise KeyError(f"no runs of variant {variant!r} on {dataset!r}")
-        rows = rows.dropna(subset=[metric])
-        sides.append(rows.groupby("seed")[metric].mean() * metric_scale(metric))
-    common = sides[0].index.intersection(sides[1].index).sort_values()
-    differences = first_scale * sides[0].loc[common] - second_scale * sides[1].loc[common]
-    seeds = tuple(int(s) for s in common)
-    censoring = paired_censoring(
-        frame, dataset, first, second, seeds, first_scale=first_scale, second_scale=second_scale
-    )
-    return Paired(seeds, tuple(float(d) for d in differences), censoring)
-
-
-def paired_censoring(
-    frame: pd.DataFrame,
-    dataset: str,
-    first: str,
-    second: str,
-    seeds: Sequence[int],
-    *,
-    first_scale: float = 1.0,
-    second_scale: float = 1.0,
-) -> dict[str, str]:
-    """:func:`censor`'s ``can_rise`` / ``can_fall`` for the paired differences ``first_scale·A_s −
-    second_scale·B_s`` (:func:`paired_differences`) over ``seeds``: the runs whose ``best_epoch_censored``
-    (:func:`results_frame`) is true, by the direction their true value could move Δ (a censored value can
-    only be higher than recorded), e.g. ``"5 of 5 triplet runs"``. Rows without the column count as uncensored."""
-    if "best_epoch_censored" not in frame.columns:
-        return {"can_rise": "", "can_fall": ""}
-    here = frame[(frame["dataset"] == dataset) & frame["seed"].isin(list(seeds))]
-    moves: dict[str, list[str]] = {"can_rise": [], "can_fall": []}
-    for variant, signed_scale in ((first, first_scale), (second, -second_scale)):
-        rows = here[here["variant"] == variant].drop_duplicates("seed")
-        count = int(rows["best_epoch_censored"].eq(True).sum())
-        if count and signed_scale:
-            moves["can_rise" if signed_scale > 0 else "can_fall"].append(f"{count} of {len(seeds)} {variant} runs")
-    return {direction: ", ".join(texts) for direction, texts in moves.items()}
-
-
-def t_half_width(sd: float, seeds: int | np.ndarray, *, confidence: float = CONFIDENCE) -> float | np.ndarray:
-    """``t_{(1+confidence)/2, n−1} · sd / √n``: the half-width of the t-interval of a mean of ``n`` values."""
-    seeds = np.asarray(seeds, dtype=float)
-    return stats.t.ppf((1 + confidence) / 2, seeds - 1) * sd / np.sqrt(seeds)
-
-
-def seeds_to_decide(mean: float, sd: float, *, margin: float = MARGIN, confidence: float = CONFIDENCE) -> int | None:
-    """The smallest number of paired seeds n ≥ 2 at which, if the mean ``mean`` and the standard deviation
-    ``sd`` of the differences stayed as observed, the t-interval would decide:
-
-        n* = min{ n : h(n) < |Δ| }  ∪  { n : |Δ| + h(n) < margin },   h(n) = t_{(1+c)/2, n−1} · sd / √n
-
-    (the first set excludes 0: held or reversed; the second fits inside ±margin: equivalent). None when
-    neither happens up to :data:`MAX_SEEDS` seeds (Δ = 0 exactly and no margin, or an effect at the margin).
-    """
-    n = np.arange(2, MAX_SEEDS + 1)
-    width = t_half_width(sd, n, confidence=confidence)
-    decided = (width < abs(mean)) | (abs(mean) + width < margin)
-    return int(n[np.argmax(decided)]) if decided.any() else None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What :func:`judge` says about a claim "A > B" from its paired differences."""
-
-    outcome: str  # held / reversed / equivalent / undecided / no verdict
-    mean: float  # Δ = mean of d_s
-    low: float  # the t-interval of Δ (NaN below 2 seeds)
-    high: float
-    seeds: int
-    margin: float
-    seeds_to_decide: int | None = None  # undecided only: see seeds_to_decide()
-    censored: str = ""  # undecided by censor(): which runs the epoch cap cut short
-
-    @property
-    def text(self) -> str:
-        """The verdict as the tables print it."""
-        if self.outcome == "no verdict":
-            return f"no verdict ({self.seeds} seed{'s' if self.seeds != 1 else ''})"
-        if self.censored:
-            return f"undecided (censored by the epoch cap: {self.censored}; a longer cap would decide)"
-        if self.outcome == "undecided":
-            needed = f"≈ {self.seeds_to_decide}" if self.seeds_to_decide else f"more than {MAX_SEEDS}"
-            return f"undecided ({needed} seeds would decide)"
-        return self.outcome
-
-    def columns(self) -> dict[str, Any]:
-        """The verdict's columns in the results tables (Δ and its interval rounded to 0.01 R@1 point)."""
-        return {
-            "Δ": round(self.mean, 2),
-            "CI low": round(self.low, 2),
-            "CI high": round(self.high, 2),
-            "seeds": self.seeds,
-            "verdict": self.text,
-            "outcome": self.outcome,
-        }
-
-    def interval_text(self, unit: str = "R@1 points") -> str:
-        """``+1.20 R@1 points, 95 % CI [+0.31, +2.09], 5 paired seeds`` (no interval below 2 seeds)."""
-        text = f"{self.mean:+.2f} {unit}"
-        if self.seeds >= 2:
-            text += f", {round(100 * CONFIDENCE)} % CI [{self.low:+.2f}, {self.high:+.2f}]"
-        return text + f", {self.seeds} paired seed{'s' if self.seeds != 1 else ''}"
-
-
-def judge(differences: Sequence[float], *, margin: float = MARGIN, confidence: float = CONFIDENCE) -> Verdict:
-    """THE verdict rule of the study, used by every reading of every notebook.
-
-    ``differences`` are the per-seed paired differences d_s = A_s − B_s of a claim "A > B" (seed s: the same
-    backbone initialisation and batch sequence for A and B). Δ = mean(d), and its two-sided t-interval
-    Δ ± t_{(1+c)/2, n−1} · sd(d) / √n (``scipy.stats.t``, c = ``confidence``). Declared before the runs, in
-    this order: **held** when the interval lies above 0, **reversed** when it lies below 0, **equivalent**
-    when it lies inside (−margin, +margin), **undecided** otherwise, with the seeds that would decide it
-    (:func:`seeds_to_decide`). Fewer than 2 paired seeds: no verdict (there is no spread to judge by).
-    """
-    values = np.asarray(differences, dtype=float)
-    n = len(values)
-    mean = float(values.mean()) if n else math.nan
-    if n < 2:
-        return Verdict("no verdict", mean, math.nan, math.nan, n, margin)
-    sd = float(values.std(ddof=1))
-    width = float(t_half_width(sd, n, confidence=confidence))
-    low, high = mean - width, mean + width
-    if low > 0:
-        outcome = "held"
-    elif high < 0:
-        outcome = "reversed"
-    elif -margin < low and high < margin:
-        outcome = "equivalent"
-    else:
-        return Verdict(
-            "undecided", mean, low, high, n, margin, seeds_to_decide(mean, sd, margin=margin, confidence=confidence)
-        )
-    return Verdict(outcome, mean, low, high, n, margin)
-
-
-CENSORED_METRICS = ("best_epoch", "seconds_to_best")  # epochs-to-best: an epoch cap can cut them short
-
-
-def censor(verdict: Verdict, *, can_rise: str = "", can_fall: str = "") -> Verdict:
-    """:func:`judge`'s verdict on right-censored values (:data:`CENSORED_METRICS` of runs that reached their
-    epoch cap still improving, :func:`dmlstudy.train.best_epoch_censored`: the true value is at least the
-    recorded one). ``can_rise`` / ``can_fall`` name the censored runs that could make the true Δ higher (on a
-    side Δ adds) / lower (on a side Δ subtracts); empty when there are none.
-
-    A verdict the censoring could overturn — held when Δ can fall, reversed when it can rise, equivalent when
-    it can move at all — becomes undecided with no seed count (more seeds of the same cap cannot decide it);
-    so does an undecided one whose Δ points the way the censoring could undo (Δ < 0 and can rise, Δ > 0 and
-    can fall): the seeds that would decide it would decide a verdict this rule overturns. A verdict the
-    censoring can only strengthen stands. Added on 2026-11-24, after the first two-regime study, where
-    DGCRL's "≤ 1/5 of triplet's epochs" claim read "reversed" with most runs' best epoch at or next to the
-    6-epoch cap: a stricter rule, never one that decides more.
-    """
-    overturned = {
-        "held": can_fall,
-        "reversed": can_rise,
-        "equivalent": "; ".join(text for text in (can_rise, can_fall) if text),
-        "undecided": can_rise if verdict.mean < 0 else can_fall if verdict.mean > 0 else "",
-    }.get(verdict.outcome, "")
-    if not overturned:
-        return verdict
-    return replace(verdict, outcome="undecided", seeds_to_decide=None, censored=overturned)
-
-
-def effect_sentence(
-    what: str, *, ours: Paired, paper: float | None, margin: float = MARGIN, unit: str = "R@1 points"
-) -> str:
-    """One sentence: our paired difference ``what`` (A − B) with its interval and :func:`judge`'s verdict on
-    the paper's claim, whose direction is the sign of the paper's own difference ``paper``.
-
-    A paper difference below :data:`NO_EFFECT` points claims no effect: the verdict is then read as
-    "consistent" (equivalent), "NOT consistent" (held or reversed) or undecided. A missing paper number
-    (None or NaN) claims nothing: the verdict is that of "A > B" and the sentence says the paper has no number.
-    """
-    missing = paper is None or (isinstance(paper, float) and math.isnan(paper))
-    sign = -1.0 if not missing and paper < 0 and abs(paper) >= NO_EFFECT else 1.0
-    verdict = judge([sign * d for d in ours.differences], margin=margin)
-    measured = judge(ours.differences, margin=margin)  # A − B as measured, for the numbers
-    text = f"{what}: ours {measured.interval_text(unit)}"
-    if missing:
-        return text + f" → {verdict.text} (A > B); the paper reports no number for this."
-    if abs(paper) < NO_EFFECT:
-        reading = {
-            "equivalent": f"consistent (equivalent within ±{margin:g})",
-            "held": "NOT consistent",
-            "reversed": "NOT consistent",
-        }.get(verdict.outcome, verdict.text)
-        return text + f"; the paper found no effect ({paper:+.2f}) → {reading}."
-    return text + f"; paper {paper:+.2f} → {verdict.text}."
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,14 +1,18 @@
 """The shared protocol of every study notebook: same backbone, image size, embedding size, batch and
 epochs for every method in a table, and mean ± std over seeds (the fair comparison none of the papers make).
 
-A notebook's config dataclass subclasses :class:`ProtocolConfig`; :meth:`ProtocolConfig.train_config` turns
-it into the :class:`~dmlstudy.train.TrainConfig` of one run, and :func:`run_grid` trains a list of them,
-reusing complete runs (``resume=True``), so re-executing a notebook costs nothing for finished runs.
+A notebook's config dataclass subclasses :class:`ProtocolConfig`; :func:`resolve_run` (through
+:meth:`ProtocolConfig.train_config` and :meth:`ProtocolConfig.grid`) turns it into the
+:class:`~dmlstudy.train.TrainConfig` of one run — the one place where the plan's values, the regime, the tuned
+values and a variant's own settings meet, each value's origin recorded in the run's ``config.yaml`` — and
+:func:`run_grid` trains a list of them, reusing complete runs (``resume=True``), so re-executing a notebook costs
+nothing for finished runs.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +20,15 @@ from typing import Any
 
 import pandas as pd
 
-from dmlstudy import distributed, engine
+from dmlstudy import distributed, engine, runs
 from dmlstudy.config import TypedConfig
 from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
+from dmlstudy.paths import project_root
 from dmlstudy.regimes import REGIMES, regime, regime_overrides, run_prefix
-from dmlstudy.search_space import merged
+from dmlstudy.search_space import flattened, merged
 from dmlstudy.study import summarize
 from dmlstudy.train import AUTOCAST_MODES, RunResult, TrainConfig, best_epoch_censored, is_complete, load_datasets, run
+from dmlstudy.tuning import list_rows, tuned_file, tuned_overrides
 
 
 @dataclass
@@ -63,6 +69,10 @@ class ProtocolConfig(TypedConfig):
         reported checkpoint was chosen."""
         sizes = "all" if not self.train_classes else f"first {self.train_classes}"
         rates = f"AdamW, tuned values of {self.tuned_folder()}" if self.tuned else f"AdamW lr {self.lr:g}"
+        untuned = self.untuned_rows()
+        if untuned:
+            listed = ", ".join(f"{row} ({', '.join(datasets)})" for row, datasets in untuned.items())
+            rates += f"; untuned rows (lr {self.lr:g}, paper defaults): {listed}"
         if self.validation_folds:
             warmup = regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs).get("warmup_epochs")
             after = " after the warm-up" if warmup else ""  # train.CheckpointSelection: warm-up epochs never count
@@ -88,66 +98,69 @@ class ProtocolConfig(TypedConfig):
         """The folder of ``<dataset>.yaml`` tuned values this protocol reads: ``<tuned>/<regime>`` when the
         regime was tuned on its own (``plans/tuned/pretrained``, written by ``make tune``), else ``tuned`` (the
         scratch regime's values, which another regime then reuses: said in every table's protocol line)."""
-        from dmlstudy.paths import project_root
-
         own = Path(self.tuned) / self.regime
         resolved = own if own.is_absolute() else project_root() / own
         return str(own) if self.regime != "scratch" and resolved.is_dir() else self.tuned
+
+    def tuned_path(self, dataset: str) -> Path:
+        """The tuned-values file of ``dataset`` as this protocol names it (``plans/tuned/glyphs.yaml``): the
+        ``tuned: <file>`` origin of the values read from it."""
+        return tuned_file(self.tuned_folder(), dataset)
 
     def tuned_values(self, *, dataset: str, name: str, method: str) -> dict[str, Any]:
         """The TrainConfig overrides ``make tune`` chose for this run's row on ``dataset`` in this regime
         (:mod:`dmlstudy.tuning`, :meth:`tuned_folder`): the row named ``name`` (a method or a shared variant such
         as ``softmax``) when it was tuned, else the row of its method (an ablation variant starts from its
-        method's tuned values); {} without ``tuned``."""
+        method's tuned values); {} without ``tuned``.
+
+        A row the file lacks gets {} too (it trains at the protocol's ``lr`` with its paper defaults), but not
+        silently: an :class:`UntunedRowWarning` once per row and regime, naming the file and how to tune it,
+        and the row listed in :meth:`protocol_text` (:meth:`untuned_rows`)."""
         if not self.tuned:
             return {}
-        from dmlstudy.paths import project_root
-        from dmlstudy.tuning import tuned_file, tuned_overrides
-
-        tuned = self.tuned_folder()
-        folder = Path(tuned) if Path(tuned).is_absolute() else project_root() / tuned
-        path = tuned_file(folder, dataset)
+        shown = self.tuned_path(dataset)
+        path = shown if shown.is_absolute() else project_root() / shown
         if not path.is_file():
             raise FileNotFoundError(
                 f"parameter 'tuned': {path} does not exist; run `make tune` to write it, or set tuned to '' "
                 "to train with the paper defaults"
             )
-        return tuned_overrides(path, dataset, name) or tuned_overrides(path, dataset, method)
+        values = tuned_overrides(path, dataset, name) or tuned_overrides(path, dataset, method)
+        if not values:
+            row = name if name in list_rows() else method  # an ablation variant's values are its method's
+            UNTUNED_ROWS.setdefault(str(shown), set()).add(row)
+            if (self.regime, str(path.parent), row) not in _WARNED:
+                _WARNED.add((self.regime, str(path.parent), row))
+                warnings.warn(
+                    f"row {row!r} has no tuned values in {shown} ({self.regime} regime): its runs train at the "
+                    f"protocol's lr {self.lr:g} with the paper defaults. Tune it with `make tune` (plans/tune.yaml "
+                    "tunes the rows of plans/default.yaml's comparison) or `dmlstudy tune PLAN` with the row in the "
+                    "plan's rows",
+                    UntunedRowWarning,
+                    stacklevel=2,
+                )
+        return values
+
+    def untuned_rows(self) -> dict[str, list[str]]:
+        """``{row: [datasets]}``: the rows resolved so far (:meth:`tuned_values`) that this protocol's tuned-values
+        files lack, on its datasets."""
+        if not self.tuned:
+            return {}
+        untuned: dict[str, list[str]] = {}
+        for dataset in self.datasets:
+            for row in sorted(UNTUNED_ROWS.get(str(self.tuned_path(dataset)), ())):
+                untuned.setdefault(row, []).append(dataset)
+        return untuned
 
     def train_config(
         self, *, dataset: str, method: str, seed: int, name: str, method_kwargs: dict | None = None, **overrides
     ) -> TrainConfig:
-        """The :class:`TrainConfig` of one run of this protocol; ``name`` + seed make its run name."""
-        values = dict(
-            study=self.study,
-            runs_root=self.runs_root,
-            data_root=self.data_root,
-            dataset=dataset,
-            method=method,
-            method_kwargs=dict(method_kwargs or {}),
-            backbone=self.backbone,
-            image_size=self.image_size,
-            embedding_dim=self.embedding_dim,
-            classes_per_batch=self.classes_per_batch,
-            samples_per_class=self.samples_per_class,
-            epochs=self.epochs,
-            steps_per_epoch=self.steps_per_epoch,
-            train_classes=self.train_classes,
-            test_classes=self.test_classes,
-            lr=self.lr,
-            eval_every=self.eval_every,
-            validation_folds=self.validation_folds,
-            patience=self.patience,
-            autocast=self.autocast,
-            seed=seed,
-            run_name=f"{run_prefix(self.regime)}{dataset}-{name}-seed{seed}",
-            resume=True,
-            progress=self.progress,
-            **regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs),
+        """The :class:`TrainConfig` of one run of this protocol (:func:`resolve_run`; it carries the origins of
+        its values into the run's ``config.yaml``); ``name`` + seed make its run name."""
+        resolved = resolve_run(
+            self, dataset=dataset, method=method, seed=seed, name=name, method_kwargs=method_kwargs, **overrides
         )
-        values = merged(merged(values, self.tuned_values(dataset=dataset, name=name, method=method)), overrides)
-        values["method_kwargs"] = merged(values["method_kwargs"], dict(method_kwargs or {}))  # the variant's own win
-        return TrainConfig(**values)
+        return resolved.config
 
     def grid(
         self, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None
@@ -160,6 +173,91 @@ class ProtocolConfig(TypedConfig):
                 for seed in self.seeds:
                     configs.append((variant, self.train_config(dataset=dataset, seed=seed, name=variant, **dict(spec))))
         return configs
+
+
+class UntunedRowWarning(UserWarning):
+    """A row of a tuned study has no tuned values in its tuned-values file."""
+
+
+UNTUNED_ROWS: dict[str, set[str]] = {}  # tuned-values file (as a protocol names it) → rows resolved that it lacks
+_WARNED: set[tuple[str, str, str]] = set()  # (regime, tuned-values folder, row) already warned about
+DEFAULT, PROTOCOL, VARIANT = "default", "protocol", "variant"  # origins of a run's values (resolve_run)
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run's configuration and where each of its values came from."""
+
+    config: TrainConfig
+    origins: dict[
+        str, str
+    ]  # field, or dotted method_kwargs key → default, protocol, regime: <name>, tuned: <file>, variant
+
+
+def resolve_run(
+    protocol: ProtocolConfig,
+    *,
+    dataset: str,
+    method: str,
+    seed: int,
+    name: str,
+    method_kwargs: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> ResolvedRun:
+    """The :class:`TrainConfig` of the run ``name`` (a variant: a method with its own ``method_kwargs`` and
+    TrainConfig ``overrides``) on ``dataset`` with ``seed`` under ``protocol``, and each value's origin. Later
+    layers win; mappings (``method_kwargs``) merge key by key (:func:`dmlstudy.search_space.merged`):
+
+    1. ``default``: :class:`TrainConfig`'s defaults;
+    2. ``protocol``: the fields :class:`ProtocolConfig` shares with TrainConfig by name (the plan's or the
+       notebook's values), and the run's ``dataset``, ``seed``, ``run_name``
+       (``<regime prefix><dataset>-<name>-seed<seed>``) and ``resume=True``; ``variant``: ``method`` and
+       ``method_kwargs``;
+    3. ``regime: <name>``: the regime's overrides (:func:`dmlstudy.regimes.regime_overrides`);
+    4. ``tuned: <file>``: the row's tuned values (:meth:`ProtocolConfig.tuned_values`);
+    5. ``variant``: ``overrides``, then ``method_kwargs`` once more, so that the variant's own keyword
+       arguments win over tuned ones and its other keys keep their tuned values.
+
+    The config carries the origins (:func:`dmlstudy.runs.with_origins`): its run writes them as comments of
+    ``config.yaml``, outside the configuration and its identity hash."""
+    method_kwargs = dict(method_kwargs or {})
+    shared = set(ProtocolConfig.field_names()) & set(TrainConfig.field_names())
+    run_values = {key: getattr(protocol, key) for key in sorted(shared)} | {
+        "dataset": dataset,
+        "seed": seed,
+        "run_name": f"{run_prefix(protocol.regime)}{dataset}-{name}-seed{seed}",
+        "resume": True,
+    }
+    variant = {"method": method, **({"method_kwargs": method_kwargs} if method_kwargs else {})}
+    layers = [
+        (PROTOCOL, run_values),
+        (VARIANT, variant),
+        (
+            f"regime: {protocol.regime}",
+            regime_overrides(protocol.regime, backbone=protocol.backbone, epochs=protocol.epochs),
+        ),
+        (f"tuned: {protocol.tuned_path(dataset)}", protocol.tuned_values(dataset=dataset, name=name, method=method)),
+        (VARIANT, overrides),
+        (VARIANT, {"method_kwargs": method_kwargs} if method_kwargs else {}),
+    ]
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for origin, layer in layers:
+        values = merged(values, layer)
+        for key, value in layer.items():
+            if not isinstance(value, Mapping):
+                origins[key] = origin
+            elif value:  # a mapping's keys get their own origins; the mapping, its latest contributor's
+                origins |= {key: origin, **dict.fromkeys(flattened(value, f"{key}."), origin)}
+    config = TrainConfig(**values)
+    recorded = set(values) | set(flattened(values))  # a key whose mapping a later layer replaced is gone
+    ordered = {}
+    for field_name in TrainConfig.field_names():
+        ordered[field_name] = origins.get(field_name, DEFAULT)
+        ordered |= {
+            key: origin for key, origin in origins.items() if key.startswith(f"{field_name}.") and key in recorded
+        }
+    return ResolvedRun(runs.with_origins(config, ordered), ordered)
 
 
 def call_in_processes(
@@ -195,7 +293,12 @@ def train_on_engine(configs: list[TrainConfig], *, workers: int, progress: bool 
     for dataset in sorted({config.dataset for config in pending}):  # generate embedded data once, not per worker
         load_datasets(next(config for config in pending if config.dataset == dataset))
     submissions = [
-        (f"run {config.run_dir}", engine.train_task, (engine.task_values(config),), engine.run_task_key(config))
+        (
+            f"run {config.run_dir}",
+            engine.train_task,
+            (engine.task_values(config), runs.origins_of(config)),
+            engine.run_task_key(config),
+        )
         for config in pending
     ]
     engine.run_tasks(engine.get_client(workers), submissions, what="runs", progress=progress)
@@ -222,7 +325,7 @@ def train_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> N
 
 
 def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
-    """One row per run: variant, dataset, seed, metrics, the method's keyword arguments as JSON, and
+    """One row per run: variant, dataset, seed, run folder, metrics, the method's keyword arguments as JSON, and
     ``best_epoch_censored`` (:func:`dmlstudy.train.best_epoch_censored`: the cap cut its epochs-to-best short)."""
     rows = []
     for variant, result in results:
@@ -234,6 +337,7 @@ def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
                 "method": config.method,
                 "seed": config.seed,
                 "method_kwargs": json.dumps(config.method_kwargs, sort_keys=True),
+                "run_dir": str(config.run_dir),
                 **result.metrics,
                 "best_epoch_censored": best_epoch_censored(result.history, config.patience, config.warmup_epochs),
             }

@@ -21,7 +21,7 @@ from dmlstudy.search_space import SearchSpace
 
 # Images per forward pass when a dataset is embedded for evaluation (TrainConfig.eval_batch_size's default and
 # the embedding helpers'). On CPU a 64-image batch of the study's 64 px network embeds 1.6–2.2× faster than 256
-# (the activations stay in cache) and gives bit-identical embeddings (benchmarks/README.md, issue 15).
+# (the activations stay in cache) and gives bit-identical embeddings (benchmarks/README.md, "Evaluation").
 EVAL_BATCH_SIZE = 64
 
 POOLINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -172,7 +172,7 @@ def method_info(name: str) -> MethodInfo:
     return METHOD_INFO[name]
 
 
-VARIANT_SEARCH_SPACES: dict[str, SearchSpace] = {}  # shared variants of a method (kit.SHARED_VARIANTS) by row name
+VARIANT_SEARCH_SPACES: dict[str, SearchSpace] = {}  # shared variants of a method (dmlstudy.experiments.rows.SHARED_VARIANTS) by row name
 
 
 def register_variant_search_space(row: str, space: SearchSpace) -> None:

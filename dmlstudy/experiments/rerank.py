@@ -1,0 +1,184 @@
+"""DIML re-ranking of the ``ms`` runs: the comparison's ``diml_rerank`` row and the claims' extra re-rankings.
+
+Each query's cosine top-K is re-ranked by ``cos + s_struct`` on the run's G × G local embeddings
+(:func:`dmlstudy.methods.diml.reranked_retrieval_metrics`); a re-ranked row keeps the ``ms`` run's NMI, ESD, ρ and
+training time (the embeddings are the same) and adds ``rerank_seconds``. Results are cached in the ``ms`` run
+folders (``compare_rerank-<key>.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dmlstudy.data import evaluation_protocol
+from dmlstudy.experiments import kit
+from dmlstudy.experiments.claims import claim_reranks
+from dmlstudy.experiments.protocol import call_in_processes
+from dmlstudy.experiments.rows import RERANK
+from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
+from dmlstudy.records import write_json
+from dmlstudy.train import RunResult, TrainConfig, run
+
+if TYPE_CHECKING:
+    from dmlstudy.experiments.compare import CompareStudy
+
+
+def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: TransportOptions) -> dict[str, Any]:
+    ks = tuple(config.recall_ks) or evaluation_protocol(config.dataset).recall_ks
+    return {
+        "top_k": top_k,
+        "grid": grid,
+        "ks": list(ks),
+        "epsilon": options.epsilon,
+        "uniform": options.uniform_marginals,
+        "tolerance": options.tolerance,
+        "max_iterations": options.max_iterations,
+        **kit.embedding_precision(config),
+    }
+
+
+def _rerank_cache(run_dir: Path, settings: Mapping[str, Any]) -> Path:
+    return run_dir / f"compare_rerank-{kit.cache_key(settings)}.json"
+
+
+def _rerank_metrics_in_process(train_config: dict[str, Any], top_k: int, grid: int) -> None:
+    rerank_metrics(run(TrainConfig(**train_config)), top_k=top_k, grid=grid)
+
+
+def rerank_metrics(
+    result: RunResult, *, top_k: int, grid: int, options: TransportOptions | None = None
+) -> dict[str, float]:
+    """Retrieval metrics of one trained run after DIML re-ranking of each query's cosine top-``top_k`` (all
+    Recall@K of the dataset's list, RP, MAP@R) and the seconds it took; cached in the run folder.
+
+    ``top_k`` is capped at the number of retrievable items. Uses the run's query (and gallery) sets embedded
+    at ``grid`` × ``grid`` through :func:`dmlstudy.experiments.kit.evaluation_sets`, re-ranked on the run's device.
+    """
+    options = options or TransportOptions()
+    ks = tuple(result.config.recall_ks) or evaluation_protocol(result.config.dataset).recall_ks
+    settings = _rerank_settings(result.config, top_k=top_k, grid=grid, options=options)
+    cache = _rerank_cache(result.run_dir, settings)
+    if cache.is_file():
+        return json.loads(cache.read_text())["metrics"]
+    started = time.perf_counter()
+    sets = kit.evaluation_sets(result, grid_sizes=[grid])
+    query, gallery = sets["query"], sets["gallery"]
+    retrievable = len(query.global_) - 1 if gallery is None else len(gallery.global_)
+    gallery_kwargs = (
+        {}
+        if gallery is None
+        else {"global_gallery": gallery.global_, "local_gallery": gallery.local[grid], "gallery_labels": gallery.labels}
+    )
+    k = min(top_k, retrievable)
+    values = reranked_retrieval_metrics(
+        query.global_,
+        query.local[grid],
+        query.labels,
+        top_ks=[k],
+        ks=ks,
+        options=options,
+        device=sets["device"],
+        **gallery_kwargs,
+    )[k]
+    metrics = {
+        **{name: float(value) for name, value in values.items()},
+        "rerank_top_k": k,
+        "rerank_seconds": time.perf_counter() - started,
+    }
+    write_json(cache, {"settings": settings, "metrics": metrics})
+    return metrics
+
+
+def _missing_reranks(results: Sequence[tuple[str, RunResult]], *, top_k: int, grid: int) -> list[tuple]:
+    """``(run config, top_k, grid)`` of every ``ms`` run of ``results`` without that re-ranking's cache."""
+    options = TransportOptions()
+    return [
+        (result.config.to_dict(), top_k, grid)
+        for name, result in results
+        if name == "ms"
+        and not _rerank_cache(
+            result.run_dir, _rerank_settings(result.config, top_k=top_k, grid=grid, options=options)
+        ).is_file()
+    ]
+
+
+def _rerank_in_processes(missing: list[tuple], *, workers: int) -> None:
+    """The ``missing`` re-rankings as engine tasks, each writing its run's cache (read afterwards); with one
+    worker or one re-ranking, nothing: the caller computes it in this process."""
+    if workers > 1 and len(missing) > 1:
+        call_in_processes(_rerank_metrics_in_process, missing, workers=workers)
+
+
+def rerank_missing(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> None:
+    """Every re-ranking of :func:`rerank_variants` that the ``ms`` runs of ``results`` have not cached yet, as one
+    batch of engine tasks (each distinct ``top_k`` / ``grid`` once); with one worker or one re-ranking, nothing:
+    :func:`rerank_results` computes it in this process."""
+    settings = dict.fromkeys((top_k, grid) for _, top_k, grid in rerank_variants(config))  # distinct, in order
+    missing = [job for top_k, grid in settings for job in _missing_reranks(results, top_k=top_k, grid=grid)]
+    _rerank_in_processes(missing, workers=config.workers)
+
+
+def rerank_results(
+    results: Sequence[tuple[str, RunResult]],
+    config: CompareStudy,
+    *,
+    variant: str = RERANK,
+    top_k: int | None = None,
+    grid: int | None = None,
+) -> list[dict[str, Any]]:
+    """One ``variant`` row per ``ms`` run: the retrieval metrics re-ranked in the top ``top_k`` on ``grid`` ×
+    ``grid`` cells (default: the config's ``rerank_top_k`` and ``rerank_grid``), and the ``ms`` run's NMI, ESD,
+    ρ, training time and parameters (re-ranking does not change the embeddings). The default ``diml_rerank``
+    rows only when the config's ``methods`` list it."""
+    if variant == RERANK and RERANK not in config.methods:
+        return []
+    top_k, grid = reranking(config, top_k=top_k, grid=grid)
+    _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=config.workers)
+    rows = []
+    for name, result in results:
+        if name != "ms":
+            continue
+        reranked = rerank_metrics(result, top_k=top_k, grid=grid)
+        row = {
+            "variant": variant,
+            "dataset": result.config.dataset,
+            "method": RERANK,
+            "seed": result.config.seed,
+            "method_kwargs": json.dumps({"top_k": reranked["rerank_top_k"], "grid_size": grid}),
+            "run_dir": str(result.config.run_dir),  # the re-ranked ms run
+            **result.metrics,
+        }
+        row.update(reranked)
+        rows.append(row)
+    return rows
+
+
+def reranking(config: CompareStudy, *, top_k: int | None = None, grid: int | None = None) -> tuple[int, int]:
+    """``(top_k, grid)`` of a re-ranking: the given values, else the config's ``rerank_top_k`` and
+    ``rerank_grid`` (the ``diml_rerank`` row's)."""
+    return (config.rerank_top_k if top_k is None else top_k, config.rerank_grid if grid is None else grid)
+
+
+def rerank_variants(config: CompareStudy) -> list[tuple[str, int, int]]:
+    """``(variant, top_k, grid)`` of every re-ranking of the ``ms`` runs the comparison of ``config`` reads: the
+    table's ``diml_rerank`` row, then the claims' extra ones (:func:`~dmlstudy.experiments.claims.claim_reranks`);
+    none unless ``diml_rerank`` is a row of the comparison."""
+    if RERANK not in config.methods:
+        return []
+    extra = [(name, *reranking(config, **overrides)) for name, overrides in claim_reranks().items()]
+    return [(RERANK, *reranking(config)), *extra]
+
+
+def claim_rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> list[dict[str, Any]]:
+    """The extra re-rankings the claims compare (:func:`~dmlstudy.experiments.claims.claim_reranks`:
+    ``diml_rerank-G=1``, …) of every ``ms`` run, each row named as in ``claims.yaml``; none unless ``diml_rerank`` is
+    a row of the comparison."""
+    return [
+        row
+        for name, top_k, grid in rerank_variants(config)[1:]
+        for row in rerank_results(results, config, variant=name, top_k=top_k, grid=grid)
+    ]

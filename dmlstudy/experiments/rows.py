@@ -1,0 +1,84 @@
+"""The rows of the comparison: what each row is (label, group, paper, summary) and the runs that make it.
+
+Most rows are registered methods (their :class:`~dmlstudy.methods.MethodInfo` comes from the registry); the
+others are :data:`EXTRA_ROWS`: ``diml_rerank`` (the ``ms`` runs re-ranked by DIML at test time) and the shared
+variants (:data:`SHARED_VARIANTS`: runs one notebook trains under a name and another shows, such as ``softmax``).
+The order of :func:`main_rows` then :func:`classic_rows` gives every row its colour and marker in every figure
+(:func:`dmlstudy.plots.method_style`). Only the method registry is imported here, so the figure style and tuning
+read the rows without the comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from dmlstudy.methods import MethodInfo, list_methods, method_info
+
+if TYPE_CHECKING:
+    from dmlstudy.experiments.compare import CompareStudy
+
+RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
+SHARED_VARIANTS: dict[str, dict] = {  # named runs one notebook trains and another shows (same name, same spec)
+    "softmax": {"method": "dgcrl", "method_kwargs": {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}},
+}
+SHARED_ROWS = {  # how the comparison shows them
+    "softmax": MethodInfo(
+        "softmax",
+        "softmax (DGCRL head, no N-S)",
+        "paper",
+        "DGCRL's own baseline",
+        "DGCRL's head as a plain softmax classifier: no normalize-scale, no margin, no decorrelation (the run of notebook 40)",
+    ),
+}
+EXTRA_ROWS = {  # rows of the comparison that are not registered methods (the others come from the method registry)
+    RERANK: MethodInfo(
+        RERANK,
+        "MS + DIML re-ranking",
+        "paper",
+        "Zhao et al., ICCV 2021 (test-time use)",
+        "the same ms models; each query's cosine top-K re-ranked by cos + s_struct (optimal transport between G × G local embeddings)",
+    ),
+    "softmax": SHARED_ROWS["softmax"],
+}
+
+
+def row_info(name: str) -> MethodInfo:
+    """What a row of the comparison is: :data:`EXTRA_ROWS`, else the registry's :func:`method_info`."""
+    if name in EXTRA_ROWS:
+        return EXTRA_ROWS[name]
+    try:
+        return method_info(name)
+    except KeyError:
+        return MethodInfo(name, name, "classic")
+
+
+def method_label(name: str) -> str:
+    """The row label of a method in every table and figure (the registry's ``label``)."""
+    return row_info(name).label
+
+
+def main_rows() -> list[str]:
+    """Every main row the study can show: ``ms``, the registered paper methods, and :data:`EXTRA_ROWS`."""
+    return ["ms", *list_methods(group="paper"), *EXTRA_ROWS]
+
+
+def classic_rows() -> list[str]:
+    """Every classic baseline the registry has (group ``classic``), ``ms`` aside (a main row)."""
+    return [name for name in list_methods(group="classic") if name != "ms"]
+
+
+def method_grid(methods: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {"method": name}}``: every method with its defaults, named as the method notebooks name it;
+    the names of :data:`SHARED_VARIANTS` get the spec their notebook gives them (``softmax``: 40_dgcrl's
+    DGCRL head without normalize-scale, margin or decorrelation)."""
+    return {name: dict(SHARED_VARIANTS.get(name, {"method": name})) for name in methods}
+
+
+def rows_markdown(config: CompareStudy) -> str:
+    """The notebook's row table for the methods of ``config``: label (name), what it is, paper; from the registry."""
+    lines = ["| row | what it is | paper |", "|---|---|---|"]
+    for name in [*config.methods, *config.classic_methods]:
+        info = row_info(name)
+        lines.append(f"| {info.label} (`{name}`) | {info.summary} | {info.paper} |")
+    return "\n".join(lines)

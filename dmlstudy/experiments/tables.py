@@ -1,0 +1,258 @@
+"""The comparison's tables, one row per method: retrieval (mean ± std over seeds, best per column in bold), the
+embedding geometry (ESD, ρ) beside the CRT paper's numbers and the cost (parameters, seconds), with the figures
+that go with the last two (singular-value spectra, R@1 against training time)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from dmlstudy import plots
+from dmlstudy.experiments import kit
+from dmlstudy.experiments.papers import numbers
+from dmlstudy.experiments.protocol import results_frame
+from dmlstudy.experiments.rows import RERANK, method_label
+from dmlstudy.study import summarize, write_table
+from dmlstudy.train import RunResult
+
+if TYPE_CHECKING:
+    from dmlstudy.experiments.compare import CompareStudy
+
+RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K
+DECIMALS = 1  # percent, as displayed
+FEWER_SEEDS_MARK = "†"
+
+
+# ----------------------------------------------------------------------------------------------
+# Retrieval
+# ----------------------------------------------------------------------------------------------
+def comparison_frame(
+    main: Sequence[tuple[str, RunResult]],
+    classic: Sequence[tuple[str, RunResult]],
+    rerank_rows: Sequence[Mapping[str, Any]],
+    *,
+    methods: Sequence[str],
+) -> pd.DataFrame:
+    """One row per run (and per re-ranked ``ms`` run) with a ``group`` column (main / classic), main methods in
+    the order of ``methods`` (only those asked for), then the classic baselines."""
+    parts = []
+    if main:
+        frame = results_frame(list(main))
+        parts.append(frame[frame["variant"].isin(methods)].assign(group="main"))
+    if rerank_rows:
+        parts.append(pd.DataFrame(list(rerank_rows)).assign(group="main"))
+    if classic:
+        parts.append(results_frame(list(classic)).assign(group="classic"))
+    if not parts:
+        return pd.DataFrame(columns=["variant", "dataset", "method", "seed", "group"])
+    frame = pd.concat(parts, ignore_index=True)
+    order = {
+        name: i for i, name in enumerate([*methods, *dict.fromkeys(frame.loc[frame["group"] == "classic", "variant"])])
+    }
+    frame["_order"] = frame["variant"].map(order)
+    return frame.sort_values(["_order", "dataset", "seed"], kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
+def table_metrics(frame: pd.DataFrame) -> list[str]:
+    """The first four Recall@K columns present (by K), then RP, MAP@R and NMI where present."""
+    ks = sorted(int(c[2:]) for c in frame.columns if c.startswith("R@") and c[2:].isdigit() and frame[c].notna().any())
+    return [f"R@{k}" for k in ks[:4]] + [c for c in RETRIEVAL_TAIL if c in frame.columns and frame[c].notna().any()]
+
+
+def seed_text(seeds: Iterable[Any]) -> str:
+    """The distinct seeds, sorted, as ``0, 1, 2``."""
+    return ", ".join(str(int(s)) for s in sorted(set(seeds)))
+
+
+def comparison_table(
+    frame: pd.DataFrame, *, metrics: Sequence[str] | None = None, decimals: int = DECIMALS
+) -> pd.DataFrame:
+    """Mean ± std over seeds per (dataset, method), in percent, in the frame's row order.
+
+    Columns: ``dataset``, ``method`` (the label; classic rows with fewer seeds than the main rows get
+    :data:`FEWER_SEEDS_MARK`), ``variant``, ``group``, ``seeds``, ``runs``, one display column per metric,
+    ``<metric>_mean`` / ``<metric>_std`` (numbers) and ``best <metric>`` (bool, see :func:`best_flags`).
+    """
+    metrics = list(metrics or table_metrics(frame))
+    table = summarize(frame, by=["dataset", "variant", "group"], metrics=metrics, decimals=decimals)
+    seeds = frame.groupby(["dataset", "variant", "group"], sort=False)["seed"].apply(seed_text).tolist()
+    table.insert(3, "seeds", seeds)
+    main_runs = table.loc[table["group"] == "main"].groupby("dataset")["runs"].max()
+    fewer = [
+        (g == "classic" and r < main_runs.get(d, 0)) for d, g, r in zip(table["dataset"], table["group"], table["runs"])
+    ]
+    labels = [method_label(v) + (f" {FEWER_SEEDS_MARK}" if f else "") for v, f in zip(table["variant"], fewer)]
+    table.insert(1, "method", labels)
+    flags = best_flags(table, metrics, decimals=decimals)
+    for metric in metrics:
+        table[f"best {metric}"] = flags[metric]
+    return table
+
+
+def best_flags(
+    table: pd.DataFrame, metrics: Sequence[str], *, by: str = "dataset", decimals: int = DECIMALS
+) -> pd.DataFrame:
+    """``True`` where a row has the highest ``<metric>_mean`` of its ``by`` group, compared as displayed
+    (rounded to ``decimals``), so ties are all best; missing values are never best."""
+    flags = pd.DataFrame(False, index=table.index, columns=list(metrics))
+    for _, rows in table.groupby(by, sort=False):
+        for metric in metrics:
+            shown = rows[f"{metric}_mean"].astype(float).round(decimals)
+            if shown.notna().any():
+                flags.loc[rows.index, metric] = (shown == shown.max()).to_numpy()
+    return flags
+
+
+def bold_best(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """The table with each best cell (``best <metric>``) wrapped in Markdown bold."""
+    shown = table.copy()
+    for metric in metrics:
+        shown[metric] = [f"**{text}**" if best else text for text, best in zip(shown[metric], shown[f"best {metric}"])]
+    return shown
+
+
+def table_note(config: CompareStudy) -> str:
+    """The note printed beside the table when classic baselines ran with fewer seeds than the main methods
+    ("" otherwise), and the note on the re-ranked row."""
+    notes = []
+    if config.classic_methods and len(set(config.classic_seeds)) < len(set(config.seeds)):
+        notes.append(
+            f"{FEWER_SEEDS_MARK} classic baselines ran with {len(set(config.classic_seeds))} seed(s) "
+            f"({seed_text(config.classic_seeds)}) only, the main methods with {len(set(config.seeds))} "
+            f"({seed_text(config.seeds)}): their mean ± std is over fewer runs."
+        )
+    if RERANK in config.methods:
+        notes.append(
+            f"MS + DIML re-ranking: the MS runs' cosine top-{config.rerank_top_k} re-ranked by cos + s_struct "
+            f"({config.rerank_grid} × {config.rerank_grid} local embeddings); NMI is the MS embeddings' "
+            "(re-ranking changes neighbour order, not the embeddings)."
+        )
+    return " ".join(notes)
+
+
+def comparison_markdown(table: pd.DataFrame, config: CompareStudy, *, dataset: str) -> str:
+    """The Markdown of one dataset's table: title, protocol line, the table (best per column in bold), notes."""
+    rows = table[table["dataset"] == dataset]
+    metrics = [m for m in table_metrics_of(table) if rows[f"{m}_mean"].notna().any()]
+    shown = bold_best(rows, metrics)[["method", "seeds", *metrics]]
+    note = table_note(config)
+    lines = [
+        f"### {dataset} ({config.regime} regime): retrieval (%), mean ± std over seeds, best per column in bold",
+        "",
+        f"Protocol: {config.protocol_text()}.",
+        "",
+        shown.to_markdown(index=False),
+    ]
+    if note:
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+def table_metrics_of(table: pd.DataFrame) -> list[str]:
+    """The metric columns of a :func:`comparison_table` (those with a ``best`` flag), in order."""
+    return [c[len("best ") :] for c in table.columns if c.startswith("best ")]
+
+
+def write_comparison(table: pd.DataFrame, config: CompareStudy, *, folder: str | Path | None = None) -> list[Path]:
+    """``compare_main_<dataset>[_<regime>].csv`` (all columns, numbers included) and ``.md`` (protocol line, bold
+    best, notes) per dataset under ``folder`` (default
+    :meth:`~dmlstudy.experiments.compare.CompareStudy.results_folder`)."""
+    folder = Path(folder) if folder else config.results_folder()
+    paths = []
+    for dataset in dict.fromkeys(table["dataset"]):
+        csv_path, md_path = write_table(
+            table[table["dataset"] == dataset], folder / f"compare_main_{dataset}{config.table_suffix()}"
+        )
+        md_path.write_text(comparison_markdown(table, config, dataset=dataset))
+        paths += [csv_path, md_path]
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# Generalisation: ESD and spectral decay
+# ----------------------------------------------------------------------------------------------
+def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd.DataFrame:
+    """Rows = methods, columns = datasets: :func:`kit.geometry_summary` of ``metric`` (``ESD`` or ``rho``) with the
+    CRT paper's MS / +CRT numbers beside. The re-ranked row is left out (same embeddings as ``ms``)."""
+    paper = numbers("crt", "ESD" if metric == "ESD" else "RHO")
+    return kit.geometry_summary(
+        own_embedding_rows(frame), metric=metric, paper=paper, label=method_label, decimals=decimals
+    )
+
+
+def own_embedding_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows with embeddings of their own: every row but the re-ranked one (its embeddings are the ``ms`` runs')."""
+    return frame[frame["variant"] != RERANK]
+
+
+def spectrum_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, dataset: str) -> plt.Figure:
+    """Normalised singular-value spectra (drop_first = 0) of every method's test embeddings on one dataset."""
+    named = {method_label(v): e for v, (e, _) in embeddings.items()}
+    return plots.spectrum(
+        named,
+        drop_first=0,
+        title=f"{dataset}: test-embedding spectra (drop_first = 0, first seed)",
+        methods={method_label(v): v for v in embeddings},
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Cost
+# ----------------------------------------------------------------------------------------------
+def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset and method: parameters (M), training seconds and seconds per epoch (mean ± std over seeds),
+    and, for the re-ranked row, the re-ranking seconds."""
+    metrics = [m for m in ("train_seconds", "seconds_per_epoch", "rerank_seconds") if m in frame.columns]
+    table = summarize(frame, by=["dataset", "variant"], metrics=metrics, percent=False, decimals=1)
+    parameters = frame.groupby(["dataset", "variant"], sort=False)["parameters"].first() / 1e6
+    table.insert(
+        2,
+        "parameters (M)",
+        [round(float(parameters.loc[(d, v)]), 3) for d, v in zip(table["dataset"], table["variant"])],
+    )
+    table.insert(1, "method", [method_label(v) for v in table["variant"]])
+    if "rerank_seconds" in table:
+        table["rerank_seconds"] = [
+            text if v == RERANK else "–" for text, v in zip(table["rerank_seconds"], table["variant"])
+        ]
+    return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
+
+
+def time_figure(frame: pd.DataFrame) -> plt.Figure:
+    """R@1 (%) against training seconds per method, one panel per dataset, mean ± std over seeds. The re-ranked
+    row sits at the MS runs' training time (its cost is at test time). Each method keeps its colour and marker of
+    every figure (:func:`dmlstudy.plots.method_style`); labels are moved apart where points crowd (adjustText)."""
+    from adjustText import adjust_text
+
+    datasets = list(dict.fromkeys(frame["dataset"]))
+    figure, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
+    for axis, dataset in zip(axes[0], datasets):
+        rows = frame[frame["dataset"] == dataset]
+        labels = []
+        for variant, group in rows.groupby("variant", sort=False):
+            x, y = group["train_seconds"], 100 * group["R@1"]
+            style = plots.method_style(variant)
+            axis.errorbar(
+                x.mean(),
+                y.mean(),
+                xerr=x.std() if len(group) > 1 else None,
+                yerr=y.std() if len(group) > 1 else None,
+                marker=style.marker,
+                color=style.colour,
+                capsize=3,
+                linestyle="none",
+                label=method_label(variant),
+            )
+            labels.append(axis.text(x.mean(), y.mean(), method_label(variant), fontsize=8))
+        axis.set(xlabel="training seconds (whole run)", ylabel="R@1 (%)", title=dataset)
+        axis.grid(alpha=0.3)
+        adjust_text(labels, ax=axis, arrowprops=dict(arrowstyle="-", color="0.5", linewidth=0.5))
+    figure.suptitle("R@1 against training time (circles: the papers' methods; squares, triangles: classic baselines)")
+    figure.tight_layout()
+    plots.legend_outside(figure)
+    return figure

@@ -1,0 +1,148 @@
+"""The package's import graph has no cycle, counting the imports inside functions: a module never reaches back
+up to a module that imports it, not even lazily. Imports under ``if TYPE_CHECKING:`` (annotations only) do
+not count; lazy imports for speed are fine as long as they close no cycle."""
+
+import ast
+import graphlib
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dmlstudy"
+
+
+def module_files(package: Path) -> dict[str, Path]:
+    """Dotted module name → source file, for every module of ``package`` (a package is its ``__init__.py``)."""
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imported_names(tree: ast.AST, module: str, *, is_package: bool) -> set[str]:
+    """Every dotted name an import of ``tree`` names, at any depth (module level, functions, classes, ``try``),
+    except in the body of ``if TYPE_CHECKING:``. ``from a import b`` names ``a`` and ``a.b`` (``b`` may be a
+    module or a name of ``a``); relative imports are resolved against ``module``."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _is_type_checking(child):
+                for statement in child.orelse:  # the `else:` branch runs
+                    visit(ast.Module(body=[statement], type_ignores=[]))
+                continue
+            if isinstance(child, ast.Import):
+                names.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parent = module.split(".") if is_package else module.split(".")[:-1]
+                    parent = parent[: len(parent) - child.level + 1]
+                    base = ".".join([*parent, base] if base else parent)
+                names.add(base)
+                names.update(f"{base}.{alias.name}" for alias in child.names)
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module → the modules of ``package`` it imports (top-level and function-level imports alike). A package's
+    ``__init__`` importing its own submodules is how the package is assembled, not an edge."""
+    modules = module_files(package)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        targets = {resolve(name) for name in imported_names(tree, module, is_package=path.name == "__init__.py")}
+        graph[module] = {t for t in targets if t and t != module and not t.startswith(module + ".")}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` as ``[a, b, …, a]``, or ``[]`` when it has none."""
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        return list(reversed(error.args[1]))  # graphlib lists it against the edges' direction
+    return []
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 50 and "dmlstudy.experiments.compare" in graph
+    cycle = import_cycle(graph)
+    assert not cycle, "import cycle (function-level imports included): " + " -> ".join(cycle)
+
+
+def test_the_rows_of_the_comparison_sit_below_the_figures_and_tuning():
+    """Row labels, styles and shared variants are read by plots and tuning, so they import only the registry."""
+    graph = import_graph(PACKAGE)
+    assert graph["dmlstudy.experiments.rows"] == {"dmlstudy.methods"}
+    assert "dmlstudy.experiments.rows" in graph["dmlstudy.plots"] & graph["dmlstudy.tuning"]
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    package = root / "pkg"
+    for name, source in {"__init__.py": "", **files}.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(source)
+    return package
+
+
+def test_a_cycle_closed_by_an_import_inside_a_function_is_found_and_named(tmp_path):
+    package = _package(
+        tmp_path,
+        {
+            "low.py": "def draw():\n    from pkg.high import label\n    return label\n",
+            "high.py": "from pkg.low import draw\nlabel = 'x'\n",
+            "side.py": "import numpy\nfrom pkg import low\n",
+        },
+    )
+    graph = import_graph(package)
+    assert graph == {"pkg": set(), "pkg.low": {"pkg.high"}, "pkg.high": {"pkg.low"}, "pkg.side": {"pkg", "pkg.low"}}
+    cycle = import_cycle(graph)
+    assert cycle in (["pkg.low", "pkg.high", "pkg.low"], ["pkg.high", "pkg.low", "pkg.high"])
+    assert all(b in graph[a] for a, b in zip(cycle, cycle[1:]))  # in the direction of the imports
+
+
+def test_annotation_only_imports_and_package_assembly_make_no_cycle(tmp_path):
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "from .high import Config\n",
+            "low.py": (
+                "from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from .high import Config\nelse:\n    import json\n"
+                "def rows(config: Config) -> list:\n    return config.methods\n"
+            ),
+            "high.py": "from . import low\nclass Config:\n    methods = []\n",
+            "sub/__init__.py": "",
+            "sub/deep.py": "from ..low import rows\n",
+        },
+    )
+    graph = import_graph(package)
+    assert graph == {
+        "pkg": set(),  # __init__ assembling the package from its submodules
+        "pkg.low": set(),
+        "pkg.high": {"pkg", "pkg.low"},
+        "pkg.sub": set(),
+        "pkg.sub.deep": {"pkg.low"},
+    }
+    assert import_cycle(graph) == []
