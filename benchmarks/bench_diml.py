@@ -1,7 +1,7 @@
 """Benchmark of DIML's re-ranking and training step.
 
 1. Re-ranking throughput (queries/s) of the batched structural similarity
-   (:func:`dmlstudy.methods.diml.candidate_structural_similarity`: a chunk of queries × all their K cosine
+   (:func:`dmlstudy.transport.candidate_structural_similarity`: a chunk of queries × all their K cosine
    candidates per Sinkhorn batch, per-pair stopping) against a straightforward per-pair loop of the same
    algorithm (same float32 operations and stopping rule, one 16 × 16 problem at a time), in torch and in
    numpy. Random L2-normalised embeddings (Q queries searched against themselves, K = 100 candidates from
@@ -36,11 +36,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import dmlstudy.methods.diml as diml_module  # noqa: E402
-from dmlstudy import metrics, train  # noqa: E402
+from dmlstudy import metrics, train, transport  # noqa: E402
 from dmlstudy.methods import build_method  # noqa: E402
-from dmlstudy.methods.diml import TransportOptions, candidate_structural_similarity  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
+from dmlstudy.transport import TransportOptions, candidate_structural_similarity  # noqa: E402
 
 TINY = torch.finfo(torch.float32).tiny
 
@@ -178,7 +177,7 @@ def bench_training(args) -> list[dict]:
 
 
 def bench_small_epsilon_run(args) -> list[dict]:
-    solver = diml_module._transport
+    solver = transport._transport
     spent = {"seconds": 0.0, "calls": 0}
     iterations: list[float] = []
 
@@ -204,13 +203,13 @@ def bench_small_epsilon_run(args) -> list[dict]:
         overwrite=True,
         num_workers=0,
     )
-    diml_module._transport = timed
+    transport._transport = timed
     try:
         started = time.perf_counter()
         train.run(config)
         total = time.perf_counter() - started
     finally:
-        diml_module._transport = solver
+        transport._transport = solver
     return [
         {
             "ε": args.run_epsilon,

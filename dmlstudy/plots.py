@@ -454,8 +454,8 @@ def diml_transport_figure(
     """
     import torch
 
-    from dmlstudy.methods.diml import pairwise_structural_similarity
     from dmlstudy.train import load_datasets
+    from dmlstudy.transport import pairwise_structural_similarity
 
     query_set = sets["query"]
     if sets.get("gallery") is not None:

@@ -157,7 +157,7 @@ class TrainConfig(TypedConfig):
         self._validate_names()
 
     def _validate_names(self) -> None:
-        """Folder labels and K values (issue 16: bad values fail at construction, naming the parameter)."""
+        """Folder labels and K values: bad values fail at construction, naming the parameter."""
         for name in ("study", "run_name"):
             value = getattr(self, name)
             if "/" in value or "\\" in value or value in (".", "..") or (name == "study" and not value):
@@ -193,7 +193,7 @@ class TrainConfig(TypedConfig):
             )
 
     def validate_speed_fields(self) -> None:
-        """Ranges of the input-pipeline and compute fields (issue 15)."""
+        """Ranges of the input-pipeline and compute fields."""
         self.check_choice("input_pipeline", INPUT_PIPELINES)
         self.check_choice("autocast", AUTOCAST_MODES)
         if self.num_workers < -1:
@@ -651,7 +651,7 @@ def _read_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
 
 
 class TrainingWatch:
-    """Numbers that cannot be right, caught where they appear (issue 16).
+    """Numbers that cannot be right, caught where they appear.
 
     * A non-finite loss or input batch stops the run at the batch that produced it; the message names the
       non-finite images (training-set index and file), or the whole batch when every image is finite. The
@@ -715,7 +715,7 @@ class TrainingWatch:
 
 
 class CheckpointSelection:
-    """The checkpoint a run reports, chosen on validation classes (issue 21; Musgrave et al. 2020, §4.2).
+    """The checkpoint a run reports, chosen on validation classes (Musgrave et al. 2020, §4.2).
 
     Every evaluation on the validation classes is offered to :meth:`observe`; the state with the highest
     validation R@1 is kept (a tie keeps the earlier epoch), with its epoch, the training seconds up to the end
@@ -883,10 +883,314 @@ def run(config: TrainConfig) -> RunResult:
         else:
             runs.check_loaded_data(config, datasets)
             session.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
-            result = _train_and_evaluate(config, datasets, device, resume_from=session.resume_from)
+            training = _set_up_training(config, datasets, device, resume_from=session.resume_from)
+            _train_epochs(training)
+            result = _finish(training)
     if distributed.is_main_process():
         runs.note_used(config.run_dir)
     return result
+
+
+@dataclass
+class _Training:
+    """One run between its set-up and its records: what every epoch uses, and what the epochs so far left
+    (the history, the last evaluation, the validation choice)."""
+
+    config: TrainConfig
+    run_dir: Path
+    device: torch.device
+    datasets: dict[str, Any]  # placed on the device (:func:`place_on_device`)
+    method: Method
+    step: nn.Module  # the training loss of ``method``, wrapped for DistributedDataParallel and torch.compile
+    precision: torch.dtype | None  # autocast dtype of the training steps and evaluations (:func:`autocast_dtype`)
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]  # per optimizer group, before the schedule
+    group_names: list[str]  # per optimizer group: model, backbone, head (:meth:`Method.parameter_groups`)
+    sampler: ClassBalancedBatchSampler
+    loader: DataLoader | None  # the file pipeline's; None for the tensor pipeline
+    watch: TrainingWatch
+    selection: CheckpointSelection
+    validation: dict[str, Any] | None  # the validation classes as an evaluation set; None: no validation folds
+    evaluation_options: dict[str, Any]  # keyword arguments of :func:`evaluate`
+    history: list[dict[str, float]] = field(default_factory=list)  # one row per epoch trained
+    start_epoch: int = 0  # the first epoch to train (0-based): after the resumed checkpoint's
+    latest: dict[str, float] = field(default_factory=dict)  # the metrics of the last evaluation
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the embeddings of the last test evaluation
+
+    @property
+    def train(self):
+        return self.datasets["train"]
+
+    @property
+    def shows_progress(self) -> bool:
+        return self.config.progress and distributed.is_main_process()
+
+
+def _set_up_training(
+    config: TrainConfig, datasets: Mapping[str, Any], device: torch.device, *, resume_from: Path | None
+) -> _Training:
+    """Datasets on ``device``, the model (seeded by ``config.seed``), its training step, optimizer and
+    class-balanced sampler; then the state of the checkpoint ``resume_from`` when the run continues one."""
+    datasets = place_on_device(datasets, device)
+    train = datasets["train"]
+    method = build_model(config, train.num_classes).to(device)
+    step = _training_step(config, method, device)
+    precision = autocast_dtype(config, device)
+    evaluation_options = {
+        "batch_size": config.eval_batch_size,
+        "device": device,
+        "num_workers": config.num_workers,
+        "autocast": precision,
+        "channels_last": config.channels_last,
+        "progress": config.progress and distributed.is_main_process(),
+    }
+    optimizer, group_names = _optimizer(config, method)
+    sampler = ClassBalancedBatchSampler(
+        train.labels,
+        classes_per_batch=config.classes_per_batch,
+        samples_per_class=config.samples_per_class,
+        num_batches=config.steps_per_epoch or None,
+        seed=config.seed,
+        rank=distributed.rank(),
+        world_size=distributed.world_size(),
+    )
+    training = _Training(
+        config=config,
+        run_dir=config.run_dir,
+        device=device,
+        datasets=datasets,
+        method=method,
+        step=step,
+        precision=precision,
+        optimizer=optimizer,
+        base_lrs=[group["lr"] for group in optimizer.param_groups],
+        group_names=group_names,
+        sampler=sampler,
+        loader=_file_loader(train, sampler, config, device),
+        watch=TrainingWatch(config, train, sampler),
+        selection=CheckpointSelection(config.patience, config.warmup_epochs),
+        validation=_validation_sets(datasets) if config.validates else None,
+        evaluation_options=evaluation_options,
+    )
+    if resume_from is not None:
+        _resume(training, resume_from)
+    return training
+
+
+def _training_step(config: TrainConfig, method: Method, device: torch.device) -> nn.Module:
+    """``method.loss`` as a module: wrapped in DistributedDataParallel under torchrun (SyncBatchNorm with
+    ``sync_bn``), then prepared for the compute fast path (:func:`prepare_compute`)."""
+    step = _LossStep(method)
+    if distributed.world_size() > 1:
+        if config.sync_bn:
+            step = nn.SyncBatchNorm.convert_sync_batchnorm(step)
+        step = nn.parallel.DistributedDataParallel(step, find_unused_parameters=True)
+    return prepare_compute(config, method, step, device)
+
+
+def _optimizer(config: TrainConfig, method: Method) -> tuple[torch.optim.Optimizer, list[str]]:
+    """The optimizer over the method's parameter groups, and the groups' names. The backbone has a group of
+    its own only when it trains at another rate (``backbone_lr_scale``) or waits for the warm-up."""
+    groups = method.parameter_groups(
+        lr=config.lr,
+        head_lr=config.head_lr,
+        weight_decay=config.weight_decay,
+        backbone_lr=config.lr * config.backbone_lr_scale
+        if config.backbone_lr_scale != 1.0 or config.warmup_epochs
+        else None,
+    )
+    optimizer = OPTIMIZERS[config.optimizer]([{k: v for k, v in g.items() if k != "name"} for g in groups])
+    return optimizer, [group["name"] for group in groups]
+
+
+def _resume(training: _Training, checkpoint_path: Path) -> None:
+    """Continue from an epoch checkpoint: weights, optimizer state, history and the validation choice so far.
+    A checkpoint whose choice the warm-up rule no longer allows is set aside: the run starts again from epoch 1."""
+    config = training.config
+    checkpoint = _read_checkpoint(checkpoint_path, training.device)
+    if config.validates and not training.selection.load(checkpoint["selection"], epochs_done=checkpoint["epoch"] + 1):
+        runs.warn(
+            f"{training.run_dir}: its checkpoint chose warm-up epoch {checkpoint['selection']['epoch']}, which warm-up "
+            "evaluations no longer can (docs/protocol.md, 2026-11-26); starting the run again from epoch 1"
+        )
+        return
+    training.method.load_state_dict(checkpoint["method"])
+    training.optimizer.load_state_dict(checkpoint["optimizer"])
+    training.history, training.start_epoch = checkpoint["history"], checkpoint["epoch"] + 1
+    training.latest = next((row for row in reversed(training.history) if "R@1" in row), {})
+
+
+def _train_epochs(training: _Training) -> None:
+    """Epochs ``start_epoch`` … ``epochs − 1``, or until the validation choice stops the run: each one trained,
+    evaluated every ``eval_every`` epochs and after the last, and recorded (history and checkpoint)."""
+    config = training.config
+    epochs = tqdm(
+        range(training.start_epoch, config.epochs),
+        desc=config.resolved_run_name,
+        disable=not training.shows_progress,
+        initial=training.start_epoch,
+        total=config.epochs,
+    )
+    trained_seconds = float(sum(row["train_seconds"] for row in training.history))
+    for epoch in epochs:
+        if training.selection.stopped:
+            break
+        row = _train_epoch(training, epoch)
+        trained_seconds += row["train_seconds"]
+        if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
+            row.update(_evaluate_epoch(training, epoch, trained_seconds=trained_seconds))
+        training.history.append(row)
+        training.watch.end_epoch(epoch)
+        if distributed.is_main_process():
+            _save_epoch(training, epoch)
+        epochs.set_postfix(loss=f"{row['loss']:.4f}", R1=f"{training.latest.get('R@1', float('nan')):.3f}")
+
+
+def _train_epoch(training: _Training, epoch: int) -> dict[str, float]:
+    """Epoch ``epoch`` (0-based), every generator re-seeded from ``(seed, epoch)``: its history row (the mean
+    loss and named parts over its steps, the learning rate, wall-clock and CPU seconds)."""
+    config, method, optimizer, sampler = training.config, training.method, training.optimizer, training.sampler
+    seed_everything(_epoch_seed(config.seed, epoch))
+    sampler.set_epoch(epoch)
+    training.train.set_epoch(epoch)
+    learning_rates = group_learning_rates(config, training.base_lrs, training.group_names, epoch)
+    for group, lr in zip(optimizer.param_groups, learning_rates):
+        group["lr"] = lr
+    method.train()
+    started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
+    for images, labels in tqdm(
+        _training_batches(training.train, sampler, training.loader, training.device, config.channels_last),
+        desc=f"epoch {epoch + 1}",
+        total=len(sampler),
+        leave=False,
+        disable=not training.shows_progress,
+    ):
+        runs.check_stop(training.run_dir, config.epochs)
+        with autocast_context(training.device, training.precision):
+            loss, parts = training.step(images, labels)
+        training.watch.observe(loss, images, epoch=epoch, step=steps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        steps += 1
+        _add_parts(totals, loss, parts)
+    return {
+        "epoch": epoch + 1,
+        **{name: float(value) / max(steps, 1) for name, value in totals.items()},
+        "lr": learning_rates[0],  # the "model" group: never frozen
+        "train_seconds": time.perf_counter() - started,
+        "train_cpu_seconds": time.process_time() - started_cpu,
+    }
+
+
+def _evaluate_epoch(training: _Training, epoch: int, *, trained_seconds: float) -> dict[str, float]:
+    """The evaluation after epoch ``epoch`` (0-based): on the test classes (kept as the run's latest metrics
+    and embeddings), or on the validation classes, offered to the checkpoint selection with the training
+    seconds so far. Returns the history row's columns: the metrics (``val_`` prefixed on validation classes)
+    and the evaluation's wall-clock and CPU seconds."""
+    started, started_cpu = time.perf_counter(), time.process_time()
+    if training.validation is None:
+        training.latest, training.arrays = evaluate(training.method, training.datasets, **training.evaluation_options)
+        columns = dict(training.latest)
+    else:
+        training.latest, validation_arrays = evaluate(
+            training.method, training.validation, **training.evaluation_options, full=False
+        )
+        columns = {f"val_{name}": value for name, value in training.latest.items()}
+        training.selection.observe(
+            training.latest["R@1"],
+            epoch=epoch + 1,
+            method=training.method,
+            trained_seconds=trained_seconds,
+            arrays=validation_arrays,
+        )
+    return {
+        **columns,
+        "eval_seconds": time.perf_counter() - started,
+        "eval_cpu_seconds": time.process_time() - started_cpu,
+    }
+
+
+def _save_epoch(training: _Training, epoch: int) -> None:
+    """The history so far and the epoch checkpoint (weights, optimizer state, history, the validation choice so
+    far): both or neither."""
+    with uninterruptible():
+        write_csv(training.run_dir / "history.csv", pd.DataFrame(training.history))
+        save_torch(
+            training.run_dir / "checkpoint.pt",
+            {
+                "epoch": epoch,
+                "method": training.method.state_dict(),
+                "optimizer": training.optimizer.state_dict(),
+                "history": training.history,
+                "config": training.config.to_dict(),
+                **({"selection": training.selection.to_checkpoint()} if training.validation is not None else {}),
+            },
+        )
+
+
+def _finish(training: _Training) -> RunResult:
+    """The run's reported metrics and embeddings (:func:`_reported_evaluation`) and its final records:
+    ``embeddings.npz``, ``metrics.json``, and ``checkpoint.pt`` replaced by the reported weights without the
+    optimizer state."""
+    config, method = training.config, training.method
+    frame = pd.DataFrame(training.history)
+    epochs_trained = int(frame["epoch"].iloc[-1]) if len(frame) else 0
+    metrics, arrays, chosen = _reported_evaluation(training, epochs_trained=epochs_trained)
+    summary = {
+        **metrics,
+        **chosen,
+        "epochs": config.epochs,
+        "train_seconds": float(frame["train_seconds"].sum()),
+        "seconds_per_epoch": float(frame["train_seconds"].mean()),
+        "parameters": int(sum(p.numel() for p in method.parameters())),
+    }
+    if distributed.is_main_process():
+        write_npz(training.run_dir / "embeddings.npz", arrays)
+        write_json(training.run_dir / "metrics.json", summary)
+        # metrics.json first: a crash between the two leaves a finished run with its full last checkpoint
+        save_torch(
+            training.run_dir / "checkpoint.pt",
+            {
+                "epoch": epochs_trained - 1,
+                "method": method.state_dict(),
+                "history": training.history,
+                "config": config.to_dict(),
+            },
+        )
+    return RunResult(config, training.run_dir, summary, frame, method, arrays)
+
+
+def _reported_evaluation(
+    training: _Training, *, epochs_trained: int
+) -> tuple[dict[str, float], dict[str, np.ndarray], dict[str, Any]]:
+    """``(metrics, embeddings, choice)`` a run reports: without validation classes, the last epoch's test
+    evaluation (evaluated again when a resumed run holds none); with them, the best-validation state's
+    (:func:`_chosen_checkpoint_metrics`), with that choice's value, epoch and seconds."""
+    config, selection = training.config, training.selection
+    if training.validation is None:
+        metrics, arrays = training.latest, training.arrays
+        if not arrays:  # resumed after the last epoch's checkpoint but before the records were written
+            metrics, arrays = evaluate(training.method, training.datasets, **training.evaluation_options)
+        return (
+            metrics,
+            arrays,
+            {"selection": config.selection_text(best_epoch=epochs_trained, epochs_trained=epochs_trained)},
+        )
+    metrics, arrays = _chosen_checkpoint_metrics(
+        config, training.method, training.datasets, training.validation, selection, training.evaluation_options
+    )
+    return (
+        metrics,
+        arrays,
+        {
+            "val_R@1": selection.value,
+            "best_epoch": selection.epoch,
+            "epochs_trained": epochs_trained,
+            "seconds_to_best": selection.seconds,
+            "selection": config.selection_text(best_epoch=selection.epoch, epochs_trained=epochs_trained),
+        },
+    )
 
 
 def _validation_sets(datasets: Mapping[str, Any]) -> dict[str, Any]:
@@ -916,189 +1220,3 @@ def _chosen_checkpoint_metrics(
     if not selection.arrays:  # resumed after the last checkpoint: embed the validation classes again
         _, selection.arrays = evaluate(method, validation, **options)
     return {}, selection.arrays
-
-
-def _train_and_evaluate(
-    config: TrainConfig, datasets: Mapping[str, Any], device: torch.device, *, resume_from: Path | None
-) -> RunResult:
-    """The training loop of :func:`run` and the final records (``resume_from``: a checkpoint to continue)."""
-    main_process = distributed.is_main_process()
-    run_dir = config.run_dir
-    datasets = place_on_device(datasets, device)
-    checkpoint_path = run_dir / "checkpoint.pt"
-    train = datasets["train"]
-    method = build_model(config, train.num_classes).to(device)
-    step = _LossStep(method)
-    if distributed.world_size() > 1:
-        if config.sync_bn:
-            step = nn.SyncBatchNorm.convert_sync_batchnorm(step)
-        step = nn.parallel.DistributedDataParallel(step, find_unused_parameters=True)
-    step = prepare_compute(config, method, step, device)
-    precision = autocast_dtype(config, device)
-    evaluation_options = {
-        "batch_size": config.eval_batch_size,
-        "device": device,
-        "num_workers": config.num_workers,
-        "autocast": precision,
-        "channels_last": config.channels_last,
-        "progress": config.progress and main_process,
-    }
-    groups = method.parameter_groups(
-        lr=config.lr,
-        head_lr=config.head_lr,
-        weight_decay=config.weight_decay,
-        backbone_lr=config.lr * config.backbone_lr_scale
-        if config.backbone_lr_scale != 1.0 or config.warmup_epochs
-        else None,
-    )
-    optimizer = OPTIMIZERS[config.optimizer]([{k: v for k, v in g.items() if k != "name"} for g in groups])
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
-    group_names = [group["name"] for group in groups]
-    sampler = ClassBalancedBatchSampler(
-        train.labels,
-        classes_per_batch=config.classes_per_batch,
-        samples_per_class=config.samples_per_class,
-        num_batches=config.steps_per_epoch or None,
-        seed=config.seed,
-        rank=distributed.rank(),
-        world_size=distributed.world_size(),
-    )
-    loader = _file_loader(train, sampler, config, device)
-    history: list[dict[str, float]] = []
-    start_epoch = 0
-    watch = TrainingWatch(config, train, sampler)
-    selection = CheckpointSelection(config.patience, config.warmup_epochs)
-    validation = _validation_sets(datasets) if config.validates else None
-    checkpoint = _read_checkpoint(resume_from, device) if resume_from is not None else None
-    if checkpoint is not None and config.validates:
-        if not selection.load(checkpoint["selection"], epochs_done=checkpoint["epoch"] + 1):
-            runs.warn(
-                f"{run_dir}: its checkpoint chose warm-up epoch {checkpoint['selection']['epoch']}, which warm-up "
-                "evaluations no longer can (docs/protocol.md, 2026-11-26); starting the run again from epoch 1"
-            )
-            checkpoint = None
-    if checkpoint is not None:
-        method.load_state_dict(checkpoint["method"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        history, start_epoch = checkpoint["history"], checkpoint["epoch"] + 1
-
-    latest: dict[str, float] = next((row for row in reversed(history) if "R@1" in row), {})
-    arrays: dict[str, np.ndarray] = {}
-    show = config.progress and main_process
-    epochs = tqdm(
-        range(start_epoch, config.epochs),
-        desc=config.resolved_run_name,
-        disable=not show,
-        initial=start_epoch,
-        total=config.epochs,
-    )
-    trained_seconds = float(sum(row["train_seconds"] for row in history))
-    for epoch in epochs:
-        if selection.stopped:
-            break
-        seed_everything(_epoch_seed(config.seed, epoch))
-        sampler.set_epoch(epoch)
-        train.set_epoch(epoch)
-        learning_rates = group_learning_rates(config, base_lrs, group_names, epoch)
-        for group, lr in zip(optimizer.param_groups, learning_rates):
-            group["lr"] = lr
-        method.train()
-        started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
-        for images, labels in tqdm(
-            _training_batches(train, sampler, loader, device, config.channels_last),
-            desc=f"epoch {epoch + 1}",
-            total=len(sampler),
-            leave=False,
-            disable=not show,
-        ):
-            runs.check_stop(run_dir, config.epochs)
-            with autocast_context(device, precision):
-                loss, parts = step(images, labels)
-            watch.observe(loss, images, epoch=epoch, step=steps)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            steps += 1
-            _add_parts(totals, loss, parts)
-        row = {
-            "epoch": epoch + 1,
-            **{name: float(value) / max(steps, 1) for name, value in totals.items()},
-            "lr": learning_rates[0],  # the "model" group: never frozen
-            "train_seconds": time.perf_counter() - started,
-            "train_cpu_seconds": time.process_time() - started_cpu,
-        }
-        trained_seconds += row["train_seconds"]
-        if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
-            eval_started, eval_started_cpu = time.perf_counter(), time.process_time()
-            if validation is None:
-                latest, arrays = evaluate(method, datasets, **evaluation_options)
-                row.update(latest)
-            else:
-                latest, validation_arrays = evaluate(method, validation, **evaluation_options, full=False)
-                row.update({f"val_{name}": value for name, value in latest.items()})
-                selection.observe(
-                    latest["R@1"],
-                    epoch=epoch + 1,
-                    method=method,
-                    trained_seconds=trained_seconds,
-                    arrays=validation_arrays,
-                )
-            row.update(
-                eval_seconds=time.perf_counter() - eval_started,
-                eval_cpu_seconds=time.process_time() - eval_started_cpu,
-            )
-        history.append(row)
-        watch.end_epoch(epoch)
-        if main_process:
-            with uninterruptible():  # an epoch's history and checkpoint: both or neither
-                write_csv(run_dir / "history.csv", pd.DataFrame(history))
-                save_torch(
-                    checkpoint_path,
-                    {
-                        "epoch": epoch,
-                        "method": method.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "history": history,
-                        "config": config.to_dict(),
-                        **({"selection": selection.to_checkpoint()} if validation is not None else {}),
-                    },
-                )
-        epochs.set_postfix(loss=f"{row['loss']:.4f}", R1=f"{latest.get('R@1', float('nan')):.3f}")
-
-    frame = pd.DataFrame(history)
-    epochs_trained = int(frame["epoch"].iloc[-1]) if len(frame) else 0
-    if validation is None:
-        if not arrays:  # resumed after the last epoch's checkpoint but before the records were written
-            latest, arrays = evaluate(method, datasets, **evaluation_options)
-        chosen = {"selection": config.selection_text(best_epoch=epochs_trained, epochs_trained=epochs_trained)}
-    else:
-        latest, arrays = _chosen_checkpoint_metrics(config, method, datasets, validation, selection, evaluation_options)
-        chosen = {
-            "val_R@1": selection.value,
-            "best_epoch": selection.epoch,
-            "epochs_trained": epochs_trained,
-            "seconds_to_best": selection.seconds,
-            "selection": config.selection_text(best_epoch=selection.epoch, epochs_trained=epochs_trained),
-        }
-    summary = {
-        **latest,
-        **chosen,
-        "epochs": config.epochs,
-        "train_seconds": float(frame["train_seconds"].sum()),
-        "seconds_per_epoch": float(frame["train_seconds"].mean()),
-        "parameters": int(sum(p.numel() for p in method.parameters())),
-    }
-    if main_process:
-        write_npz(run_dir / "embeddings.npz", arrays)
-        write_json(run_dir / "metrics.json", summary)
-        # metrics.json first: a crash between the two leaves a finished run with its full last checkpoint
-        save_torch(
-            checkpoint_path,
-            {
-                "epoch": epochs_trained - 1,
-                "method": method.state_dict(),
-                "history": history,
-                "config": config.to_dict(),
-            },
-        )
-    return RunResult(config, run_dir, summary, frame, method, arrays)

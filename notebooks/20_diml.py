@@ -129,7 +129,7 @@ example.round(3)
 # %% [markdown]
 # ## Our implementation, and what it decides
 #
-# `dmlstudy/methods/diml.py` (tested against slow per-pair loops, an exact assignment solver and
+# `dmlstudy/transport.py` and `dmlstudy/methods/diml.py` (tested against slow per-pair loops, an exact assignment solver and
 # pytorch-metric-learning in `tests/test_diml.py`):
 #
 # * **Grid.** Adaptive average pooling of the backbone map to $G \times G$. Our 64-px `dml_convnet` map is

@@ -2,6 +2,8 @@
 cosine ranking, degenerate inputs, the base losses against pytorch-metric-learning, and training runs."""
 
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,27 +12,28 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from scipy.optimize import linear_sum_assignment
 
+import dmlstudy.transport as transport_module
 from dmlstudy import metrics
-from dmlstudy.methods import build_method, diml
+from dmlstudy.methods import build_method
 from dmlstudy.methods.diml import (
     DIML,
-    TransportOptions,
-    candidate_structural_similarity,
-    diml_rerank,
     embed_grid_dataset,
     grid_embeddings,
     grid_pool,
     margin_loss_from_distances,
+    proxy_nca_loss_from_distances,
+)
+from dmlstudy.models import build_backbone
+from dmlstudy.reranking import diml_rerank, rerank_top_k, reranked_retrieval_metrics
+from dmlstudy.train import run
+from dmlstudy.transport import (
+    TransportOptions,
+    candidate_structural_similarity,
     normalize_marginal,
     pairwise_structural_similarity,
-    proxy_nca_loss_from_distances,
-    rerank_top_k,
-    reranked_retrieval_metrics,
     sinkhorn,
     structural_similarity,
 )
-from dmlstudy.models import build_backbone
-from dmlstudy.train import run
 
 
 def unit(*shape, seed=0):
@@ -75,6 +78,19 @@ def reference_structural(local_s, global_s, local_t, global_t, epsilon=0.05, ite
 
 
 # ---------------------------------------------------------------------------------------------- transport
+
+
+def modules_loaded_by(module: str) -> set[str]:
+    """The dmlstudy modules a fresh interpreter holds after importing ``module``."""
+    code = f"import sys, {module}; print(' '.join(name for name in sys.modules if name.startswith('dmlstudy')))"
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+
+
+def test_transport_and_reranking_work_on_embeddings_without_model_code():
+    assert modules_loaded_by("dmlstudy.transport") == {"dmlstudy", "dmlstudy.transport"}
+    reranking = modules_loaded_by("dmlstudy.reranking")
+    assert "dmlstudy.reranking" in reranking and "dmlstudy.metrics" in reranking
+    assert not {name for name in reranking if name.startswith(("dmlstudy.methods", "dmlstudy.models", "dmlstudy.data"))}
 
 
 @pytest.mark.parametrize("log_domain", [False, True])
@@ -139,8 +155,8 @@ def test_the_gpu_solver_stops_every_pair_where_the_compacting_one_does(log_domai
     """The masked Sinkhorn loop CUDA uses, run on the CPU: same iterations per pair, same scalings."""
     kernel, source, target = pairs_last_problem(log_domain=log_domain)
     settings = dict(log_domain=log_domain, max_iterations=100, tolerance=1e-3)
-    a, b, iterations = diml._sinkhorn_scalings(kernel, source, target, **settings)
-    a_masked, b_masked, iterations_masked = diml._sinkhorn_scalings_masked(
+    a, b, iterations = transport_module._sinkhorn_scalings(kernel, source, target, **settings)
+    a_masked, b_masked, iterations_masked = transport_module._sinkhorn_scalings_masked(
         kernel, source, target, read_every=read_every, **settings
     )
     assert iterations.min() < iterations.max()  # pairs stopped at different iterations (some at the cap)
@@ -164,34 +180,38 @@ def test_absorbing_log_domain_solver_follows_the_log_sum_exp_iterations(monkeypa
     source = normalize_marginal(source, dim=0)
     target = normalize_marginal(torch.rand(cells, pairs, generator=generator), dim=0)
     log_kernel = cost / -epsilon
-    absorbed, absorb = [], diml._absorbed
+    absorbed, absorb = [], transport_module._absorbed
 
     def counted(log_kernel, f, g):
         absorbed.append(log_kernel.shape[-1])  # pairs whose kernel is (re)computed
         return absorb(log_kernel, f, g)
 
-    monkeypatch.setattr(diml, "_absorbed", counted)
+    monkeypatch.setattr(transport_module, "_absorbed", counted)
     settings = dict(log_domain=True, max_iterations=100, tolerance=1e-3)
-    f, g, iterations = diml._sinkhorn_scalings(log_kernel, source, target, **settings)
-    f_ref, g_ref, iterations_ref = diml._sinkhorn_scalings_masked(log_kernel, source, target, read_every=1, **settings)
+    f, g, iterations = transport_module._sinkhorn_scalings(log_kernel, source, target, **settings)
+    f_ref, g_ref, iterations_ref = transport_module._sinkhorn_scalings_masked(
+        log_kernel, source, target, read_every=1, **settings
+    )
     assert len(absorbed) > 1  # the first kernel, then absorptions of some pairs
     assert (iterations != iterations_ref).float().mean() < 0.01  # a stopping test may land across the tolerance
     plan, reference = (
-        diml._plan(f, log_kernel, g, log_domain=True),
-        diml._plan(f_ref, log_kernel, g_ref, log_domain=True),
+        transport_module._plan(f, log_kernel, g, log_domain=True),
+        transport_module._plan(f_ref, log_kernel, g_ref, log_domain=True),
     )
     assert torch.isfinite(plan).all()
     torch.testing.assert_close(plan, reference, atol=2e-4, rtol=0)
     torch.testing.assert_close(plan.sum(dim=0), target, atol=1e-5, rtol=0)  # columns exact after each b update
-    alone = diml._sinkhorn_scalings(log_kernel[..., 60:61], source[:, 60:61], target[:, 60:61], **settings)
+    alone = transport_module._sinkhorn_scalings(log_kernel[..., 60:61], source[:, 60:61], target[:, 60:61], **settings)
     assert alone[2].item() == iterations[60]  # batching changes nothing but the float rounding
     torch.testing.assert_close(alone[0][:, 0], f[:, 60], atol=1e-5, rtol=1e-6)
 
 
 def test_cuda_gets_the_masked_solver_and_large_batches():
-    assert diml._solver_for(torch.device("cuda", 0)) is diml._sinkhorn_scalings_masked
-    assert diml._solver_for(torch.device("cpu")) is diml._sinkhorn_scalings
-    assert diml._block_elements(torch.device("cuda")) > diml._block_elements(torch.device("cpu"))
+    assert transport_module._solver_for(torch.device("cuda", 0)) is transport_module._sinkhorn_scalings_masked
+    assert transport_module._solver_for(torch.device("cpu")) is transport_module._sinkhorn_scalings
+    assert transport_module._block_elements(torch.device("cuda")) > transport_module._block_elements(
+        torch.device("cpu")
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

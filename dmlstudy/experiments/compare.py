@@ -18,7 +18,7 @@ fields).
 Decisions (stated in the notebook too):
 
 * ``diml_rerank`` is a row, not a training method: the ``ms`` runs' test embeddings re-ranked at test time
-  with DIML's structural similarity (:func:`dmlstudy.methods.diml.reranked_retrieval_metrics`): the cosine
+  with DIML's structural similarity (:func:`dmlstudy.reranking.reranked_retrieval_metrics`): the cosine
   top-``rerank_top_k`` of every query re-ranked by ``cos + s_struct`` on the trained ``ms`` model's
   ``rerank_grid`` × ``rerank_grid`` local embeddings (its own embedding layer applied per cell), DIML's
   default transport (ε = 0.05, cross-correlation marginals). Re-ranking changes the order of neighbours,

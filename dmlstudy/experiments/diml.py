@@ -5,7 +5,7 @@ Runs come from :meth:`ProtocolConfig.grid`, so the plain Multi-Similarity baseli
 DIML-trained Multi-Similarity is the run ``diml`` (shared with the comparison notebook). Every trained model
 is evaluated once per setting: its test set is embedded at each grid size (one backbone pass), the
 structural similarities of each query's top-``max K`` cosine candidates are computed once and every K
-re-ranks from them (:func:`dmlstudy.methods.diml.reranked_retrieval_metrics`). Results are cached in the
+re-ranks from them (:func:`dmlstudy.reranking.reranked_retrieval_metrics`). Results are cached in the
 run folder (``diml_rerank-<key>.json``), so re-executing the notebook only computes what is new.
 
 The paper's numbers (supplement Tables 1 and 2, from ``papers.yaml``) are printed for orientation: other data

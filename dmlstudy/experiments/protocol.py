@@ -186,12 +186,12 @@ DEFAULT, PROTOCOL, VARIANT = "default", "protocol", "variant"  # origins of a ru
 
 @dataclass(frozen=True)
 class ResolvedRun:
-    """A run's configuration and where each of its values came from."""
+    """A run's configuration and where each of its values came from: ``origins`` maps every TrainConfig field
+    and every dotted ``method_kwargs`` key to ``default``, ``protocol``, ``regime: <name>``, ``tuned: <file>`` or
+    ``variant`` (:func:`resolve_run`)."""
 
     config: TrainConfig
-    origins: dict[
-        str, str
-    ]  # field, or dotted method_kwargs key → default, protocol, regime: <name>, tuned: <file>, variant
+    origins: dict[str, str]
 
 
 def resolve_run(

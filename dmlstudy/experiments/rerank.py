@@ -1,7 +1,7 @@
 """DIML re-ranking of the ``ms`` runs: the comparison's ``diml_rerank`` row and the claims' extra re-rankings.
 
 Each query's cosine top-K is re-ranked by ``cos + s_struct`` on the run's G × G local embeddings
-(:func:`dmlstudy.methods.diml.reranked_retrieval_metrics`); a re-ranked row keeps the ``ms`` run's NMI, ESD, ρ and
+(:func:`dmlstudy.reranking.reranked_retrieval_metrics`); a re-ranked row keeps the ``ms`` run's NMI, ESD, ρ and
 training time (the embeddings are the same) and adds ``rerank_seconds``. Results are cached in the ``ms`` run
 folders (``compare_rerank-<key>.json``).
 """
@@ -19,9 +19,10 @@ from dmlstudy.experiments import kit
 from dmlstudy.experiments.claims import claim_reranks
 from dmlstudy.experiments.protocol import call_in_processes
 from dmlstudy.experiments.rows import RERANK
-from dmlstudy.methods.diml import TransportOptions, reranked_retrieval_metrics
 from dmlstudy.records import write_json
+from dmlstudy.reranking import reranked_retrieval_metrics
 from dmlstudy.train import RunResult, TrainConfig, run
+from dmlstudy.transport import TransportOptions
 
 if TYPE_CHECKING:
     from dmlstudy.experiments.compare import CompareStudy
