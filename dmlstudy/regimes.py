@@ -2,8 +2,8 @@
 
 The four papers fine-tune ImageNet-pretrained backbones; the study's first regime trains from random
 initialisation. A regime is a named set of :class:`~dmlstudy.train.TrainConfig` overrides applied by the
-study protocol (:meth:`dmlstudy.experiments.protocol.ProtocolConfig.train_config`) before the tuned values,
-so every method of a table gets the same start and the same fine-tuning schedule.
+study protocol (:func:`dmlstudy.experiments.protocol.resolve_run`) after the plan's values and before the tuned
+values, so every method of a table gets the same start and the same fine-tuning schedule.
 
 * ``scratch``: random initialisation, every parameter at the run's learning rate.
 * ``pretrained``: the backbone loaded from :data:`PRETRAINED_WEIGHTS` (``dml_convnet`` pretrained by softmax

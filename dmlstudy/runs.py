@@ -64,6 +64,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dmlstudy import records
 from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_file, project_root
@@ -84,6 +86,7 @@ HASHED_WHEN_SET = {  # field → the value that reproduces the runs recorded bef
     "backbone_lr_scale": 1.0,
     "warmup_epochs": 0,
 }
+ACTIONS = ("resume", "overwrite")  # fields that say what to do with a run folder, recorded off in config.yaml
 RECORD_FILES = ("metrics.json", "checkpoint.pt", "history.csv", "embeddings.npz", "environment.json", "config.yaml")
 LOCK_FILE, HOLDER_FILE = ".run.lock", ".run.lock.json"
 # The revision of the rule that chooses a run's reported checkpoint (train.CheckpointSelection); a plan executes
@@ -170,6 +173,62 @@ def read_config_record(run_dir: Path) -> dict[str, Any] | None:
     """The ``config.yaml`` of a run folder (None when there is none)."""
     path = Path(run_dir) / "config.yaml"
     return (load_yaml(path.read_text()) or {}) if path.is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------- origins
+#
+# Where each value of a run's configuration came from (``default``, ``protocol``, ``regime: <name>``,
+# ``tuned: <file>``, ``variant``: :func:`dmlstudy.experiments.protocol.resolve_run`) is recorded as an end-of-line
+# comment per key of ``config.yaml``. Decision: comments, not fields, so that the configuration, its identity hash
+# and every reader of the record (:func:`differing_fields`, ``dmlstudy train --config``) stay what they were. The
+# origins travel with the config object as an attribute of the instance (:func:`with_origins`), not a dataclass
+# field: a copy of the config (``dataclasses.replace``, ``TrainConfig(**values)``) starts without them, and a run
+# without origins writes the plain record it always wrote. The engine passes them to its worker beside the
+# config's values (:func:`dmlstudy.engine.train_task`).
+
+ORIGINS_ATTRIBUTE = "origins"
+ORIGINS_HEADER = "# after each value, where it came from: default, protocol, regime: <name>, tuned: <file> or variant\n"
+
+
+def with_origins(config, origins: Mapping[str, str]):
+    """``config`` carrying ``origins`` (key → origin; keys are fields or dotted ``method_kwargs`` paths), which
+    its run records in ``config.yaml``; returns ``config``."""
+    setattr(config, ORIGINS_ATTRIBUTE, dict(origins))
+    return config
+
+
+def origins_of(config) -> dict[str, str]:
+    """The origins ``config`` carries ({} for a config built without them)."""
+    return dict(getattr(config, ORIGINS_ATTRIBUTE, None) or {})
+
+
+def commented_yaml(values: Mapping[str, Any], comments: Mapping[str, str], prefix: str = "") -> str:
+    """``values`` as block YAML, the same text as ``yaml.safe_dump(values, sort_keys=False)``, with
+    ``  # <comments[key]>`` after each key that has one (nested keys dotted: ``method_kwargs.loss_kwargs.alpha``).
+    A key of a non-empty mapping gets its comment on its own line; a long scalar that YAML wraps, on its last."""
+    lines: list[str] = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        comment = f"  # {comments[path]}" if comments.get(path) else ""
+        if isinstance(value, Mapping) and value:
+            lines.append(
+                yaml.safe_dump({key: {}}).rstrip("\n").removesuffix(" {}") + comment
+            )  # "key:" as YAML writes it
+            lines += ["  " + line for line in commented_yaml(value, comments, f"{path}.").splitlines()]
+            continue
+        chunk = yaml.safe_dump({key: value}, sort_keys=False).rstrip("\n").splitlines()
+        if comment:
+            at = 0 if len(chunk) == 1 or chunk[0].endswith(":") else len(chunk) - 1  # ":": a block list follows
+            chunk[at] += comment
+        lines += chunk
+    return "".join(f"{line}\n" for line in lines)
+
+
+def config_record_text(values: Mapping[str, Any], origins: Mapping[str, str]) -> str:
+    """The text of ``config.yaml``: ``values`` as YAML, with each value's origin as a comment when known."""
+    if not origins:
+        return yaml.safe_dump(dict(values), sort_keys=False)
+    return ORIGINS_HEADER + commented_yaml(values, origins)
 
 
 def is_complete(run_dir: Path) -> bool:
@@ -624,7 +683,7 @@ class RunSession:
         if self.writer:
             # resume/overwrite are actions, not configuration: the record holds them off, so that
             # `dmlstudy train --config <run>/config.yaml --resume` continues the run and never deletes it
-            records.write_yaml(
-                self.run_dir / "config.yaml", {**self.config.to_dict(), "resume": False, "overwrite": False}
-            )
+            values = {**self.config.to_dict(), **dict.fromkeys(ACTIONS, False)}
+            origins = {key: origin for key, origin in origins_of(self.config).items() if key not in ACTIONS}
+            records.write_bytes_atomically(self.run_dir / "config.yaml", config_record_text(values, origins).encode())
             records.write_json(self.run_dir / "environment.json", dict(environment))

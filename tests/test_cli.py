@@ -366,6 +366,6 @@ def test_study_runner_shows_progress_without_the_kernel_tcp_warning(tmp_path, ca
     captured = capfd.readouterr()
     everything = captured.out + captured.err
     assert "Kernel is running over TCP" not in everything and "without encryption" not in everything
-    assert "2/2" in captured.err and "entry" in captured.err  # the bar over the plan's entries
+    assert "notebooks 2/2 ended" in captured.err  # the bar over the plan's runs counts its notebooks too
     assert "cell" in captured.err  # papermill's bar over the cells
     assert "[1/2] e-value=1" in captured.out and "plan plan.yaml: 2 ran" in captured.out

@@ -82,7 +82,7 @@ def _tuned_folder(tmp_path):
 
 
 def test_tuned_values_reach_rows_variants_and_yield_to_explicit_settings(tmp_path):
-    from dmlstudy.experiments.protocol import ProtocolConfig
+    from dmlstudy.experiments.protocol import ProtocolConfig, UntunedRowWarning
 
     protocol = ProtocolConfig(tuned=str(_tuned_folder(tmp_path)), lr=0.004)
     ms = protocol.train_config(dataset="synbirds", method="ms", seed=0, name="ms")
@@ -97,7 +97,8 @@ def test_tuned_values_reach_rows_variants_and_yield_to_explicit_settings(tmp_pat
     )
     assert (softmax.lr, softmax.head_lr) == (0.001, 0.05) and softmax.method_kwargs == {"normalize_scale": False}
     assert protocol.train_config(dataset="synbirds", method="ms", seed=0, name="ms", lr=0.01).lr == 0.01
-    untuned = protocol.train_config(dataset="synbirds", method="crt", seed=0, name="crt")
+    with pytest.warns(UntunedRowWarning, match="row 'crt' has no tuned values"):
+        untuned = protocol.train_config(dataset="synbirds", method="crt", seed=0, name="crt")
     assert untuned.lr == 0.004 and untuned.method_kwargs == {}
     assert ProtocolConfig(lr=0.004).train_config(dataset="synbirds", method="ms", seed=0, name="ms").lr == 0.004
 

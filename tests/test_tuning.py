@@ -46,7 +46,7 @@ def learning_rates(trial):
 
 
 class Interrupt(Exception):
-    """Stands for the driver being stopped (Ctrl-C, a lost session)."""
+    """Stands for the driver being stopped (Ctrl-C, a lost connection)."""
 
 
 @pytest.fixture(autouse=True)
@@ -191,7 +191,7 @@ def test_the_pruner_replay_finds_a_decision_the_warm_up_report_changes(tmp_path,
 
 
 # ----------------------------------------------------------------------------------------------
-# Declared search spaces, rows, tuned-values files, dmlstudy tune (issue 21)
+# Declared search spaces, rows, tuned-values files, dmlstudy tune
 # ----------------------------------------------------------------------------------------------
 ROWS = list_rows()
 
@@ -263,6 +263,39 @@ def _leaves(overrides: dict, space) -> dict:
 def test_a_tuning_plan_with_a_bad_value_names_the_parameter(name, value, message):
     with pytest.raises(ValueError, match=message):
         TuneConfig(**{name: value})
+
+
+def test_a_tuning_plans_rows_are_names_the_registry_or_the_rows_of_a_study_plans_comparison(tmp_path):
+    from dmlstudy.experiments.rows import RERANK
+    from dmlstudy.study import load_plan
+
+    [comparison] = [
+        e.parameters for e in load_plan(ROOT / "plans" / "default.yaml") if "classic_methods" in e.parameters
+    ]
+    shown = [*comparison["methods"], *comparison["classic_methods"]]
+    expected = list(dict.fromkeys("ms" if name == RERANK else name for name in shown))  # re-ranking reads ms runs
+    assert load_tune_config(ROOT / "plans" / "tune.yaml").rows == expected
+    assert load_tune_config(ROOT / "plans" / "tune_pretrained.yaml").rows == expected
+    assert TuneConfig(rows="registry").rows == list_rows()
+    assert TuneConfig(rows=["triplet", "registry"]).rows == ["triplet", *(r for r in list_rows() if r != "triplet")]
+    plan = _write(tmp_path / "study.yaml", "entries: [{name: a, notebook: notebooks/01_train.ipynb}]\n")
+    with pytest.raises(ValueError, match=r"study\.yaml: no entry of this study plan lists rows"):
+        TuneConfig(rows=str(plan))
+
+
+def test_a_row_without_a_learning_rate_in_its_search_space_is_refused():
+    from dmlstudy.methods import METHOD_INFO, METHODS, register_method
+    from dmlstudy.methods.baseline import Baseline
+
+    register_method("no_lr_space", search_space={"method_kwargs.pooling": search.Choice(("avg", "max"), "avg")})(
+        Baseline
+    )
+    try:
+        with pytest.raises(ValueError, match=r"\['no_lr_space'\] declare no 'lr' in their search space"):
+            TuneConfig(rows=["ms", "no_lr_space"])
+    finally:
+        METHODS.pop("no_lr_space")
+        METHOD_INFO.pop("no_lr_space")
 
 
 def test_trials_start_and_train_as_the_plans_regime_says():
