@@ -430,7 +430,7 @@ def stop_tasks(client, futures, *, timeout: float = STOP_SECONDS, poll_seconds: 
     """Cancel ``futures`` and return once no worker executes one of them any more. A training task that was
     running sees its cancellation at its next training step (:func:`train_task` runs under
     :func:`dmlstudy.runs.stop_when`), keeps its last epoch checkpoint and releases its run folder, so the
-    same session can submit the run again (it resumes). A task still executing after ``timeout`` seconds
+    same Dask client can submit the run again (it resumes). A task still executing after ``timeout`` seconds
     (one that does not check, a step that hangs) has its worker restarted by its nanny."""
     keys = {future.key for future in futures}
     if not keys:

@@ -564,7 +564,7 @@ def interruptible(run_dir: Path, epochs: int) -> Iterator[None]:
             signal.signal(number, action)
 
 
-class RunSession:
+class RunGuard:
     """What :func:`dmlstudy.train.run` does before training and after it: the lock, the signal handlers,
     the reuse/refuse/overwrite policy and the first records. ``writer`` is False on the ranks of a
     distributed run that write nothing (they only read the policy's outcome).
@@ -580,7 +580,7 @@ class RunSession:
         self.reusable, self.resume_from = False, None
         self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> RunSession:
+    def __enter__(self) -> RunGuard:
         try:
             # a finished run is only read (its records are complete and its checkpoint is replaced atomically):
             # no lock, so that notebooks executing side by side can load the same run at once

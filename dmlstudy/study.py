@@ -837,7 +837,7 @@ class _PlanInterrupts:
 
     A terminal's Ctrl-C reaches every process of its foreground group: this one, and the workers of the plan's
     cluster, which ignore it (:func:`dmlstudy.engine.start_local_cluster`). Papermill starts each kernel in its
-    own session, out of reach. Before any entry starts, a signal stops the plan at once. Once entries run, the
+    own process group, out of reach. Before any entry starts, a signal stops the plan at once. Once entries run, the
     first signal interrupts each kernel as Jupyter does (SIGINT: the running cell raises KeyboardInterrupt,
     :func:`dmlstudy.engine.run_tasks` cancels its grid's tasks, which stop at their next training step with
     their last epoch's checkpoint kept, or :func:`dmlstudy.train.run` in the kernel keeps its own), no further

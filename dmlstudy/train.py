@@ -876,14 +876,14 @@ def run(config: TrainConfig) -> RunResult:
     config.validate()
     runs.check_before_loading(config)
     device = distributed.setup(config.device) if distributed.launched_by_torchrun() else resolve_device(config.device)
-    with runs.RunSession(config, writer=distributed.is_main_process()) as session:
+    with runs.RunGuard(config, writer=distributed.is_main_process()) as guard:
         datasets = load_datasets(config)
-        if session.reusable:
+        if guard.reusable:
             result = _load_complete(config, datasets, device)
         else:
             runs.check_loaded_data(config, datasets)
-            session.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
-            training = _set_up_training(config, datasets, device, resume_from=session.resume_from)
+            guard.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
+            training = _set_up_training(config, datasets, device, resume_from=guard.resume_from)
             _train_epochs(training)
             result = _finish(training)
     if distributed.is_main_process():

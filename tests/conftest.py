@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "TRUE")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tiny_data_root(tmp_path_factory) -> Path:
     """``<root>/cub200`` holds 24 classes × 6 images (12 train classes, 12 test classes), 64 px."""
     from dmlstudy.data.embedded import ensure_generated

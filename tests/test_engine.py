@@ -174,7 +174,7 @@ def test_a_killed_worker_resumes_its_run_and_retrains_nothing_else(tiny_config, 
 
 def test_stopping_a_running_task_frees_its_run_folder_at_once(tiny_config, one_thread_tasks):
     """What an interrupted grid or search does to its tasks: a cancelled run would otherwise train on in its
-    worker thread, and submitting it again in the same session would fail with RunLockedError. The task stops
+    worker thread, and submitting it again from the same client would fail with RunLockedError. The task stops
     itself at its next step, keeps its epoch checkpoint and releases its lock; its worker is not restarted."""
     from dmlstudy.runs import RunLock
 

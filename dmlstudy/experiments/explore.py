@@ -517,7 +517,7 @@ class ExplorerUI:
             items = self.explorer.render(
                 self.run.value, query=self.query.value, top_k=self.top_k.value, explain=self.explain.value
             )
-        except Exception as error:  # shown in the widget: a live session must survive one bad choice
+        except Exception as error:  # shown in the widget: a live kernel must survive one bad choice
             self.output.append_stdout(f"{type(error).__name__}: {error}\n")
             return
         for item in items:
