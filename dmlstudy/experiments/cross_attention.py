@@ -92,7 +92,7 @@ class CrossAttentionStudy(ProtocolConfig):
     ablation_seeds: list = field(default_factory=lambda: [0])  # seeds of the ablations
     block_counts: list = field(
         default_factory=lambda: [0, 6]
-    )  # trained N, the rows of the grid (N 0: the ms run; N > 0: runs cross_attention-num_blocks=N)
+    )  # trained N, the rows of the grid (N 0: the ms run; N > 0: the cross_attention runs with N blocks)
     rescoring_subset: int = 100  # test images scored all-against-all with sⁿ (0: the whole test set)
     options: list = field(default_factory=list)  # extra variants: independent, residual, unconditional_loss
     larger_backbone: str = "test_resnet"  # MS without blocks on this (bigger) backbone; "" skips the table

@@ -92,14 +92,14 @@ class CRTStudy(ProtocolConfig):
     ablation_datasets: list = field(default_factory=lambda: ["synbirds"])  # datasets of the ablation tables
     ablation_seeds: list = field(default_factory=lambda: [0])  # seeds of the ablation tables
     components: bool = True  # full / −CRT / −CRT−Consistency table
-    multi_perspective: bool = True  # K1 = K2 = 1 against the default 64
+    multi_perspective: bool = True  # K1 and K2 both 1 against the default 64
     shared_ablation: bool = True  # shared prototype bank against two banks
-    k1_values: list = field(default_factory=lambda: [1])  # K1 sweep (separate banks, K2 = 64); 64 is always added
-    k2_values: list = field(default_factory=lambda: [1])  # K2 sweep (separate banks, K1 = 64); 64 is always added
+    k1_values: list = field(default_factory=lambda: [1])  # K1 sweep (separate banks, K2 at 64); 64 is always added
+    k2_values: list = field(default_factory=lambda: [1])  # K2 sweep (separate banks, K1 at 64); 64 is always added
     lambda2_values: list = field(default_factory=lambda: [0.0])  # λ2 sweep; 0.9 (the default run) is always added
     batch_sizes: list = field(
         default_factory=lambda: [32]
-    )  # total batch N = P·M at the protocol M; the protocol batch is always added
+    )  # total batch N (P·M) at the protocol M; the protocol batch is always added
     dim_pairs: list = field(
         default_factory=lambda: [[32, 64]]
     )  # (d, D) pairs scored on both branches; (128, 1024) is added

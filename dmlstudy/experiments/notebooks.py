@@ -82,7 +82,9 @@ def parameters_source(stem: str) -> str:
             raise ValueError(
                 f"{config.__name__}.{spec.name}: a parameters cell holds literals only, got {value!r}"
             ) from None
-        comment = comments.get(spec.name, "").replace("=", "＝")  # papermill cannot parse a comment holding "="
+        comment = comments.get(spec.name, "")
+        if "=" in comment:  # papermill reads "name: type = value  # comment" and would take the comment's "=" for it
+            raise ValueError(f"{config.__name__}.{spec.name}: a parameter's comment cannot hold '=': {comment!r}")
         lines.append(f"{spec.name}: {hints[spec.name].__name__} = {value!r}  # {comment}".rstrip())
     return "\n".join(lines) + "\n"
 

@@ -55,7 +55,7 @@ class ProtocolConfig(TypedConfig):
     validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
     patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
     autocast: str = "auto"  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
-    tuned: str = ""  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; "" = defaults
+    tuned: str = ""  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; empty: none
     progress: bool = False  # tqdm bars inside the notebook
     workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
 
