@@ -218,4 +218,7 @@ def test_paired_censoring_sorts_censored_runs_by_the_direction_they_move_the_dif
     flipped = verdicts.paired_censoring(frame, "glyphs", "triplet", "dgcrl", (0, 1, 2), first_scale=-1.0)
     assert flipped == {"can_rise": "", "can_fall": "2 of 3 triplet runs, 1 of 3 dgcrl runs"}
     no_column = frame.drop(columns="best_epoch_censored")
-    assert verdicts.paired_censoring(no_column, "glyphs", "triplet", "dgcrl", (0, 1, 2)) == {"can_rise": "", "can_fall": ""}
+    assert verdicts.paired_censoring(no_column, "glyphs", "triplet", "dgcrl", (0, 1, 2)) == {
+        "can_rise": "",
+        "can_fall": "",
+    }

@@ -172,7 +172,9 @@ def method_info(name: str) -> MethodInfo:
     return METHOD_INFO[name]
 
 
-VARIANT_SEARCH_SPACES: dict[str, SearchSpace] = {}  # shared variants of a method (dmlstudy.experiments.rows.SHARED_VARIANTS) by row name
+VARIANT_SEARCH_SPACES: dict[
+    str, SearchSpace
+] = {}  # shared variants of a method (dmlstudy.experiments.rows.SHARED_VARIANTS) by row name
 
 
 def register_variant_search_space(row: str, space: SearchSpace) -> None:
