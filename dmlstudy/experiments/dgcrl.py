@@ -453,8 +453,9 @@ def alpha_sentence(runs: pd.DataFrame, *, reference: float = 128.0) -> list[str]
             sentences.append(f"{dataset}: fewer than two α or no α = {reference:g}, no direction to check.")
             continue
 
-        def verdict(alpha: float, group: pd.DataFrame = group, dataset: str = dataset) -> Verdict:
-            return judge(paired_differences(group, dataset, f"{reference:g}", f"{alpha:g}").differences)
+        def verdict(alpha: float, claimed: str = ">", group: pd.DataFrame = group, dataset: str = dataset) -> Verdict:
+            differences = paired_differences(group, dataset, f"{reference:g}", f"{alpha:g}").differences
+            return judge(differences, claimed=claimed)
 
         smallest = alphas[0]
         small = verdict(smallest)
@@ -465,7 +466,7 @@ def alpha_sentence(runs: pd.DataFrame, *, reference: float = 128.0) -> list[str]
         stable = [alpha for alpha in alphas if alpha >= 16 and alpha != reference]
         if stable:
             text += f"; α = {reference:g} − α ≥ 16: " + "; ".join(
-                f"α = {alpha:g} {verdict(alpha).interval_text()} → {verdict(alpha).text}" for alpha in stable
+                f"α = {alpha:g} {verdict(alpha, '≈').interval_text()} → {verdict(alpha, '≈').text}" for alpha in stable
             )
             text += " (the paper: stable, i.e. equivalent)"
         sentences.append(text + ".")
