@@ -28,10 +28,11 @@ Decisions (stated in the notebook too):
 * Best per column: the highest mean over seeds *as displayed* (rounded to the table's decimals), so equal
   displayed numbers are all marked; every row of a dataset competes, classic baselines included.
 * Claims (``claims.yaml``: the 8 headline claims × 2 datasets and the ablation claims the default study
-  runs) are judged by the study's one rule, :func:`dmlstudy.verdicts.judge`: per-seed paired
+  runs) are judged by the study's one rule, :func:`dmlstudy.verdicts.judge_sequential`: per-seed paired
   differences (seed s = the same backbone initialisation and batch sequence for both sides; only seeds both
-  sides ran pair), a 95 % t-interval of their mean, and held / reversed / equivalent (inside ±``margin``) /
-  undecided with the seeds that would decide it; fewer than 2 paired seeds give no verdict. Ablation claims
+  sides ran pair), a t-interval of their mean at the look's level, read by the claim's kind (held / reversed /
+  not held, or undecided with the seeds that would decide it); fewer than 2 paired seeds give no verdict. With
+  ``seed_cap`` above the seeds, the rows of undecided claims get more seeds, look by look (:func:`seeds_needed`). Ablation claims
   read the paper notebooks' ablation runs by the same names (``ablation_datasets``, ``ablation_seeds``).
   Claims on epochs-to-best (:data:`verdicts.CENSORED_METRICS`) also pass :func:`verdicts.censor`: a verdict that runs
   cut short by the epoch cap could overturn is undecided (censored).

@@ -449,7 +449,7 @@ def backbone_table(
         stand_in = paper_dataset(dataset, "CUB")
         paper_wins = sum(values[stand_in][1] > values[stand_in][0] for values in PAPER_BACKBONES.values())
         counts = ", ".join(
-            f"{outcomes.count(o)} {o}" for o in ("held", "reversed", "equivalent", "undecided", "no verdict")
+            f"{outcomes.count(o)} {o}" for o in ("held", "reversed", "not held", "undecided", "no verdict")
         )
         sentences.append(
             f"{dataset}: +CRT > MS on our {len(variants)} backbones (paired seeds): {counts}; the paper's +CRT beat MS "
