@@ -8,7 +8,7 @@ are the same run when their configurations agree on every key but those the chan
 (:data:`IGNORED`); the folder names differ, because a run's folder carries the digest of its configuration.
 
 For every row (regime, dataset, variant) the test R@1 of the runs both studies trained is paired by seed and the
-differences (B − A) judged by the study's own rule (:func:`dmlstudy.verdicts.judge`, ±1.0 R@1 point):
+differences (B − A) judged by the study's own rule as a claim "B ≈ A" (:func:`dmlstudy.verdicts.judge`, ±1.0 R@1 point):
 *equivalent* says the change moved that row by less than a point. Then each study's ``results/claims.csv`` is
 read (``<study folder>/results/`` or, for the published study, ``results/``) and the verdicts set side by side,
 and the runs' summed training and evaluation seconds compared. Reads records only; trains nothing.
@@ -30,7 +30,7 @@ from dmlstudy.verdicts import judge
 
 IGNORED = {"study", "runs_root", "data_root", "autocast", "device", "channels_last", "compile", "progress"}
 SEED = re.compile(r"-seed(?P<seed>\d+)$")
-DECIDED = ("held", "reversed", "equivalent")
+DECIDED = ("held", "reversed", "not held", "equivalent")  # "equivalent": tables written before the amended rule
 
 
 def _plain(value):
@@ -77,7 +77,7 @@ def paired_rows(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         twins = both.loc[both["row"] == row, "family"].unique().tolist()
         row = row if len(twins) == 1 else f"{row} #{twins.index(family) + 1}"
         differences = (group["R@1_b"] - group["R@1_a"]).to_numpy()
-        verdict = judge(differences)
+        verdict = judge(differences, claimed="≈")  # the question: do the two numerics give the same R@1?
         out.append(
             {
                 "row": row,
@@ -86,7 +86,7 @@ def paired_rows(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
                 "R@1 B": group["R@1_b"].mean(),
                 "Δ (B − A)": verdict.mean,
                 "CI": f"[{verdict.low:+.2f}, {verdict.high:+.2f}]" if len(group) > 1 else "–",
-                "verdict": verdict.outcome if len(group) > 1 else "one seed",
+                "verdict": verdict.text if len(group) > 1 else "one seed",
             }
         )
     return pd.DataFrame(out)
