@@ -273,10 +273,10 @@ def run_more_seeds(config: CompareStudy, needs: dict[str, int]) -> tuple[list, l
     re-ranked) and return them as :func:`~dmlstudy.experiments.claims.claims_frame` parts: the runs of the rows,
     and the re-ranked rows."""
     reranked = {RERANK, *claim_reranks()}
-    trained = {("ms" if name in reranked else name): count for name, count in needs.items()}
+    trained: dict[str, int] = {}
     for name, count in needs.items():
-        if name in reranked:
-            trained["ms"] = max(trained["ms"], count)
+        run_name = "ms" if name in reranked else name
+        trained[run_name] = max(trained.get(run_name, 0), count)
     grid = []
     for name, count in trained.items():
         protocol = dataclasses.replace(config, seeds=seed_sequence(config, count))
