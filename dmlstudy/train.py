@@ -48,15 +48,23 @@ from dmlstudy.data import (
 from dmlstudy.data.folds import fold_classes, split_by_classes
 from dmlstudy.data.loading import evaluation_batches, in_memory_format, resolve_num_workers
 from dmlstudy.data.tensor_cache import (
+    CACHE_FOLDER,
     BatchAugmentedTrain,
     DifferentImageSizes,
     EvaluationImages,
     TensorImageSplit,
+    cache_key,
     cached_images,
     split_bytes,
 )
 from dmlstudy.methods import EVAL_BATCH_SIZE, Method, build_method
 from dmlstudy.models import build_backbone
+from dmlstudy.models.trunk_cache import (
+    CachedViewEvaluation,
+    CachedViewTrain,
+    StemCachedBackbone,
+    stem_activation_split,
+)
 from dmlstudy.paths import data_root, project_file, runs_root
 from dmlstudy.records import (
     environment_info,
@@ -90,6 +98,7 @@ class TrainConfig(TypedConfig):
     pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
     checkpoint_path: str = ""  # local backbone weights file, loaded after construction (relative: from the working directory, else the project root)
     freeze_bn: bool = False  # freeze BatchNorm statistics and affine parameters of the backbone
+    stem_views: int = 0  # n ≥ 1: an EfficientNet trained from its last stage on cached activations of its frozen stem, n training views
     output_stride: int = 0  # 0: the backbone's own; 8/16 for dilated ResNets (larger feature grid)
     embedding_dim: int = 128  # d, the inference embedding size
     image_size: int = 64  # training crop and test centre-crop size in pixels
@@ -178,6 +187,11 @@ class TrainConfig(TypedConfig):
             raise ValueError(
                 f"parameter 'patience' ({self.patience}) needs validation classes (validation_folds ≥ 2) and must be ≥ 0: "
                 "early stopping on the test classes would choose the epoch on the test set"
+            )
+        if self.stem_views < 0 or (self.stem_views and self.input_pipeline == "files"):
+            raise ValueError(
+                f"parameter 'stem_views' must be ≥ 0 and needs the tensor pipeline (input_pipeline auto or tensor), "
+                f"got {self.stem_views} with input_pipeline {self.input_pipeline!r}"
             )
         if not (self.backbone_lr_scale > 0 and np.isfinite(self.backbone_lr_scale)):
             raise ValueError(f"parameter 'backbone_lr_scale' must be finite and > 0, got {self.backbone_lr_scale}")
@@ -410,6 +424,8 @@ def load_datasets(config: TrainConfig) -> dict[str, Any]:
     )
     tensors = _tensor_splits(config, root, {"train": train, "query": query, "gallery": gallery})
     recall_ks = tuple(config.recall_ks) or protocol.recall_ks
+    if config.stem_views:
+        return _stem_cached_datasets(config, root, tensors, {"train": train, "query": query, "gallery": gallery})
     if tensors is not None:
         training, validation = _validation_split(
             config, _first_classes(tensors["train"], config.train_classes, "train_classes")
@@ -444,6 +460,59 @@ def load_datasets(config: TrainConfig) -> dict[str, Any]:
         "gallery": gallery,
         "validation": validation,
         "recall_ks": recall_ks,
+    }
+
+
+def _stem_backbone(config: TrainConfig) -> StemCachedBackbone:
+    return StemCachedBackbone(
+        config.backbone,
+        pretrained=config.pretrained,
+        checkpoint_path=project_file(config.checkpoint_path) if config.checkpoint_path else None,
+        freeze_bn=config.freeze_bn,
+        image_size=config.image_size,
+    )
+
+
+def _stem_cached_datasets(
+    config: TrainConfig,
+    root: Path,
+    tensors: Mapping[str, TensorImageSplit] | None,
+    sources: Mapping[str, ImageListDataset | None],
+) -> dict[str, Any]:
+    """The splits as the stem's cached activations (``stem_views``): :class:`CachedViewTrain` for training,
+    :class:`CachedViewEvaluation` for the validation, query and gallery classes; computed once per image and
+    view and shared by every run of the dataset (:func:`dmlstudy.models.trunk_cache.stem_activation_split`)."""
+    if tensors is None:
+        raise ValueError(
+            f"parameter 'stem_views' needs {config.dataset}'s splits as tensors (one image size, within "
+            f"tensor_budget_gib = {config.tensor_budget_gib})"
+        )
+    stem = _stem_backbone(config)
+    activations = {
+        name: stem_activation_split(
+            split,
+            stem,
+            folder=root / CACHE_FOLDER / "stem",
+            dataset_digest=cache_key(sources[name], root),
+            image_size=config.image_size,
+            training_views=config.stem_views if name == "train" else 0,
+        )
+        for name, split in tensors.items()
+    }
+    training, validation = _validation_split(
+        config, _first_classes(activations["train"], config.train_classes, "train_classes")
+    )
+    evaluation = {
+        name: CachedViewEvaluation(_first_classes(activations[name], config.test_classes, "test_classes"))
+        if name in activations
+        else None
+        for name in ("query", "gallery")
+    }
+    return {
+        "train": CachedViewTrain(training),
+        **evaluation,
+        "validation": CachedViewEvaluation(validation) if validation is not None else None,
+        "recall_ks": tuple(config.recall_ks) or evaluation_protocol(config.dataset).recall_ks,
     }
 
 
@@ -589,14 +658,17 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 def build_model(config: TrainConfig, num_classes: int) -> Method:
     """The method of ``config`` around its backbone (seeded by ``config.seed``)."""
     seed_everything(config.seed)
-    backbone = build_backbone(
-        config.backbone,
-        pretrained=config.pretrained,
-        checkpoint_path=project_file(config.checkpoint_path) if config.checkpoint_path else None,
-        freeze_bn=config.freeze_bn,
-        image_size=config.image_size,
-        output_stride=config.output_stride or None,
-    )
+    if config.stem_views:
+        backbone = _stem_backbone(config)
+    else:
+        backbone = build_backbone(
+            config.backbone,
+            pretrained=config.pretrained,
+            checkpoint_path=project_file(config.checkpoint_path) if config.checkpoint_path else None,
+            freeze_bn=config.freeze_bn,
+            image_size=config.image_size,
+            output_stride=config.output_stride or None,
+        )
     return build_method(
         config.method,
         backbone=backbone,

@@ -225,7 +225,7 @@ class TensorImageSplit(torch.utils.data.Dataset):
     def subset(self, indices: Sequence[int], *, num_classes: int | None = None) -> TensorImageSplit:
         """The images at ``indices`` (a copy), e.g. the first n classes; ``num_classes`` keeps only that many names."""
         rows = np.asarray(indices, dtype=np.int64)
-        part = TensorImageSplit(
+        part = type(self)(
             self,
             self.images[torch.as_tensor(rows, device=self.images.device)],
             labels=self.labels[rows],

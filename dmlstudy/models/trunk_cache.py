@@ -25,14 +25,19 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import safetensors.torch
 import torch
+from filelock import FileLock, Timeout
+from PIL import Image
 from torch import nn
 
+from dmlstudy.data.batch_transforms import augment_batch, evaluation_crop, normalize_batch
+from dmlstudy.data.tensor_cache import BatchAugmentedTrain, EvaluationImages, TensorImageSplit
 from dmlstudy.models.backbones import Backbone
 from dmlstudy.records import write_bytes_atomically
 
@@ -194,3 +199,124 @@ def cached_stem_activations(
         activations = stem_activations(backbone, batches, dtype=dtype)
         write_bytes_atomically(path, safetensors.torch.save({ACTIVATIONS: activations}, metadata=key.metadata()))
     return activations
+
+
+# ------------------------------------------------------------------------------------ activation-backed splits
+
+STEM_VIEW_SEED = 0  # the seed of the cached training views: every run and seed reads the same views
+
+
+class StemActivationSplit(TensorImageSplit):
+    """A :class:`~dmlstudy.data.tensor_cache.TensorImageSplit` whose rows are the stem's activations instead of
+    pixels: ``images`` is ``N × (V + 1) × C × h × w`` (float16), views ``0 … V − 1`` the cached training views and
+    the last one the test view. :meth:`load_image` reads the image file, for figures."""
+
+    @property
+    def training_views(self) -> int:
+        return self.images.shape[1] - 1
+
+    def load_image(self, index: int) -> Image.Image:
+        with Image.open(self.paths[index]) as image:
+            return image.convert("RGB")
+
+
+class CachedViewTrain(BatchAugmentedTrain):
+    """The training side of a :class:`StemActivationSplit`: epoch ``e`` reads cached view ``e mod V``.
+
+    It stands where :class:`~dmlstudy.data.tensor_cache.BatchAugmentedTrain` stands in the tensor pipeline
+    (``batch``, ``set_epoch``, ``to``); its batches are stem activations, which only a
+    :class:`StemCachedBackbone` reads."""
+
+    def __init__(self, split: StemActivationSplit) -> None:
+        super().__init__(split, seed=STEM_VIEW_SEED, image_size=0)
+        if split.training_views < 1:
+            raise ValueError(f"{split.name}: its activations hold no training view")
+
+    def batch(self, indices: Sequence[int], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.asarray(indices, dtype=np.int64)
+        view = self.epoch % self.split.training_views
+        activations = self.split.images[torch.as_tensor(rows, device=self.split.images.device), view]
+        labels = torch.as_tensor(self.labels[rows]).to(device, non_blocking=True)
+        return activations.to(device, non_blocking=True).float(), labels
+
+
+class CachedViewEvaluation(EvaluationImages):
+    """The test view of a :class:`StemActivationSplit`, where :class:`~dmlstudy.data.tensor_cache.EvaluationImages`
+    stands in the tensor pipeline (``crops`` are the test view's activations)."""
+
+    def __init__(self, split: StemActivationSplit) -> None:
+        self.split, self.image_size = split, 0
+        self.crops = split.images[:, -1]
+        self.labels, self.name = split.labels, split.name
+
+    def __getitem__(self, index: int):
+        return self.crops[index].float().cpu(), int(self.labels[index])
+
+    def batch(self, indices: Sequence[int] | slice, device: torch.device | str) -> torch.Tensor:
+        return self.crops[indices].to(device, non_blocking=True).float()
+
+    def to(self, device: torch.device | str) -> CachedViewEvaluation:
+        self.split.to(device)
+        self.crops = self.split.images[:, -1]
+        return self
+
+
+def _view_batches(split: TensorImageSplit, image_size: int, view: int | None, chunk: int) -> Iterator[torch.Tensor]:
+    """Normalised float images of ``split`` in order: training view ``view`` (the augmentation of
+    :func:`~dmlstudy.data.batch_transforms.augment_batch` for ``(STEM_VIEW_SEED, view)``), or the test view (None)."""
+    for start in range(0, len(split), chunk):
+        images = split.images[start : start + chunk]
+        if view is None:
+            yield normalize_batch(evaluation_crop(images, image_size))
+        else:
+            indices = list(range(start, start + len(images)))
+            yield augment_batch(
+                images, indices, seed=STEM_VIEW_SEED, epoch=view, image_size=image_size, flip=split.flip_invariant
+            )
+
+
+def stem_activation_split(
+    split: TensorImageSplit,
+    backbone: StemCachedBackbone,
+    *,
+    folder: str | Path,
+    dataset_digest: str,
+    image_size: int,
+    training_views: int,
+    chunk: int = 128,
+) -> StemActivationSplit:
+    """``split`` as a :class:`StemActivationSplit`: ``training_views`` cached training views (0 for a split that
+    is only evaluated) and the test view, each read from ``folder`` or computed once and stored there.
+
+    Parallel runs share the work: a view another process is computing (its lock held) is left for later and
+    the next one taken, so two runs that start together compute different views, then read each other's."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    views: list[int | None] = [*range(training_views), None]
+    found: dict[int | None, torch.Tensor] = {}
+    pending = list(views)
+    blocking = False
+    while pending:
+        waiting = []
+        for view in pending:
+            lock = FileLock(folder / f"{dataset_digest[:16]}-{image_size}-{view}.lock")
+            try:
+                lock.acquire(timeout=-1 if blocking else 0)
+            except Timeout:
+                waiting.append(view)
+                continue
+            try:
+                found[view] = cached_stem_activations(
+                    backbone,
+                    _view_batches(split, image_size, view, chunk),
+                    folder=folder,
+                    dataset_digest=dataset_digest,
+                    image_size=image_size,
+                    augmentation_seed=None if view is None else STEM_VIEW_SEED,
+                    view=0 if view is None else view,
+                )
+            finally:
+                lock.release()
+        pending, blocking = waiting, True
+    stacked = torch.stack([found[view] for view in views], dim=1)
+    return StemActivationSplit(split, stacked)
