@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import hashlib
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from dmlstudy import metrics as metric_functions
+from dmlstudy.data.base import image_credit
 from dmlstudy.experiments.rows import classic_rows, main_rows, row_info
 from dmlstudy.paths import study_outputs
 
@@ -219,10 +221,24 @@ def recall_curve(metrics: dict[str, float], *, title: str = "") -> plt.Figure:
 
 
 def seen_image(dataset, index: int) -> np.ndarray:
-    """The test-transformed image the network saw (item ``index`` of ``dataset``), H × W × 3 in [0, 1]."""
+    """The test-transformed image the network saw (item ``index`` of ``dataset``), H × W × 3 in [0, 1]; for a
+    split of cached stem activations (the network saw the stem's output of its test view) the image itself."""
     from dmlstudy.data import denormalize
 
-    return denormalize(dataset[index][0]).permute(1, 2, 0).numpy()
+    item = dataset[index][0]
+    if item.ndim != 3 or item.shape[0] != 3:
+        return source_image(dataset, index).astype(np.float32) / 255.0
+    return denormalize(item).permute(1, 2, 0).numpy()
+
+
+def credit(figure: plt.Figure, dataset) -> plt.Figure:
+    """Add the attribution of ``dataset``'s images (:func:`dmlstudy.data.base.image_credit`) under ``figure``,
+    wrapped to its width; nothing for images that need none."""
+    text = image_credit(dataset)
+    if text:
+        width = max(40, int(figure.get_figwidth() * 14))
+        figure.text(0.5, -0.01, textwrap.fill(text, width), ha="center", va="top", fontsize=6, color="0.35")
+    return figure
 
 
 def _framed(axis: plt.Axes, image: np.ndarray, same: bool | None, title: str = "") -> None:
@@ -283,7 +299,7 @@ def retrieval_grid(
             )
     figure.suptitle("frame: solid blue = query's class, dashed vermillion = another class", fontsize=8)
     figure.tight_layout()
-    return figure
+    return credit(figure, dataset)
 
 
 def spectrum(
@@ -408,7 +424,7 @@ def crt_heatmap_figure(method, dataset, indices: Sequence[int], *, prototypes: i
     figure.tight_layout()
     if overlay is not None:
         overlay_colourbar(figure, overlay, axes[:, 1:].ravel(), label="code a_jk, min–max scaled per map")
-    return figure
+    return credit(figure, dataset)
 
 
 def crt_correlation_figure(method, *, branch: int = 1) -> plt.Figure:
@@ -531,7 +547,7 @@ def diml_transport_figure(
         fontsize=8,
     )
     figure.tight_layout()
-    return figure
+    return credit(figure, dataset)
 
 
 def cross_attention_explanation(
@@ -588,4 +604,4 @@ def cross_attention_explanation(
         fontsize=8,
         y=1.0 + 0.35 / figure.get_figheight(),
     )
-    return figure
+    return credit(figure, dataset)

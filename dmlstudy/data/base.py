@@ -183,6 +183,18 @@ class EvaluationProtocol:
 
 
 PROTOCOLS: dict[str, EvaluationProtocol] = {}
+IMAGE_CREDITS: dict[str, str] = {}  # dataset name → the attribution a figure showing its images carries
+
+
+def image_credit(dataset) -> str:
+    """The attribution of the images of ``dataset`` (a split, a part of one, a Subset or a wrapper of a split,
+    matched by its dataset name), ``""`` for images that need none (the generated sets)."""
+    while not isinstance(getattr(dataset, "name", None), str):
+        inner = getattr(dataset, "split", None) or getattr(dataset, "dataset", None)
+        if inner is None:
+            return ""
+        dataset = inner
+    return IMAGE_CREDITS.get(dataset.name.split(" (", 1)[0], "")
 
 
 def register_dataset(

@@ -67,7 +67,7 @@ import numpy as np
 import resvg_py
 from PIL import Image
 
-from dmlstudy.data.base import ImageListDataset, register_dataset
+from dmlstudy.data.base import IMAGE_CREDITS, ImageListDataset, register_dataset
 from dmlstudy.data.cub import read_cub
 from dmlstudy.data.embedded import encode_png, ensure_generated, parallel_map, write_cub_layout
 
@@ -175,6 +175,12 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "CC-BY-4.0",
         "Streamline Emojis by Streamline (https://github.com/webalys-hq/streamline-vectors), CC BY 4.0",
     ),
+)
+
+IMAGE_CREDITS["emoji"] = (
+    "Emoji images: "
+    + "; ".join(f"{source.family} ({source.licence})" for source in EMOJI_SOURCES)
+    + ". Authors and licences: docs/datasets/emoji.md"
 )
 
 
