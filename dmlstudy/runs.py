@@ -86,6 +86,7 @@ HASHED_WHEN_SET = {  # field → the value that reproduces the runs recorded bef
     "backbone_lr_scale": 1.0,
     "warmup_epochs": 0,
     "stem_views": 0,
+    "conv_head": True,
 }
 ACTIONS = ("resume", "overwrite")  # fields that say what to do with a run folder, recorded off in config.yaml
 RECORD_FILES = ("metrics.json", "checkpoint.pt", "history.csv", "embeddings.npz", "environment.json", "config.yaml")

@@ -98,6 +98,7 @@ class TrainConfig(TypedConfig):
     pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
     checkpoint_path: str = ""  # local backbone weights file, loaded after construction (relative: from the working directory, else the project root)
     freeze_bn: bool = False  # freeze BatchNorm statistics and affine parameters of the backbone
+    conv_head: bool = True  # with stem_views: end with EfficientNet's 1 × 1 conv_head (False: the last block's output is the feature map)
     stem_views: int = 0  # n ≥ 1: an EfficientNet trained from its last stage on cached activations of its frozen stem, n training views
     output_stride: int = 0  # 0: the backbone's own; 8/16 for dilated ResNets (larger feature grid)
     embedding_dim: int = 128  # d, the inference embedding size
@@ -188,6 +189,8 @@ class TrainConfig(TypedConfig):
                 f"parameter 'patience' ({self.patience}) needs validation classes (validation_folds ≥ 2) and must be ≥ 0: "
                 "early stopping on the test classes would choose the epoch on the test set"
             )
+        if not self.conv_head and not self.stem_views:
+            raise ValueError("parameter 'conv_head' = False needs stem_views ≥ 1 (the split EfficientNet backbone)")
         if self.stem_views < 0 or (self.stem_views and self.input_pipeline == "files"):
             raise ValueError(
                 f"parameter 'stem_views' must be ≥ 0 and needs the tensor pipeline (input_pipeline auto or tensor), "
@@ -470,6 +473,7 @@ def _stem_backbone(config: TrainConfig) -> StemCachedBackbone:
         checkpoint_path=project_file(config.checkpoint_path) if config.checkpoint_path else None,
         freeze_bn=config.freeze_bn,
         image_size=config.image_size,
+        conv_head=config.conv_head,
     )
 
 

@@ -54,6 +54,9 @@ class StemCachedBackbone(Backbone):
         name: a timm EfficientNet-family model (``conv_stem``, ``bn1``, ``blocks``, ``conv_head``, ``bn2``),
             by default ``dml_efficientnet_lite0``.
         first_trainable_block: the index into ``blocks`` where the tail starts.
+        conv_head: end with EfficientNet's 1 × 1 ``conv_head`` + ``bn2`` (1,280 channels for Lite0), as the
+            classifier's features do; False: the feature map is the last block's output (320 channels for Lite0),
+            and ``conv_head`` / ``bn2`` take no part (their weights stay in the state dict, untrained).
         **options: :class:`~dmlstudy.models.backbones.Backbone`'s (``pretrained``, ``freeze_bn``, …); ``freeze_bn``
             concerns the tail, the stem's BatchNorm always runs on its running statistics.
 
@@ -66,6 +69,7 @@ class StemCachedBackbone(Backbone):
         name: str = "dml_efficientnet_lite0",
         *,
         first_trainable_block: int = LITE0_FIRST_TRAINABLE_BLOCK,
+        conv_head: bool = True,
         **options,
     ) -> None:
         super().__init__(name, **options)
@@ -76,6 +80,11 @@ class StemCachedBackbone(Backbone):
             last = len(self.model.blocks) - 1
             raise ValueError(f"first_trainable_block must be in 1…{last} for {name!r}, got {first_trainable_block}")
         self.first_trainable_block = first_trainable_block
+        self.conv_head = conv_head
+        if not conv_head:  # the last block's output is the feature map; conv_head and bn2 take no part
+            self.model.conv_head.requires_grad_(False)
+            self.model.bn2.requires_grad_(False)
+            self.num_features = int(self.model.blocks[-1][-1].conv_pwl.out_channels)
         for module in self.stem_modules():
             module.requires_grad_(False)
             module.eval()
@@ -104,7 +113,7 @@ class StemCachedBackbone(Backbone):
         tail's type)."""
         features = activations.to(self.model.conv_head.weight.dtype)
         features = self.model.blocks[self.first_trainable_block :](features)
-        return self.model.bn2(self.model.conv_head(features))
+        return self.model.bn2(self.model.conv_head(features)) if self.conv_head else features
 
     def stem_digest(self) -> str:
         """SHA-256 of the stem's weights and buffers (names, shapes, types, bytes) and the split point."""
