@@ -136,3 +136,19 @@ def test_a_run_on_cached_views_trains_only_the_tail_and_reads_back(tiny_config):
     assert any(not torch.equal(state[key], start[key]) for key in tail)  # trained
     again = run(config)  # a complete run is read back, not trained again
     assert again.metrics == result.metrics
+
+
+def test_without_conv_head_the_last_blocks_output_is_the_feature_map(stem):
+    torch.manual_seed(0)
+    short = StemCachedBackbone(pretrained=False, conv_head=False)
+    activations = torch.randn(2, 192, 2, 2)
+    short.eval()
+    features = short(activations)
+    assert short.num_features == 320 and features.shape == (2, 320, 2, 2)
+    torch.testing.assert_close(features, short.model.blocks[6:](activations))
+    assert not any(p.requires_grad for p in [*short.model.conv_head.parameters(), *short.model.bn2.parameters()])
+    with pytest.raises(ValueError, match="conv_head"):
+        TrainConfig(conv_head=False)
+    assert runs.identity_hash({**TrainConfig().to_dict(), "conv_head": True}) == runs.identity_hash(
+        {k: v for k, v in TrainConfig().to_dict().items() if k != "conv_head"}
+    )
