@@ -24,8 +24,8 @@ values, so every method of a table gets the same start and the same fine-tuning 
   activations is about 25× faster than fine-tuning the whole network); it keeps a trained part of the trunk under
   every head, so cross-attention's blocks, which act on the backbone in training only, have something to shape.
   ``conv_head`` is left out because CRT's second branch projects K₂ · C coded residuals to D = 1,024 dimensions:
-  at C = 1,280 one CRT training step of 64 images took 1.46 s on one core, 13× an MS step (0.11 s), at C = 320
-  0.43 s (MS 0.06 s); with it the study would not fit its hour. The scale was chosen on the validation classes
+  at C = 1,280 one CRT training step took 17× an MS step, at C = 320 5.6× (``benchmarks/bench_imagenet_rows.py``);
+  with it the study would not fit its hour. The scale was chosen on the validation classes
   of emoji (MS, seed 0, lr 10⁻³, 8 epochs, with ``conv_head``, test classes unread): best validation R@1 72.7
   for × 1 against 70.2 for × 0.1, so × 1 was kept, as in ``pretrained``.
 
