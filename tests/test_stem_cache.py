@@ -152,3 +152,8 @@ def test_without_conv_head_the_last_blocks_output_is_the_feature_map(stem):
     assert runs.identity_hash({**TrainConfig().to_dict(), "conv_head": True}) == runs.identity_hash(
         {k: v for k, v in TrainConfig().to_dict().items() if k != "conv_head"}
     )
+
+
+def test_images_go_through_the_frozen_stem_first(stem):
+    images = torch.randn(2, 3, SIZE, SIZE)
+    torch.testing.assert_close(stem(images), stem(stem.stem(images)))

@@ -110,7 +110,9 @@ class StemCachedBackbone(Backbone):
 
     def forward(self, activations: torch.Tensor) -> torch.Tensor:
         """Feature map ``B × num_features × H × W`` of stem ``activations`` (any float type; computed in the
-        tail's type)."""
+        tail's type), or of ImageNet-normalised images (``B × 3 × S × S``), which go through the frozen stem first."""
+        if activations.shape[1] == self.model.conv_stem.in_channels:  # images: the stem runs first (figures)
+            activations = self.stem(activations)
         features = activations.to(self.model.conv_head.weight.dtype)
         features = self.model.blocks[self.first_trainable_block :](features)
         return self.model.bn2(self.model.conv_head(features)) if self.conv_head else features
