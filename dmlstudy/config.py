@@ -1,7 +1,9 @@
 """``TypedConfig``: the base of every config dataclass whose fields a notebook's ``parameters`` cell mirrors.
 
 It checks each field against its annotation when constructed (papermill injects whatever a user typed),
-so a wrong type fails at once with the parameter's name, and builds a config from a notebook's globals.
+so a wrong type fails at once with the parameter's name, and builds a config from a notebook's globals. A field
+annotated with another ``TypedConfig`` (a study notebook's ``protocol``) is one parameter holding a mapping, as
+papermill injects it: built into that config, its keys checked, its errors naming ``protocol.<key>``.
 
 :func:`load_yaml` is the one reader of every YAML the project accepts (plans, ``--config`` files,
 ``--method-kwargs`` and other YAML-valued options, stored ``config.yaml`` records).
@@ -29,11 +31,19 @@ class TypedConfig:
         self.check_types()
 
     def check_types(self) -> None:
-        """Every field must match its annotation (an int is accepted, and converted, for a float)."""
+        """Every field must match its annotation (an int is accepted, and converted, for a float; a mapping, built
+        with :meth:`from_mapping`, for a nested ``TypedConfig``)."""
         hints = typing.get_type_hints(type(self))
         for spec in dataclasses.fields(self):
             value, expected = getattr(self, spec.name), hints[spec.name]
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            if is_typed_config(expected) and not isinstance(value, expected):
+                if not isinstance(value, Mapping):
+                    raise TypeError(
+                        f"parameter {spec.name!r} must be a mapping (dict) of {expected.__name__} fields, got "
+                        f"{type(value).__name__} {value!r}"
+                    )
+                setattr(self, spec.name, expected.from_mapping(value, parameter=spec.name))
+            elif expected is float and isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, spec.name, float(value))
             elif (expected is int and isinstance(value, bool)) or not isinstance(value, expected):
                 raise TypeError(
@@ -82,12 +92,38 @@ class TypedConfig:
         return {name: comments.get(name, "") for name in cls.field_names()}
 
     @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, parameter: str):
+        """Build from ``values``, the mapping a notebook's parameter ``parameter`` holds (keys left out keep their
+        defaults). An unknown key is an error listing the valid ones; a wrong value's error names the key as
+        ``<parameter>.<key>`` (``parameter 'protocol.seeds' must be of type list, …``)."""
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise TypeError(f"parameter {parameter!r} has no keys {unknown}; valid keys: {cls.field_names()}")
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as error:
+            kind = TypeError if isinstance(error, TypeError) else ValueError
+            raise kind(qualified_message(str(error), parameter)) from None
+
+    @classmethod
     def from_namespace(cls, namespace: Mapping[str, Any]):
         """Build from a notebook's globals (the ``parameters`` cell plus what papermill injected)."""
         return cls(**{name: namespace[name] for name in cls.field_names() if name in namespace})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def is_typed_config(annotation: Any) -> bool:
+    """Whether a field's annotation is a ``TypedConfig`` dataclass (a nested config: one mapping parameter)."""
+    return isinstance(annotation, type) and issubclass(annotation, TypedConfig)
+
+
+def qualified_message(message: str, parameter: str) -> str:
+    """An error message of a nested config as its parent reports it: every ``parameter 'key'`` named
+    ``parameter '<parameter>.key'``; a message naming no parameter is said to be about ``parameter``."""
+    renamed, count = re.subn(r"\b(parameters? )'([^']+)'", lambda m: f"{m[1]}'{parameter}.{m[2]}'", message)
+    return renamed if count else f"parameter {parameter!r}: {message}"
 
 
 class Yaml12Loader(yaml.SafeLoader):

@@ -42,14 +42,15 @@ def runs_root() -> Path:
 
 
 PUBLISHED_STUDY = "default"  # the study whose figures and tables the repository holds (``make study``)
-PUBLISHED_STUDIES = (PUBLISHED_STUDY, "headline10", "convergence")  # every study whose outputs are committed
+PUBLISHED_STUDIES = (PUBLISHED_STUDY, "embedded", "headline10", "convergence")  # every study whose outputs are committed
 
 
 def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "") -> Path:
     """Folder for a study's ``kind`` of output (``"figures"`` or ``"results"``).
 
     The published study writes to ``<project>/figures`` and ``<project>/results``, the other committed ones
-    (:data:`PUBLISHED_STUDIES`: the headline claims with 10 seeds, DGCRL vs triplet under a 30-epoch cap) to
+    (:data:`PUBLISHED_STUDIES`: the generated datasets in their two regimes, the headline claims with 10 seeds,
+    DGCRL vs triplet under a 30-epoch cap) to
     ``<project>/<kind>/<study>``; any other study (the CI-sized notebook defaults, the smoke and full plans) to
     ``<runs>/<study>/<kind>``, so test runs never overwrite the committed figures.
     """

@@ -10,7 +10,18 @@ A plan (``plans/*.yaml``)::
         grid: {dataset: [synbirds, glyphs], seed: [0, 1, 2]}   # every combination is one run
 
 Each expanded entry is executed in ``runs/<study>/<run_name>/`` (the executed notebook is written beside
-the run's records; ``study`` and ``run_name`` are injected when the notebook has those parameters). An
+the run's records; ``study`` and ``run_name`` are injected when the notebook has those parameters, ``study`` and
+``runs_root`` into the ``protocol`` mapping of a study notebook). A study notebook's shared protocol is one
+parameter (:data:`PROTOCOL_PARAMETER`, a mapping of :class:`~dmlstudy.experiments.protocol.ProtocolConfig`
+fields), which a plan gives every entry from one YAML anchor::
+
+    protocol: &protocol {datasets: [synbirds, glyphs], seeds: [0, 1, 2, 3, 4], epochs: 6}
+    entries:
+      - name: crt
+        notebook: notebooks/10_crt.ipynb
+        parameters: {protocol: *protocol, ablation_seeds: [0, 1, 2]}
+
+An
 entry whose ``study_entry.json`` says ``complete`` with the same parameters, tuned-values files and
 checkpoint-selection rule (:func:`entry_inputs`: after ``make tune`` the entries that train with them run again,
 after a new rule every entry) is skipped, so re-running a plan resumes where it stopped; a failing notebook is
@@ -103,6 +114,18 @@ from dmlstudy.verdicts import PERCENT_METRICS
 
 class PlanError(ValueError):
     """A plan file is malformed; the message names the file and the entry."""
+
+
+PROTOCOL_PARAMETER = "protocol"  # a study notebook's shared protocol: one parameter, a mapping of ProtocolConfig fields
+
+
+def entry_setting(parameters: dict[str, Any], name: str, default: Any = None) -> Any:
+    """The setting ``name`` of an entry's parameters: its shared protocol's (``protocol: {tuned: …}``), else the
+    entry's own (a notebook without a shared protocol, such as ``01_train``), else ``default``."""
+    protocol = parameters.get(PROTOCOL_PARAMETER)
+    if isinstance(protocol, dict) and name in protocol:
+        return protocol[name]
+    return parameters.get(name, default)
 
 
 @dataclass(frozen=True)
@@ -201,8 +224,9 @@ def notebook_parameters(notebook: Path) -> dict[str, dict]:
 def injected_parameters(
     entry: PlanEntry, declared: Iterable[str], root: Path, *, overwrite: bool = False
 ) -> dict[str, Any]:
-    """The entry's parameters plus ``study``/``run_name``/``runs_root`` where the notebook declares them,
-    ``resume=True`` (plans resume by default) and, when ``overwrite``, ``overwrite=True``."""
+    """The entry's parameters plus ``study``/``run_name``/``runs_root`` where the notebook declares them (``study``
+    and ``runs_root`` inside the shared protocol of a notebook that declares :data:`PROTOCOL_PARAMETER`; the
+    entry's own values win), ``resume=True`` (plans resume by default) and, when ``overwrite``, ``overwrite=True``."""
     declared = set(declared)
     unknown = sorted(set(entry.parameters) - declared)
     if unknown:
@@ -211,7 +235,15 @@ def injected_parameters(
         )
     extra = {"study": entry.study, "run_name": entry.run_name, "runs_root": str(root), "resume": True}
     forced = {"overwrite": True} if overwrite and "overwrite" in declared else {}
-    return {**{k: v for k, v in extra.items() if k in declared}, **entry.parameters, **forced}
+    parameters = {**{k: v for k, v in extra.items() if k in declared}, **entry.parameters, **forced}
+    if PROTOCOL_PARAMETER in declared:
+        protocol = entry.parameters.get(PROTOCOL_PARAMETER) or {}
+        if not isinstance(protocol, dict):
+            raise PlanError(
+                f"entry {entry.run_name!r}: '{PROTOCOL_PARAMETER}' must be a mapping of protocol fields, got {protocol!r}"
+            )
+        parameters[PROTOCOL_PARAMETER] = {"study": entry.study, "runs_root": str(root), **protocol}
+    return parameters
 
 
 @dataclass
@@ -231,7 +263,7 @@ def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
     from dmlstudy.models.cards import sha256_file
 
     inputs = {"selection rule": SELECTION_RULE}
-    tuned = str(parameters.get("tuned") or "")
+    tuned = str(entry_setting(parameters, "tuned") or "")
     folder = Path(tuned) if Path(tuned).is_absolute() else project_root() / tuned
     if not tuned or not folder.is_dir():
         return inputs  # a missing folder: the notebook itself stops with the error that names it
@@ -278,14 +310,16 @@ def duration_text(seconds: float) -> str:
 
 def entry_summary(parameters: dict[str, Any]) -> str:
     """What an entry covers, in a few words: ``"5 seeds × 2 datasets, 2 regimes"`` for a notebook over grids
-    (its ``seeds``, ``datasets`` and ``methods`` lists; ``regime`` with ``compared_regimes``), ``"ms, synbirds,
+    (its protocol's ``seeds`` and ``datasets`` and its ``methods`` lists; ``regime`` with ``compared_regimes``: read
+    by :func:`entry_setting`), ``"ms, synbirds,
     seed 0"`` for one run (``method``, ``dataset``, ``seed``); '' when it names none of these."""
     counted = [
         f"{len(values)} {noun}{'' if len(values) == 1 else 's'}"
         for key, noun in (("seeds", "seed"), ("datasets", "dataset"), ("methods", "method"))
-        if isinstance(values := parameters.get(key), list) and values
+        if isinstance(values := entry_setting(parameters, key), list) and values
     ]
-    regimes = {parameters["regime"]} if isinstance(parameters.get("regime"), str) else set()
+    regime = entry_setting(parameters, "regime")
+    regimes = {regime} if isinstance(regime, str) else set()
     regimes |= set(parameters.get("compared_regimes") or [])
     named = [str(parameters[key]) for key in ("method", "dataset") if isinstance(parameters.get(key), str)]
     if isinstance(parameters.get("seed"), int):
@@ -770,7 +804,7 @@ def _shared_cluster(
     if not waiting or engine.scheduler_address():
         yield environment
         return
-    workers = max(int(parameters.get("workers", 1) or 1) for _, _, parameters in waiting)
+    workers = max(int(entry_setting(parameters, "workers", 1) or 1) for _, _, parameters in waiting)
     threads = int(os.environ.get(engine.THREADS_VARIABLE) or 0) or None
     cluster, client = engine.start_local_cluster(workers, threads=threads)
     print(

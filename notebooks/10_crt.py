@@ -49,32 +49,12 @@
 # the paper's direction of effect held here. SynBirds stands beside CUB and Glyphs beside Cars.
 #
 # The defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
+# `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
+# mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 # Every sweep parameter is a list; an empty list skips that table.
 
 # %% tags=["parameters"]
-study: str = 'notebook-10_crt'  # runs go to <runs_root>/<study>/
-runs_root: str = ''  # default: <project>/runs
-data_root: str = ''  # default: <project>/data
-datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
-seeds: list = [0]  # one run per seed; tables report mean ± std
-backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
-regime: str = 'scratch'  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
-image_size: int = 64  # pixels
-embedding_dim: int = 128  # d of every method
-classes_per_batch: int = 16  # P
-samples_per_class: int = 4  # M
-epochs: int = 2  # training epochs per run
-steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
-train_classes: int = 16  # 0: all training classes
-test_classes: int = 16  # 0: all test classes
-lr: float = 0.004  # backbone/embedding learning rate
-eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
-validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
-patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
-autocast: str = 'auto'  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
-tuned: str = ''  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; empty: none
-progress: bool = False  # tqdm bars inside the notebook
-workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+protocol: dict = {'study': 'notebook-10_crt'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
 ablation_datasets: list = ['synbirds']  # datasets of the ablation tables
 ablation_seeds: list = [0]  # seeds of the ablation tables
 components: bool = True  # full / −CRT / −CRT−Consistency table
@@ -105,7 +85,7 @@ config = crt_study.CRTStudy.from_namespace(globals())
 ablation = config.ablation_protocol()
 seed_everything(0)
 readings = []  # every table's computed one-line reading, gathered at the end
-print("main protocol:    ", config.protocol_text(), "on", config.datasets)
+print("main protocol:    ", config.protocol.protocol_text(), "on", config.protocol.datasets)
 print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_datasets)
 
 # %% [markdown]
@@ -120,12 +100,12 @@ print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_data
 seed_everything(0)
 untrained = build_method(
     "crt",
-    backbone=build_backbone(config.backbone, image_size=config.image_size),
-    embedding_dim=config.embedding_dim,
+    backbone=build_backbone(config.protocol.backbone, image_size=config.protocol.image_size),
+    embedding_dim=config.protocol.embedding_dim,
     num_classes=2,
 )
-figure = crt_study.transform_figure(untrained, image_size=config.image_size)
-plots.save_figure(figure, "crt_transform", study=config.study)
+figure = crt_study.transform_figure(untrained, image_size=config.protocol.image_size)
+plots.save_figure(figure, "crt_transform", study=config.protocol.study)
 # %% [markdown]
 # ## MS baseline vs +CRT
 #
@@ -135,9 +115,9 @@ plots.save_figure(figure, "crt_transform", study=config.study)
 # backbone; a randomly initialised CNN on 64-px synthetic images is a different regime.
 
 # %%
-main_results = kit.run_variants(config, kit.with_baseline(crt_study.crt_variant()))
+main_results = kit.run_variants(config.protocol, kit.with_baseline(crt_study.crt_variant()))
 table, sentences = crt_study.main_table(main_results)
-readings += kit.report(config, table, sentences, title="MS vs +CRT (R@K and MAP@R in %)")
+readings += kit.report(config.protocol, table, sentences, title="MS vs +CRT (R@K and MAP@R in %)")
 
 # %% [markdown]
 # ## Ablations
@@ -282,9 +262,11 @@ if config.backbones:
 # %%
 if config.complexity_backbones:
     ours, paper = crt_study.complexity_table(
-        config.complexity_backbones, image_size=config.complexity_image_size, embedding_dim=config.embedding_dim
+        config.complexity_backbones,
+        image_size=config.complexity_image_size,
+        embedding_dim=config.protocol.embedding_dim,
     )
-    print(f"ours, {config.complexity_image_size} px, d = {config.embedding_dim}:")
+    print(f"ours, {config.complexity_image_size} px, d = {config.protocol.embedding_dim}:")
     print(ours.to_string(index=False))
     print("paper (backbones only, 227 px):")
     print(paper.to_string(index=False))
@@ -306,19 +288,19 @@ if config.complexity_backbones:
 table, sentences = crt_study.split_geometry_table(
     main_results, splits=config.geometry_splits, drop_first=config.geometry_drop_first
 )
-readings += kit.report(config, table, sentences, title="ESD and spectral decay")
-for dataset in config.datasets:
+readings += kit.report(config.protocol, table, sentences, title="ESD and spectral decay")
+for dataset in config.protocol.datasets:
     embeddings = {
         variant: result.embeddings["embeddings"]
         for variant, result in main_results
-        if result.config.dataset == dataset and result.config.seed == config.seeds[0]
+        if result.config.dataset == dataset and result.config.seed == config.protocol.seeds[0]
     }
     figure = plots.spectrum(
         embeddings,
         drop_first=config.geometry_drop_first[-1] if config.geometry_drop_first else 0,
-        title=f"{dataset} test spectrum, seed {config.seeds[0]}",
+        title=f"{dataset} test spectrum, seed {config.protocol.seeds[0]}",
     )
-    plots.save_figure(figure, f"crt_spectrum_{dataset}", study=config.study)
+    plots.save_figure(figure, f"crt_spectrum_{dataset}", study=config.protocol.study)
 
 # %% [markdown]
 # ## What the prototypes look at
@@ -330,17 +312,17 @@ for dataset in config.datasets:
 # are coarse.
 
 # %%
-reference = kit.find_run(main_results, "crt", dataset=config.datasets[0])
+reference = kit.find_run(main_results, "crt", dataset=config.protocol.datasets[0])
 query = crt_study.evaluation_split(reference.config, "test")
 figure = plots.crt_heatmap_figure(reference.method, query, [0, len(query) // 2], prototypes=config.heatmap_prototypes)
-plots.save_figure(figure, "crt_heatmaps", study=config.study)
+plots.save_figure(figure, "crt_heatmaps", study=config.protocol.study)
 # %% [markdown]
 # **Prototype correlations.** $|\cos(c_k, c_j)|$ between the learned prototypes; $L_{DIV}$ pushes the
 # off-diagonal towards zero (diverse perspectives).
 
 # %%
 figure = plots.crt_correlation_figure(reference.method)
-plots.save_figure(figure, "crt_prototype_correlation", study=config.study)
+plots.save_figure(figure, "crt_prototype_correlation", study=config.protocol.study)
 # %% [markdown]
 # **t-SNE of the two branches.** Test embeddings of the first classes from branch 2 ($D$) and branch 1
 # ($d$). $L_{CON}$ asks both to rank the batch alike, so the two maps should show similar cluster
@@ -348,7 +330,7 @@ plots.save_figure(figure, "crt_prototype_correlation", study=config.study)
 
 # %%
 figure = crt_study.branch_tsne_figure(reference, classes=config.tsne_classes)
-plots.save_figure(figure, "crt_tsne", study=config.study)
+plots.save_figure(figure, "crt_tsne", study=config.protocol.study)
 # %% [markdown]
 # ## Readings
 #

@@ -28,31 +28,11 @@
 # as the paper's supplement does (its Tables 1 and 2), shows transport plans between real retrievals, and
 # measures the cost. The defaults below are CI-sized (seconds, meaningless numbers); the study's plans
 # inject real sizes.
+# `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
+# mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 
 # %% tags=["parameters"]
-study: str = 'notebook-20_diml'  # runs go to <runs_root>/<study>/
-runs_root: str = ''  # default: <project>/runs
-data_root: str = ''  # default: <project>/data
-datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
-seeds: list = [0]  # one run per seed; tables report mean ± std
-backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
-regime: str = 'scratch'  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
-image_size: int = 64  # pixels
-embedding_dim: int = 128  # d of every method
-classes_per_batch: int = 16  # P
-samples_per_class: int = 4  # M
-epochs: int = 2  # training epochs per run
-steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
-train_classes: int = 16  # 0: all training classes
-test_classes: int = 16  # 0: all test classes
-lr: float = 0.004  # backbone/embedding learning rate
-eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
-validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
-patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
-autocast: str = 'auto'  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
-tuned: str = ''  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; empty: none
-progress: bool = False  # tqdm bars inside the notebook
-workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+protocol: dict = {'study': 'notebook-20_diml'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
 base_losses: list = ['ms']  # base losses: a plain run and a DIML-trained run each (ms, margin, proxynca)
 train_diml: bool = True  # also train the DIML variants (False: only re-rank the plain baselines)
 top_ks: list = [0, 10, 50]  # truncation K of the re-ranking sweep (at grid_size)
@@ -78,7 +58,7 @@ from dmlstudy.records import seed_everything
 
 config = diml_study.DIMLStudy.from_namespace(globals())
 seed_everything(0)
-print(config.protocol_text(), "on", config.datasets)
+print(config.protocol.protocol_text(), "on", config.protocol.datasets)
 print(
     "variants:",
     {name: spec.get("method_kwargs", {}) or spec["method"] for name, spec in diml_study.variants(config).items()},
@@ -123,7 +103,7 @@ print(
 
 # %%
 figure, example = diml_study.worked_example()
-plots.save_figure(figure, "diml_worked_example", study=config.study)
+plots.save_figure(figure, "diml_worked_example", study=config.protocol.study)
 example.round(3)
 
 # %% [markdown]
@@ -182,14 +162,16 @@ print(f"{len(results)} runs, {len(frame)} evaluated settings")
 
 # %%
 truncation = diml_study.rerank_sweep_table(frame, sweep="K", paper_dataset=config.paper_dataset)
-print(config.protocol_text(), f"| G = {config.grid_size}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds")
+print(
+    config.protocol.protocol_text(), f"| G = {config.grid_size}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds"
+)
 display(diml_study.display_columns(truncation))
 for sentence in diml_study.sweep_readings(
     frame, sweep="K", low=min(config.top_ks), high=config.reference_k(), paper_dataset=config.paper_dataset
 ):
     print("•", sentence)
 figure = diml_study.sweep_figure(frame, sweep="K")
-plots.save_figure(figure, "diml_truncation", study=config.study)
+plots.save_figure(figure, "diml_truncation", study=config.protocol.study)
 
 # %% [markdown]
 # ## Grid size G (supplement Table 2)
@@ -200,14 +182,16 @@ plots.save_figure(figure, "diml_truncation", study=config.study)
 
 # %%
 grid_table = diml_study.rerank_sweep_table(frame, sweep="G", paper_dataset=config.paper_dataset)
-print(config.protocol_text(), f"| K = {config.top_k}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds")
+print(
+    config.protocol.protocol_text(), f"| K = {config.top_k}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds"
+)
 display(diml_study.display_columns(grid_table))
 for sentence in diml_study.sweep_readings(
     frame, sweep="G", low=min(config.grid_sizes), high=config.reference_grid(), paper_dataset=config.paper_dataset
 ):
     print("•", sentence)
 figure = diml_study.sweep_figure(frame, sweep="G")
-plots.save_figure(figure, "diml_grid_size", study=config.study)
+plots.save_figure(figure, "diml_grid_size", study=config.protocol.study)
 
 # %% [markdown]
 # ## DIML in training
@@ -219,7 +203,7 @@ plots.save_figure(figure, "diml_grid_size", study=config.study)
 
 # %%
 training = diml_study.training_table(frame, top_k=config.reference_k())
-print(config.protocol_text(), f"| G = {config.grid_size}, metrics in %, mean ± std over seeds")
+print(config.protocol.protocol_text(), f"| G = {config.grid_size}, metrics in %, mean ± std over seeds")
 display(diml_study.display_columns(training))
 for sentence in diml_study.training_readings(frame, top_k=config.reference_k()):
     print("•", sentence)
@@ -248,7 +232,7 @@ figure = plots.diml_transport_figure(
     options=config.transport_options(),
 )
 print("model:", example_run.run_dir.name)
-plots.save_figure(figure, "diml_transport_plans", study=config.study)
+plots.save_figure(figure, "diml_transport_plans", study=config.protocol.study)
 
 # %% [markdown]
 # ## Cost of re-ranking
@@ -268,4 +252,4 @@ cost = diml_study.rerank_cost(
     options=config.transport_options(),
 )
 display(cost.round(2))
-plots.save_figure(diml_study.cost_figure(cost), "diml_cost", study=config.study)
+plots.save_figure(diml_study.cost_figure(cost), "diml_cost", study=config.protocol.study)

@@ -48,31 +48,11 @@
 # orientation; SynBirds stands beside CUB and Glyphs beside Cars. Each table ends with sentences computed
 # from the numbers. The defaults below are CI-sized (seconds, meaningless numbers); the study's plans
 # inject real sizes.
+# `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
+# mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 
 # %% tags=["parameters"]
-study: str = 'notebook-30_cross_attention'  # runs go to <runs_root>/<study>/
-runs_root: str = ''  # default: <project>/runs
-data_root: str = ''  # default: <project>/data
-datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
-seeds: list = [0]  # one run per seed; tables report mean ± std
-backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
-regime: str = 'scratch'  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
-image_size: int = 64  # pixels
-embedding_dim: int = 128  # d of every method
-classes_per_batch: int = 16  # P
-samples_per_class: int = 4  # M
-epochs: int = 2  # training epochs per run
-steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
-train_classes: int = 16  # 0: all training classes
-test_classes: int = 16  # 0: all test classes
-lr: float = 0.004  # backbone/embedding learning rate
-eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
-validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
-patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
-autocast: str = 'auto'  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
-tuned: str = ''  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; empty: none
-progress: bool = False  # tqdm bars inside the notebook
-workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+protocol: dict = {'study': 'notebook-30_cross_attention'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
 ablation_datasets: list = ['synbirds']  # datasets of the N × n grid, the options and the parameter table
 ablation_seeds: list = [0]  # seeds of the ablations
 block_counts: list = [0, 6]  # trained N, the rows of the grid (N 0: the ms run; N > 0: the cross_attention runs with N blocks)
@@ -98,7 +78,7 @@ config = ca_study.CrossAttentionStudy.from_namespace(globals())
 ablation = config.ablation_protocol()
 seed_everything(0)
 readings = []  # every table's computed reading, gathered at the end
-print("main protocol:    ", config.protocol_text(), "on", config.datasets)
+print("main protocol:    ", config.protocol.protocol_text(), "on", config.protocol.datasets)
 print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_datasets)
 
 # %% [markdown]
@@ -109,8 +89,8 @@ print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_data
 # reused by every level when the block is shared). The last level's cosine is the similarity the loss sees.
 
 # %%
-figure = ca_study.hierarchy_diagram(levels=3, embedding_dim=config.embedding_dim)
-plots.save_figure(figure, "cross_attention_hierarchy", study=config.study)
+figure = ca_study.hierarchy_diagram(levels=3, embedding_dim=config.protocol.embedding_dim)
+plots.save_figure(figure, "cross_attention_hierarchy", study=config.protocol.study)
 # %% [markdown]
 # ## MS baseline vs cross-attention (evaluated with $s^0$)
 #
@@ -122,10 +102,10 @@ plots.save_figure(figure, "cross_attention_hierarchy", study=config.study)
 # backbone and method; ours compares like with like.
 
 # %%
-main_results = kit.run_variants(config, kit.with_baseline(ca_study.variant()))
+main_results = kit.run_variants(config.protocol, kit.with_baseline(ca_study.variant()))
 table, sentences = ca_study.main_table(main_results)
 readings += sentences
-print(config.protocol_text())
+print(config.protocol.protocol_text())
 display(table)
 print("\n".join(sentences))
 
@@ -141,8 +121,10 @@ print("\n".join(sentences))
 # blocks (keys and values at every level), as the paper argues.
 
 # %%
-gradients = ca_study.initial_gradients(config, dataset=config.datasets[0], variants=ca_study.gradient_variants())
-print(config.protocol_text(), "on", config.datasets[0], "— one training batch at initialisation")
+gradients = ca_study.initial_gradients(
+    config.protocol, dataset=config.protocol.datasets[0], variants=ca_study.gradient_variants()
+)
+print(config.protocol.protocol_text(), "on", config.protocol.datasets[0], "— one training batch at initialisation")
 display(gradients)
 readings.append(ca_study.gradient_reading(gradients))
 print(readings[-1])
@@ -165,7 +147,7 @@ for dataset in config.ablation_datasets:
     print(ablation.protocol_text(), f"on {dataset}; sⁿ scored on {config.rescoring_subset or 'all'} test images")
     display(grids[dataset].round(1))
     figure = ca_study.grid_heatmap(grids[dataset], title=f"R@1 (%) of sⁿ on a {dataset} test subset")
-    plots.save_figure(figure, f"cross_attention_grid_{dataset}", study=config.study)
+    plots.save_figure(figure, f"cross_attention_grid_{dataset}", study=config.protocol.study)
     plt.show()
     sentences = [f"{dataset}: {text}" for text in ca_study.grid_readings(grids[dataset])]
     readings += sentences
@@ -183,11 +165,11 @@ for dataset in config.ablation_datasets:
 # total variation between the two maps.
 
 # %%
-model_run = kit.find_run(main_results, "cross_attention", dataset=config.datasets[0])
+model_run = kit.find_run(main_results, "cross_attention", dataset=config.protocol.datasets[0])
 test_set = load_datasets(model_run.config)["query"]
 triples = ca_study.attention_triples(test_set.labels, config.attention_examples, seed=0)
 figure = ca_study.attention_figure(model_run.method, test_set, triples, blocks=config.attention_blocks)
-plots.save_figure(figure, "cross_attention_maps", study=config.study)
+plots.save_figure(figure, "cross_attention_maps", study=config.protocol.study)
 plt.show()
 statistics = ca_study.attention_statistics(model_run.method, test_set, triples)
 display(statistics)
@@ -208,7 +190,7 @@ print(readings[-1])
 figure, parts = ca_study.part_discovery(
     model_run.method, test_set, queries=config.part_queries, neighbours=config.part_neighbours, seed=0
 )
-plots.save_figure(figure, "cross_attention_parts", study=config.study)
+plots.save_figure(figure, "cross_attention_parts", study=config.protocol.study)
 plt.show()
 display(parts)
 readings.append(ca_study.parts_reading(parts))

@@ -53,32 +53,12 @@
 # stands beside CUB and Glyphs beside Cars.
 #
 # The defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
+# `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
+# mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 # Every sweep parameter is a list; an empty list leaves only the default setting in that table.
 
 # %% tags=["parameters"]
-study: str = 'notebook-40_dgcrl'  # runs go to <runs_root>/<study>/
-runs_root: str = ''  # default: <project>/runs
-data_root: str = ''  # default: <project>/data
-datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
-seeds: list = [0]  # one run per seed; tables report mean ± std
-backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
-regime: str = 'scratch'  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
-image_size: int = 64  # pixels
-embedding_dim: int = 128  # d of every method
-classes_per_batch: int = 16  # P
-samples_per_class: int = 4  # M
-epochs: int = 2  # training epochs per run
-steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
-train_classes: int = 16  # 0: all training classes
-test_classes: int = 16  # 0: all test classes
-lr: float = 0.004  # backbone/embedding learning rate
-eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
-validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
-patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
-autocast: str = 'auto'  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
-tuned: str = ''  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; empty: none
-progress: bool = False  # tqdm bars inside the notebook
-workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+protocol: dict = {'study': 'notebook-40_dgcrl'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
 main_variants: list = ['ms', 'softmax', 'dgcrl']  # main table on every dataset and seed
 ablation_datasets: list = ['synbirds']  # datasets of the ablation tables
 ablation_seeds: list = [0]  # seeds of the ablation tables
@@ -105,7 +85,7 @@ config = dgcrl_study.DGCRLStudy.from_namespace(globals())
 ablation = config.ablation_protocol()
 seed_everything(0)
 readings = []  # every table's computed reading, gathered at the end
-print("main protocol:    ", config.protocol_text(), "on", config.datasets)
+print("main protocol:    ", config.protocol.protocol_text(), "on", config.protocol.datasets)
 print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_datasets)
 
 # %% [markdown]
@@ -135,7 +115,7 @@ for equal in (True, False):
 
 # %%
 figure = dgcrl_study.toy_figure(steps=config.toy_steps)
-plots.save_figure(figure, "dgcrl_toy_decorrelation", study=config.study)
+plots.save_figure(figure, "dgcrl_toy_decorrelation", study=config.protocol.study)
 # %% [markdown]
 # ## MS baseline vs softmax without N-S vs DGCRL
 #
@@ -144,9 +124,11 @@ plots.save_figure(figure, "dgcrl_toy_decorrelation", study=config.study)
 # N-S layer, the margin and the `paper` decorrelation. The paper's Table 1 R@1 (DGCRL) is beside ours.
 
 # %%
-main_results = kit.run_variants(config, dgcrl_study.named_variants(config.main_variants))
+main_results = kit.run_variants(config.protocol, dgcrl_study.named_variants(config.main_variants))
 table, sentences = dgcrl_study.main_table(main_results)
-readings += kit.report(config, table, sentences, title="MS vs softmax without N-S vs DGCRL (R@K, MAP@R, NMI in %)")
+readings += kit.report(
+    config.protocol, table, sentences, title="MS vs softmax without N-S vs DGCRL (R@K, MAP@R, NMI in %)"
+)
 
 # %% [markdown]
 # ## Ablations
@@ -178,7 +160,7 @@ readings += kit.report(
     title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")",
 )
 figure = dgcrl_study.alpha_figure(alpha_frame)
-plots.save_figure(figure, "dgcrl_alpha_sweep", study=config.study)
+plots.save_figure(figure, "dgcrl_alpha_sweep", study=config.protocol.study)
 # %% [markdown]
 # ### The weight λ of the Gram–Schmidt push (paper Table 2)
 #
@@ -237,7 +219,7 @@ frame = dgcrl_study.loss_frame(results, ks=config.table_ks, step_seconds_by_vari
 table, sentences = dgcrl_study.loss_table(frame)
 readings += kit.report(ablation, table, sentences, title="Losses at equal settings (R@K in %)")
 figure = dgcrl_study.loss_curves(results)
-plots.save_figure(figure, "dgcrl_loss_curves", study=config.study)
+plots.save_figure(figure, "dgcrl_loss_curves", study=config.protocol.study)
 # %% [markdown]
 # ## t-SNE of the test embeddings
 #
@@ -252,7 +234,7 @@ pool = kit.run_variants(
 figure = dgcrl_study.tsne_figure(
     pool, variants=config.tsne_variants, classes=config.tsne_classes, iterations=config.tsne_iterations
 )
-plots.save_figure(figure, "dgcrl_tsne", study=config.study)
+plots.save_figure(figure, "dgcrl_tsne", study=config.protocol.study)
 # %% [markdown]
 # ## Readings
 #

@@ -33,34 +33,14 @@
 # are all bold).
 #
 # The defaults below are CI-sized (seconds; the numbers mean nothing); the study's plans inject real sizes.
+# `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
+# mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 
 # %% tags=["parameters"]
-study: str = 'notebook-90_compare'  # runs go to <runs_root>/<study>/
-runs_root: str = ''  # default: <project>/runs
-data_root: str = ''  # default: <project>/data
-datasets: list = ['synbirds']  # embedded sets: synbirds, glyphs
-seeds: list = [0]  # one run per seed; tables report mean ± std
-backbone: str = 'dml_convnet'  # timm model name, the same for every method of a table
-regime: str = 'scratch'  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
-image_size: int = 64  # pixels
-embedding_dim: int = 128  # d of every method
-classes_per_batch: int = 16  # P
-samples_per_class: int = 4  # M
-epochs: int = 2  # training epochs per run
-steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
-train_classes: int = 16  # 0: all training classes
-test_classes: int = 16  # 0: all test classes
-lr: float = 0.004  # backbone/embedding learning rate
-eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
-validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
-patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
-autocast: str = 'auto'  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
-tuned: str = ''  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; empty: none
-progress: bool = False  # tqdm bars inside the notebook
-workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
+protocol: dict = {'study': 'notebook-90_compare'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
 methods: list = ['ms', 'crt', 'diml_rerank']  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
 classic_methods: list = ['triplet']  # classic baselines (registry group 'classic'), with classic_seeds
-classic_seeds: list = [0]  # seeds of the classic baselines (fewer than seeds: the table says so)
+classic_seeds: list = [0]  # seeds of the classic baselines (fewer than the protocol's seeds: the table says so)
 rerank_top_k: int = 20  # K of DIML re-ranking: the cosine top-K re-ranked by cos + s_struct (the paper: 100)
 rerank_grid: int = 4  # G of DIML re-ranking: G × G local embeddings (DIML's default 4)
 projection_classes: int = 8  # test classes of the first dataset in the UMAP / t-SNE panels (all their images)
@@ -69,7 +49,7 @@ tsne: bool = True  # draw the t-SNE panels
 ablation_datasets: list = ['synbirds']  # datasets of the ablation claims (the paper notebooks' ablation_datasets)
 ablation_seeds: list = [0]  # seeds of the ablation claims (the paper notebooks' ablation_seeds; ≥ 2 for a verdict)
 margin: float = 1.0  # equivalence margin of the verdicts, R@1 points (declared in the plan before the runs)
-compared_regimes: list = []  # further regimes beside `regime` (dmlstudy/regimes.py): every row again, the claims judged in each
+compared_regimes: list = []  # further regimes beside the protocol's regime (dmlstudy/regimes.py): every row again, the claims judged in each
 seed_cap: int = 0  # sequential design: the most paired seeds a claim may get (0: one look at the seeds given)
 seed_batch: int = 5  # sequential design: seeds added to the rows of undecided claims at each further look
 
@@ -85,7 +65,7 @@ from dmlstudy.study import write_table
 config = compare.CompareStudy.from_namespace(globals())
 seed_everything(0)
 results_folder = config.results_folder()
-print("protocol:", config.protocol_text(), "on", config.datasets)
+print("protocol:", config.protocol.protocol_text(), "on", config.protocol.datasets)
 print(
     "main methods:", config.methods, "| classic baselines:", config.classic_methods, "with seeds", config.classic_seeds
 )
@@ -102,7 +82,7 @@ display(Markdown(rows.rows_markdown(config)))
 comparisons = [compare.compare_regime(regime_config) for regime_config in config.regime_configs()]
 for comparison in comparisons:
     print(
-        f"{comparison.config.regime} regime: {len(comparison.frame)} rows: {len(comparison.main)} main runs, "
+        f"{comparison.config.protocol.regime} regime: {len(comparison.frame)} rows: {len(comparison.main)} main runs, "
         f"{len(comparison.classic)} classic runs; {len(comparison.claims)} claim rows"
     )
 headline = comparisons[0]  # the figures below are the headline regime's
@@ -121,7 +101,7 @@ main_results, classic_results, frame = headline.main, headline.classic, headline
 
 # %%
 for comparison in comparisons:
-    for dataset in config.datasets:
+    for dataset in config.protocol.datasets:
         display(Markdown(tables.comparison_markdown(comparison.table, comparison.config, dataset=dataset)))
     written = tables.write_comparison(comparison.table, comparison.config)
     print("written:", *[str(p) for p in written], sep="\n  ")
@@ -166,7 +146,7 @@ if len(comparisons) > 1:
 # %%
 claim_table = regime_comparison.all_claims(comparisons)
 for comparison in comparisons:
-    print(f"protocol ({comparison.config.regime} regime): {comparison.config.protocol_text()}")
+    print(f"protocol ({comparison.config.protocol.regime} regime): {comparison.config.protocol.protocol_text()}")
 display(Markdown(claim_table[claims.CLAIM_COLUMNS].to_markdown(index=False)))
 claims_written = claims.write_claims(claim_table, config, runs=regime_comparison.all_runs(comparisons))
 print("written:", *[str(p) for p in claims_written], sep="\n  ")
@@ -180,7 +160,7 @@ for sentence in claim_readings:
 
 # %%
 figure = claims.forest_figure(claim_table)
-plots.save_figure(figure, "claims_forest", study=config.study)
+plots.save_figure(figure, "claims_forest", study=config.protocol.study)
 plt.show()
 
 # %% [markdown]
@@ -199,7 +179,7 @@ plt.show()
 # rank higher in R@1 also have the higher ESD and lower ρ (the rank correlations below).
 
 # %%
-print(f"protocol: {config.protocol_text()}; test embeddings, drop_first = 0")
+print(f"protocol: {config.protocol.protocol_text()}; test embeddings, drop_first = 0")
 geometry_written = []
 for metric, title in kit.GEOMETRY.items():
     geometry = tables.geometry_table(frame, metric=metric)
@@ -216,10 +196,10 @@ for sentence in geometry_readings:
 
 # %%
 all_results, shown = main_results + classic_results, list(dict.fromkeys(frame["variant"]))
-for dataset in config.datasets:
+for dataset in config.protocol.datasets:
     embeddings = kit.first_seed_embeddings(all_results, dataset=dataset, variants=shown)
     figure = tables.spectrum_figure(embeddings, dataset=dataset)
-    plots.save_figure(figure, f"compare_spectrum_{dataset}", study=config.study)
+    plots.save_figure(figure, f"compare_spectrum_{dataset}", study=config.protocol.study)
     plt.show()
 
 # %% [markdown]
@@ -230,17 +210,17 @@ for dataset in config.datasets:
 # not distances: look for tight, separated clusters, and for classes that several methods confuse alike.
 
 # %%
-projected = kit.first_seed_embeddings(all_results, dataset=config.datasets[0], variants=shown)
+projected = kit.first_seed_embeddings(all_results, dataset=config.protocol.datasets[0], variants=shown)
 for kind, enabled in (("umap", config.umap), ("tsne", config.tsne)):
     if enabled:
         figure = kit.projection_figure(
             projected,
             kind=kind,
             classes=config.projection_classes,
-            title=f"{config.datasets[0]}, first seed",
+            title=f"{config.protocol.datasets[0]}, first seed",
             label=rows.method_label,
         )
-        plots.save_figure(figure, f"compare_{kind}", study=config.study)
+        plots.save_figure(figure, f"compare_{kind}", study=config.protocol.study)
         plt.show()
 
 # %% [markdown]
@@ -255,7 +235,7 @@ cost = tables.cost_table(frame)
 display(cost)
 write_table(cost, results_folder / "compare_cost")
 figure = tables.time_figure(frame)
-plots.save_figure(figure, "compare_recall_vs_time", study=config.study)
+plots.save_figure(figure, "compare_recall_vs_time", study=config.protocol.study)
 plt.show()
 
 # %% [markdown]
@@ -282,5 +262,5 @@ for sentence in compare.caveats(config, frame):
 # notebook that made it (from the file-name prefix).
 
 # %%
-readme = figure_index.write_figures_readme(config.figures_folder(), study=config.study)
+readme = figure_index.write_figures_readme(config.figures_folder(), study=config.protocol.study)
 print(readme, "lists", readme.read_text().count("![]("), "figures")

@@ -49,11 +49,13 @@ def tiny_config(tiny_data_root, tmp_path):
 @pytest.fixture
 def tiny_comparison(tiny_data_root, tmp_path):
     """A ``compare.CompareStudy`` factory on the tiny dataset (one 2-step epoch per run), writing into a
-    temporary runs folder."""
+    temporary runs folder. An override named like a protocol field (``seeds``, ``regime``) goes into the
+    config's ``protocol``; the others are the comparison's own."""
     from dmlstudy.experiments.compare import CompareStudy
+    from dmlstudy.experiments.protocol import ProtocolConfig
 
     def make(**overrides):
-        values = dict(
+        protocol = dict(
             study="test",
             runs_root=str(tmp_path / "runs"),
             data_root=str(tiny_data_root),
@@ -63,7 +65,8 @@ def tiny_comparison(tiny_data_root, tmp_path):
             train_classes=0,
             test_classes=0,
         )
-        values.update(overrides)
-        return CompareStudy(**values)
+        protocol.update({key: value for key, value in overrides.items() if key in ProtocolConfig.field_names()})
+        own = {key: value for key, value in overrides.items() if key not in ProtocolConfig.field_names()}
+        return CompareStudy(protocol=protocol, **own)
 
     return make

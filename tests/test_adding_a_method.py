@@ -136,10 +136,10 @@ def test_the_recipes_method_builds_tunes_and_trains_in_the_comparison_with_its_t
     )
     with pytest.warns(UntunedRowWarning, match=r"row 'ms' has no tuned values in .*cub200\.yaml \(scratch regime\)"):
         compare.main_grid(config)  # ms was not tuned here: said, and listed in the protocol line
-    assert "untuned rows (lr 0.004, paper defaults): ms (cub200)" in config.protocol_text()
+    assert "untuned rows (lr 0.004, paper defaults): ms (cub200)" in config.protocol.protocol_text()
     [(row, run_config)] = compare.classic_grid(config)
     assert row == circle and run_config.lr == tuned["lr"] and run_config.method_kwargs == tuned["method_kwargs"]
-    origins = resolve_run(config, dataset="cub200", method=circle, seed=0, name=circle).origins
+    origins = resolve_run(config.protocol, dataset="cub200", method=circle, seed=0, name=circle).origins
     assert origins["lr"] == origins["method_kwargs.margin"] == f"tuned: {tuned_file}"
 
     [(_, result)] = run_grid([(row, run_config)])

@@ -83,16 +83,20 @@ def test_the_table_says_when_classic_baselines_ran_with_fewer_seeds():
             ("synbirds", "triplet", "classic"): [(0.4, 0.1)],
         }
     )
-    fewer = compare.CompareStudy(seeds=[0, 1, 2], methods=["ms", "crt"], classic_methods=["triplet"], classic_seeds=[0])
+    fewer = compare.CompareStudy(
+        protocol={"seeds": [0, 1, 2]}, methods=["ms", "crt"], classic_methods=["triplet"], classic_seeds=[0]
+    )
     table = tables.comparison_table(frame, metrics=["R@1", "MAP@R"])
     assert table.set_index("variant").loc["triplet", "method"] == "triplet †"
     assert table.set_index("variant").loc["triplet", "seeds"] == "0"
     assert table.set_index("variant").loc["ms", "method"] == "MS baseline"
     markdown = tables.comparison_markdown(table, fewer, dataset="synbirds")
     assert "† classic baselines ran with 1 seed(s) (0) only, the main methods with 3 (0, 1, 2)" in markdown
-    assert fewer.protocol_text() in markdown
+    assert fewer.protocol.protocol_text() in markdown
     assert "**60.0 ± 0.0**" in markdown  # crt's R@1 is the best
-    same = compare.CompareStudy(seeds=[0], methods=["ms", "crt"], classic_methods=["triplet"], classic_seeds=[0])
+    same = compare.CompareStudy(
+        protocol={"seeds": [0]}, methods=["ms", "crt"], classic_methods=["triplet"], classic_seeds=[0]
+    )
     assert "†" not in tables.table_note(same)
     assert "†" not in tables.comparison_table(frame[frame["seed"] == 0], metrics=["R@1"])["method"].str.cat()
 
@@ -460,7 +464,7 @@ def test_diml_rerank_rows_from_parallel_processes_equal_the_serial_ones(tiny_con
         compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2),
     )
     parallel_config = compare.CompareStudy(
-        methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2, workers=2
+        methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2, protocol={"workers": 2}
     )
     parallel = rerank.rerank_results([("ms", r) for r in parallel_runs], parallel_config)
     for one, other in zip(serial, parallel):
@@ -491,13 +495,14 @@ def test_claims_are_judged_in_each_regime_they_belong_to_and_the_forest_plot_sho
 
 
 def test_a_compare_config_names_each_regime_once():
-    config = compare.CompareStudy(regime="pretrained", compared_regimes=["scratch"])
-    assert [c.regime for c in config.regime_configs()] == ["pretrained", "scratch"]
+    config = compare.CompareStudy(protocol={"regime": "pretrained"}, compared_regimes=["scratch"])
+    assert [c.protocol.regime for c in config.regime_configs()] == ["pretrained", "scratch"]
+    assert [c.regime for c in config.regime_protocols()] == ["pretrained", "scratch"]
     assert [c.table_suffix() for c in config.regime_configs()] == ["_pretrained", ""]
     with pytest.raises(ValueError, match="compared_regimes"):
-        compare.CompareStudy(regime="scratch", compared_regimes=["scratch"])
-    with pytest.raises(ValueError, match="unknown regime 'imagenet'"):
-        compare.CompareStudy(compared_regimes=["imagenet"])
+        compare.CompareStudy(protocol={"regime": "scratch"}, compared_regimes=["scratch"])
+    with pytest.raises(ValueError, match="unknown regime 'no-such-regime'"):
+        compare.CompareStudy(compared_regimes=["no-such-regime"])
 
 
 def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights(tiny_comparison):
@@ -531,7 +536,7 @@ def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights
     transfer = regime_comparison.regime_differences([pretrained, scratch])
     assert set(transfer["variant"]) == {"ms", "crt"} and (transfer["seeds"] == 2).all()
     ms = transfer[transfer["variant"] == "ms"].iloc[0]
-    by_regime = {c.config.regime: c.frame for c in (pretrained, scratch)}
+    by_regime = {c.config.protocol.regime: c.frame for c in (pretrained, scratch)}
     expected = [
         100
         * (
@@ -690,7 +695,7 @@ def test_an_undecided_claim_gets_more_seeds_for_its_rows_only_and_recomputes_fro
         B="ms",
         metric="R@1",
         dataset=crt["dataset"],
-        regime=config.regime,
+        regime=config.protocol.regime,
         confidence=crt["confidence"],
     )
     assert n == 3 and (round(delta, 2), round(low, 2), round(high, 2)) == (crt["Δ"], crt["CI low"], crt["CI high"])

@@ -228,7 +228,7 @@ def test_variant_names_share_runs_and_keep_the_reserved_names():
     k1 = study.k_sweep_variants([4], branch=1)
     assert list(k1) == [4, 64] and k1[64][0] == study.crt_variant(shared=False)[0] == "crt-shared=False"
     assert study.lambda2_variants([0.0])[0.9][0] == "crt"
-    protocol = study.CRTStudy()
+    protocol = study.CRTStudy().protocol
     assert study.batch_variants([32], protocol)[32][1]["classes_per_batch"] == 32 // protocol.samples_per_class
     with pytest.raises(ValueError, match="multiple"):
         study.batch_variants([30], protocol)

@@ -564,7 +564,7 @@ def test_sweep_frame_in_parallel_processes_equals_the_serial_sweeps(tiny_config)
             ("ms", run(tiny_config(method="ms", seed=seed, run_name=f"{prefix}-{seed}", resume=True)))
             for seed in (0, 1)
         ]
-        frames.append(diml_study.sweep_frame(results, diml_study.DIMLStudy(workers=workers, **settings)))
+        frames.append(diml_study.sweep_frame(results, diml_study.DIMLStudy(protocol={"workers": workers}, **settings)))
     serial, parallel = frames
     assert len(serial) == len(parallel) == 2 * (2 + 2)
     for metric in ("P@1", "RP", "MAP@R"):

@@ -14,8 +14,10 @@ import papermill
 import pytest
 from papermill.exceptions import PapermillExecutionError
 
+from dmlstudy.config import is_typed_config
 from dmlstudy.experiments import NOTEBOOK_CONFIGS
 from dmlstudy.experiments import notebooks as notebook_sources
+from dmlstudy.experiments.protocol import ProtocolConfig
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PRESENT = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
@@ -41,7 +43,8 @@ def test_parameters_cell_mirrors_the_config(name):
     fields = [spec.name for spec in dataclasses.fields(config)]
     assert list(parameters) == fields
     for field_name, declared in parameters.items():
-        assert declared["inferred_type_name"] == hints[field_name].__name__, field_name
+        expected = "dict" if is_typed_config(hints[field_name]) else hints[field_name].__name__  # a nested config
+        assert declared["inferred_type_name"] == expected, field_name
         assert declared["help"], f"{name}: parameter {field_name} has no comment"
     cell = next(
         c for c in json.loads((NOTEBOOKS / name).read_text())["cells"] if "parameters" in c["metadata"].get("tags", [])
@@ -101,12 +104,38 @@ def test_parameters_cell_lines_come_from_the_config():
     lines = notebook_sources.parameters_source("20_diml").splitlines()
     config = config_class(NOTEBOOK_CONFIGS["20_diml.ipynb"])
     assert [line.split(":")[0] for line in lines] == [spec.name for spec in dataclasses.fields(config)]
-    assert lines[0].startswith("study: str = 'notebook-20_diml'  # ")
     for line, spec in zip(lines, dataclasses.fields(config)):
         value = line.split(" = ", 1)[1].split("  # ")[0]
-        if spec.name != "study":
+        if spec.name != "protocol":
             default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
             assert ast.literal_eval(value) == default, spec.name
+
+
+@pytest.mark.parametrize("stem", ["10_crt", "20_diml", "30_cross_attention", "40_dgcrl", "90_compare"])
+def test_a_paper_notebook_takes_the_shared_protocol_as_one_short_parameter(stem):
+    [line] = [line for line in notebook_sources.parameters_source(stem).splitlines() if line.startswith("protocol:")]
+    assert line.startswith(f"protocol: dict = {{'study': 'notebook-{stem}'}}  # the shared protocol: ")
+    config = config_class(NOTEBOOK_CONFIGS[f"{stem}.ipynb"])
+    protocol_fields = set(ProtocolConfig.field_names())
+    assert not protocol_fields & set(config.field_names()), "the protocol's fields are not parameters of their own"
+    built = config.from_namespace({"protocol": {"study": f"notebook-{stem}"}}).protocol
+    assert built == ProtocolConfig(study=f"notebook-{stem}"), "the keys left out keep the CI-sized defaults"
+    idea, parameters = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text())["cells"][:2]
+    assert idea["cell_type"] == "markdown" and "".join(idea["source"]).startswith("# "), (
+        "the notebook opens with its idea"
+    )
+    assert parameters["metadata"].get("tags") == ["parameters"], "then the short parameters cell"
+
+
+def test_a_wrong_protocol_value_is_named_with_its_key(tmp_path):
+    with pytest.raises(PapermillExecutionError, match=r"parameter 'protocol\.seeds' must be of type list, got int"):
+        papermill.execute_notebook(
+            str(NOTEBOOKS / "20_diml.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            parameters={"protocol": {"seeds": 3, "runs_root": str(tmp_path)}},
+            kernel_name="python3",
+            progress_bar=False,
+        )
 
 
 def _with_outputs(text: str) -> str:

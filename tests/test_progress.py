@@ -141,6 +141,8 @@ def test_entry_lines_are_one_short_line_each():
     assert entry_summary({**protocol, "regime": "pretrained", "compared_regimes": ["scratch"], "methods": ["ms"]}) == (
         "5 seeds × 2 datasets × 1 method, 2 regimes"
     )
+    nested = {"protocol": {**protocol, "regime": "pretrained"}, "compared_regimes": ["scratch"], "methods": ["ms"]}
+    assert entry_summary(nested) == "5 seeds × 2 datasets × 1 method, 2 regimes"  # a study notebook's protocol
     assert entry_summary({"method": "ms", "dataset": "synbirds", "seed": 0, "epochs": 6}) == "ms, synbirds, seed 0"
     assert entry_summary({"knn_classes": 0}) == ""
     assert entry_line(2, 8, crt, "started", parameters=protocol) == (

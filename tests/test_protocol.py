@@ -151,8 +151,8 @@ def test_a_regime_sets_the_start_and_schedule_of_every_run_and_keeps_scratch_fol
         dataset="synbirds", method="ms", seed=1, name="ms"
     )
     assert one_epoch.warmup_epochs == 0
-    with pytest.raises(ValueError, match="unknown regime 'imagenet'"):
-        ProtocolConfig(regime="imagenet")
+    with pytest.raises(ValueError, match="unknown regime 'no-such-regime'"):
+        ProtocolConfig(regime="no-such-regime")
     with pytest.raises(ValueError, match="loads weights of backbone 'dml_convnet'.*'resnet18'"):
         ProtocolConfig(regime="pretrained", backbone="resnet18")
 
@@ -169,3 +169,33 @@ def test_the_protocol_sets_the_precision_of_every_run_and_refuses_an_unknown_one
     assert bf16.run_dir != config().run_dir  # a bf16 study never reuses the float32 runs of the same plan
     with pytest.raises(ValueError, match="parameter 'autocast' must be one of .*'fp16'"):
         ProtocolConfig(autocast="fp16")
+
+
+def test_a_study_config_builds_its_protocol_from_one_mapping_parameter():
+    """Papermill injects the shared protocol as a dict: the study config builds the ProtocolConfig (keys left out
+    keep their defaults, ints become floats where a float is declared), names a wrong value by its key and lists
+    the valid keys when one is unknown."""
+    from dmlstudy.experiments.dgcrl import DGCRLStudy
+    from dmlstudy.experiments.protocol import ProtocolConfig
+
+    config = DGCRLStudy.from_namespace({"protocol": {"seeds": [0, 1], "lr": 1, "regime": "pretrained"}, "alphas": []})
+    assert isinstance(config.protocol, ProtocolConfig)
+    assert config.protocol == ProtocolConfig(seeds=[0, 1], lr=1.0, regime="pretrained")
+    assert isinstance(config.protocol.lr, float) and config.alphas == []
+    assert config.ablation_protocol() == ProtocolConfig(seeds=[0], lr=1.0, regime="pretrained")
+    assert DGCRLStudy(protocol=config.protocol).protocol is config.protocol  # a built protocol is taken as it is
+    assert DGCRLStudy().protocol == ProtocolConfig(), "no protocol: the CI-sized defaults"
+    with pytest.raises(TypeError, match=r"^parameter 'protocol\.seeds' must be of type list, got int 3$"):
+        DGCRLStudy(protocol={"seeds": 3})
+    with pytest.raises(ValueError, match=r"^parameter 'protocol\.autocast' must be one of \['auto'"):
+        DGCRLStudy(protocol={"autocast": "fp16"})
+    with pytest.raises(ValueError, match=r"^parameter 'protocol\.regime': unknown regime 'no-such-regime'"):
+        DGCRLStudy(protocol={"regime": "no-such-regime"})
+    with pytest.raises(
+        TypeError, match=r"parameter 'protocol' has no keys \['alphas', 'sedes'\]; valid keys: \['study'"
+    ):
+        DGCRLStudy(protocol={"sedes": [0], "alphas": [1.0]})
+    with pytest.raises(
+        TypeError, match=r"parameter 'protocol' must be a mapping \(dict\) of ProtocolConfig fields, got list"
+    ):
+        DGCRLStudy(protocol=[0, 1])

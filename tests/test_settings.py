@@ -64,7 +64,7 @@ def default_comparison() -> CompareStudy:
         for entry in load_plan(Path(__file__).resolve().parents[1] / "plans" / "default.yaml")
         if entry.notebook.name == "90_compare.ipynb"
     ]
-    return CompareStudy(**{**entry.parameters, "study": "default"})
+    return CompareStudy(**{**entry.parameters, "protocol": {**entry.parameters["protocol"], "study": "default"}})
 
 
 def default_plan_variants(config: CompareStudy) -> dict[str, dict]:
@@ -85,7 +85,7 @@ def default_plan_variants(config: CompareStudy) -> dict[str, dict]:
 @pytest.mark.parametrize("regime", ["pretrained", "scratch"])
 def test_every_run_of_the_default_plan_resolves_to_the_configuration_of_the_hand_written_copy(regime):
     config = default_comparison()
-    protocol = dataclasses.replace(config, regime=regime, compared_regimes=[], seeds=[0, 3])
+    protocol = dataclasses.replace(config.protocol, regime=regime, seeds=[0, 3])
     variants = default_plan_variants(config)
     assert len(variants) > 25
     grid = protocol.grid(variants)

@@ -8,6 +8,7 @@ from pathlib import Path
 import papermill
 import pytest
 
+from dmlstudy.experiments.notebooks import config_class
 from dmlstudy.study import injected_parameters, load_plan, run_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +23,10 @@ def test_plan_entries_name_declared_parameters(plan):
     for entry in entries:
         if entry.notebook not in declared:
             declared[entry.notebook] = papermill.inspect_notebook(str(entry.notebook))
-        injected_parameters(entry, declared[entry.notebook], ROOT / "runs")  # raises on unknown parameters
+        injected = injected_parameters(entry, declared[entry.notebook], ROOT / "runs")  # raises on unknown parameters
+        config = config_class(entry.notebook.stem)(**injected)  # and a protocol key or a value its config refuses
+        if "protocol" in injected:
+            assert config.protocol.study == entry.study and config.protocol.runs_root == str(ROOT / "runs")
 
 
 def test_smoke_training_entries_leave_checked_records(tmp_path):

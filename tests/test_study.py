@@ -8,7 +8,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dmlstudy.study import PlanError, gather_runs, load_plan, run_plan, stop_line, summarize, write_table
+from dmlstudy.study import (
+    PlanEntry,
+    PlanError,
+    entry_setting,
+    gather_runs,
+    injected_parameters,
+    load_plan,
+    run_plan,
+    stop_line,
+    summarize,
+    write_table,
+)
 
 
 def write_notebook(path, parameters: str, body: str):
@@ -128,11 +139,11 @@ def test_an_entry_runs_again_when_the_tuned_values_it_reads_change(toy_notebooks
     (tuned / "pretrained").mkdir(parents=True)
     (tuned / "synbirds.yaml").write_text("rows: {}\n")
     (tuned / "pretrained" / "synbirds.yaml").write_text("rows: {}\n")
-    write_notebook(toy_notebooks / "tuned.ipynb", "tuned: str = ''", "print(tuned)")
+    write_notebook(toy_notebooks / "tuned.ipynb", "protocol: dict = {}", "print(protocol['tuned'])")
     plan = write_plan(
         toy_notebooks,
         f"study: s\nentries:\n  - name: reads\n    notebook: {toy_notebooks / 'tuned.ipynb'}\n"
-        f"    parameters: {{tuned: {tuned}}}\n  - name: plain\n    notebook: {toy_notebooks / 'echo.ipynb'}\n",
+        f"    parameters: {{protocol: {{tuned: {tuned}}}}}\n  - name: plain\n    notebook: {toy_notebooks / 'echo.ipynb'}\n",
     )
     root = toy_notebooks / "runs"
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete", "complete"]
@@ -141,6 +152,35 @@ def test_an_entry_runs_again_when_the_tuned_values_it_reads_change(toy_notebooks
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete", "skipped"]
     record = json.loads((root / "s" / "reads" / "study_entry.json").read_text())
     assert set(record["inputs"]) == {"selection rule", "synbirds.yaml", "pretrained/synbirds.yaml"}
+
+
+def test_the_runner_puts_study_and_runs_root_into_a_study_notebooks_protocol(tmp_path):
+    """A study notebook's shared protocol is one mapping: the runner's ``study`` and ``runs_root`` go inside it (the
+    entry's own keys win); a notebook without one gets them as parameters of their own, where it declares them."""
+    notebook = tmp_path / "10_crt.ipynb"
+    entry = PlanEntry("s", "crt", notebook, {"protocol": {"seeds": [0, 1], "tuned": "plans/tuned"}, "components": True})
+    injected = injected_parameters(entry, ["protocol", "components", "resume"], tmp_path / "runs")
+    assert injected == {
+        "resume": True,
+        "protocol": {"study": "s", "runs_root": str(tmp_path / "runs"), "seeds": [0, 1], "tuned": "plans/tuned"},
+        "components": True,
+    }
+    assert entry.parameters["protocol"] == {"seeds": [0, 1], "tuned": "plans/tuned"}, "the plan's entry is unchanged"
+    own = PlanEntry("s", "crt", notebook, {"protocol": {"study": "other"}})
+    assert injected_parameters(own, ["protocol"], tmp_path)["protocol"] == {
+        "study": "other",
+        "runs_root": str(tmp_path),
+    }
+    bare = injected_parameters(PlanEntry("s", "crt", notebook), ["protocol"], tmp_path)
+    assert bare == {"protocol": {"study": "s", "runs_root": str(tmp_path)}}, "no protocol given: the defaults, here"
+    flat = injected_parameters(
+        PlanEntry("s", "train", notebook), ["study", "runs_root", "run_name", "epochs"], tmp_path
+    )
+    assert flat == {"study": "s", "runs_root": str(tmp_path), "run_name": "train"}
+    with pytest.raises(PlanError, match="'protocol' must be a mapping of protocol fields"):
+        injected_parameters(PlanEntry("s", "crt", notebook, {"protocol": [0]}), ["protocol"], tmp_path)
+    assert entry_setting(injected, "tuned") == "plans/tuned" and entry_setting({"tuned": "t"}, "tuned") == "t"
+    assert entry_setting(injected, "workers", 1) == 1
 
 
 def test_every_entry_runs_again_when_the_checkpoint_selection_rule_changes(toy_notebooks, monkeypatch):

@@ -257,7 +257,11 @@ def _leaves(overrides: dict, space) -> dict:
         ("validation_folds", 0, r"parameter 'validation_folds' must be ≥ 2: trials are scored on validation classes"),
         ("trials", 0, r"parameters 'trials' and 'workers' must be ≥ 1"),
         ("rows", ["ms", "msx"], r"parameter 'rows': unknown rows \['msx'\]; valid: \[.*'ms'"),
-        ("regime", "imagenet", r"parameter 'regime': unknown regime 'imagenet'; valid: \['pretrained', 'scratch'\]"),
+        (
+            "regime",
+            "no-such-regime",
+            r"parameter 'regime': unknown regime 'no-such-regime'; valid: \[.*'pretrained', 'scratch'\]",
+        ),
     ],
 )
 def test_a_tuning_plan_with_a_bad_value_names_the_parameter(name, value, message):

@@ -384,13 +384,14 @@ def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
         "–" if math.isnan(p) else f"{p:.3f}" + (" ✓" if survives else "")
         for p, survives in zip(claims["Holm p"].astype(float), claims[HOLM])
     ]
-    protocols = [f"Protocol ({c.regime} regime): {c.protocol_text()}." for c in config.regime_configs()]
+    protocols = [f"Protocol ({c.regime} regime): {c.protocol_text()}." for c in config.regime_protocols()]
     lines = [
         "# Every claim, headline and ablation",
         "",
         *protocols,
         "",
-        f"Regimes: {', '.join(c.regime for c in config.regime_configs())}; headline claims on {', '.join(config.datasets)} (seeds {seed_text(config.seeds)}, "
+        f"Regimes: {', '.join(c.regime for c in config.regime_protocols())}; headline claims on "
+        f"{', '.join(config.protocol.datasets)} (seeds {seed_text(config.protocol.seeds)}, "
         f"classic baselines {seed_text(config.classic_seeds) if config.classic_methods else '–'}), ablation claims on "
         f"{', '.join(config.ablation_datasets) or '–'} (seeds {seed_text(config.ablation_seeds) or '–'}).",
         "",

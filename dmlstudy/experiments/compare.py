@@ -12,7 +12,7 @@ everything of one regime. ``notebooks/90_compare.ipynb`` also calls the modules 
 Runs come from :meth:`ProtocolConfig.grid` with ``{name: {"method": name}}``, so run folders are
 ``<dataset>-<method>-seed<seed>``: the method notebooks (10_crt, 20_diml, 30_cross_attention, 40_dgcrl) train
 ``ms`` and their method under exactly these names, and ``resume=True`` reuses them (the plan must give every
-notebook the same protocol fields, or the run folder refuses to resume with a message naming the differing
+notebook the same ``protocol``, or the run folder refuses to resume with a message naming the differing
 fields).
 
 Decisions (stated in the notebook too):
@@ -55,7 +55,7 @@ import pandas as pd
 
 from dmlstudy import verdicts
 from dmlstudy.experiments.claims import CLAIMS, Claim, ablation_grid, claim_reranks, claims_frame, claims_table
-from dmlstudy.experiments.protocol import ProtocolConfig, run_grid, train_grid
+from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig, run_grid, train_grid
 from dmlstudy.experiments.regime_comparison import RegimeComparison
 from dmlstudy.experiments.rerank import claim_rerank_results, rerank_missing, rerank_results
 from dmlstudy.experiments.rows import EXTRA_ROWS, RERANK, method_grid
@@ -67,7 +67,7 @@ from dmlstudy.train import RunResult, TrainConfig
 
 
 @dataclass
-class CompareStudy(ProtocolConfig):
+class CompareStudy(StudyConfig):
     """Parameters of ``notebooks/90_compare.ipynb``: the protocol plus which methods enter the table."""
 
     methods: list = field(
@@ -78,7 +78,7 @@ class CompareStudy(ProtocolConfig):
     )  # classic baselines (registry group 'classic'), with classic_seeds
     classic_seeds: list = field(
         default_factory=lambda: [0]
-    )  # seeds of the classic baselines (fewer than seeds: the table says so)
+    )  # seeds of the classic baselines (fewer than the protocol's seeds: the table says so)
     rerank_top_k: int = 20  # K of DIML re-ranking: the cosine top-K re-ranked by cos + s_struct (the paper: 100)
     rerank_grid: int = 4  # G of DIML re-ranking: G × G local embeddings (DIML's default 4)
     projection_classes: int = 8  # test classes of the first dataset in the UMAP / t-SNE panels (all their images)
@@ -93,18 +93,19 @@ class CompareStudy(ProtocolConfig):
     margin: float = 1.0  # equivalence margin of the verdicts, R@1 points (declared in the plan before the runs)
     compared_regimes: list = field(
         default_factory=list
-    )  # further regimes beside `regime` (dmlstudy/regimes.py): every row again, the claims judged in each
+    )  # further regimes beside the protocol's regime (dmlstudy/regimes.py): every row again, the claims judged in each
     seed_cap: int = 0  # sequential design: the most paired seeds a claim may get (0: one look at the seeds given)
     seed_batch: int = 5  # sequential design: seeds added to the rows of undecided claims at each further look
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in self.compared_regimes:
-            regime(name, backbone=self.backbone)
-        if self.regime in self.compared_regimes or len(set(self.compared_regimes)) < len(self.compared_regimes):
+            regime(name, backbone=self.protocol.backbone)
+        headline = self.protocol.regime
+        if headline in self.compared_regimes or len(set(self.compared_regimes)) < len(self.compared_regimes):
             raise ValueError(
                 f"parameter 'compared_regimes': {self.compared_regimes} must list each regime once and not the "
-                f"headline regime {self.regime!r}"
+                f"headline regime {headline!r}"
             )
         known = set(list_methods()) | set(EXTRA_ROWS)
         for name, values in (("methods", self.methods), ("classic_methods", self.classic_methods)):
@@ -128,10 +129,10 @@ class CompareStudy(ProtocolConfig):
             )
         if self.projection_classes < 2:
             raise ValueError(f"parameter 'projection_classes' must be ≥ 2, got {self.projection_classes}")
-        if self.seed_cap and (self.seed_cap < len(self.seeds) or self.seed_batch < 1):
+        if self.seed_cap and (self.seed_cap < len(self.protocol.seeds) or self.seed_batch < 1):
             raise ValueError(
                 f"parameters 'seed_cap' ({self.seed_cap}) and 'seed_batch' ({self.seed_batch}): the cap must be 0 or at "
-                f"least the {len(self.seeds)} seeds of the first look, and the batch ≥ 1"
+                f"least the {len(self.protocol.seeds)} seeds of the first look, and the batch ≥ 1"
             )
         if not self.margin > 0:
             raise ValueError(f"parameter 'margin' must be > 0 (R@1 points), got {self.margin}")
@@ -140,28 +141,38 @@ class CompareStudy(ProtocolConfig):
         """The sequential design the plan declares (docs/protocol.md): the first look at ``seeds``, then
         ``seed_batch`` more seeds per look for the rows of undecided claims up to ``seed_cap``, α spent by
         Pocock-type error spending; with ``seed_cap`` 0 (or equal to the seeds) one look at 95 %."""
-        first = max(len(self.seeds), 2)
+        first = max(len(self.protocol.seeds), 2)
         return verdicts.SequentialDesign(first_seeds=first, batch=self.seed_batch, cap=max(self.seed_cap, first))
 
     def regime_configs(self) -> list[CompareStudy]:
         """This config (the headline regime) and one per compared regime, in that order."""
-        return [self, *(dataclasses.replace(self, regime=name, compared_regimes=[]) for name in self.compared_regimes)]
+        return [
+            self,
+            *(
+                dataclasses.replace(self, protocol=dataclasses.replace(self.protocol, regime=name), compared_regimes=[])
+                for name in self.compared_regimes
+            ),
+        ]
 
-    def classic_protocol(self) -> CompareStudy:
-        """This protocol with the classic baselines' seeds."""
-        return dataclasses.replace(self, seeds=list(self.classic_seeds))
+    def regime_protocols(self) -> list[ProtocolConfig]:
+        """The protocol of each regime of :meth:`regime_configs`, in that order."""
+        return [config.protocol for config in self.regime_configs()]
+
+    def classic_protocol(self) -> ProtocolConfig:
+        """The protocol with the classic baselines' seeds."""
+        return self.protocol.with_seeds(self.classic_seeds)
 
     def table_suffix(self) -> str:
         """``""`` for the scratch regime (the study's first tables keep their names), else ``_<regime>``."""
-        return "" if self.regime == "scratch" else f"_{self.regime}"
+        return "" if self.protocol.regime == "scratch" else f"_{self.protocol.regime}"
 
     def results_folder(self) -> Path:
         """Where the notebook writes its tables (``<project>/results`` for the published study)."""
-        return study_outputs(self.study, "results", runs_root_override=self.runs_root)
+        return study_outputs(self.protocol.study, "results", runs_root_override=self.protocol.runs_root)
 
     def figures_folder(self) -> Path:
         """Where the study's figures are (``<project>/figures`` for the published study)."""
-        return study_outputs(self.study, "figures", runs_root_override=self.runs_root)
+        return study_outputs(self.protocol.study, "figures", runs_root_override=self.protocol.runs_root)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,7 +189,7 @@ def trained_methods(methods: Sequence[str]) -> list[str]:
 
 def main_grid(config: CompareStudy) -> list[tuple[str, TrainConfig]]:
     """The main methods on every dataset and seed."""
-    return config.grid(method_grid(trained_methods(config.methods)))
+    return config.protocol.grid(method_grid(trained_methods(config.methods)))
 
 
 def classic_grid(config: CompareStudy) -> list[tuple[str, TrainConfig]]:
@@ -188,28 +199,28 @@ def classic_grid(config: CompareStudy) -> list[tuple[str, TrainConfig]]:
 
 def run_main(config: CompareStudy) -> list[tuple[str, RunResult]]:
     """Train (or load) the main methods on every dataset and seed."""
-    return run_grid(main_grid(config), workers=config.workers)
+    return run_grid(main_grid(config), workers=config.protocol.workers)
 
 
 def run_classic(config: CompareStudy) -> list[tuple[str, RunResult]]:
     """Train (or load) the classic baselines on every dataset with ``classic_seeds``."""
-    return run_grid(classic_grid(config), workers=config.workers)
+    return run_grid(classic_grid(config), workers=config.protocol.workers)
 
 
 def ablations_grid(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> list[tuple[str, TrainConfig]]:
-    """The runs of the ablation claims judged in ``config.regime`` on ``ablation_datasets`` with
+    """The runs of the ablation claims judged in the protocol's regime on ``ablation_datasets`` with
     ``ablation_seeds``."""
-    claims = [claim for claim in claims if claim.judged_in(config.regime)]
+    claims = [claim for claim in claims if claim.judged_in(config.protocol.regime)]
     if not config.ablation_seeds or not config.ablation_datasets or not claims:
         return []
-    protocol = dataclasses.replace(config, seeds=list(config.ablation_seeds))
+    protocol = config.protocol.with_seeds(config.ablation_seeds)
     return protocol.grid(ablation_grid(claims), datasets=config.ablation_datasets)
 
 
 def run_ablations(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> list[tuple[str, RunResult]]:
     """Train (or load: the paper notebooks trained them under the same names) the runs of the ablation claims
-    judged in ``config.regime`` on ``ablation_datasets`` with ``ablation_seeds``."""
-    return run_grid(ablations_grid(config, claims), workers=config.workers)
+    judged in the protocol's regime on ``ablation_datasets`` with ``ablation_seeds``."""
+    return run_grid(ablations_grid(config, claims), workers=config.protocol.workers)
 
 
 def compare_regime(config: CompareStudy) -> RegimeComparison:
@@ -222,7 +233,7 @@ def compare_regime(config: CompareStudy) -> RegimeComparison:
     Regime after regime, not both at once: a run's engine priority is set by whoever asks for it first, and the
     scratch regime's main runs are the paper notebooks' own. Sent at the start with the comparison's hundreds
     of pretrained runs, they took that grid's low priority, and the paper notebooks waited behind it."""
-    train_grid(main_grid(config) + classic_grid(config) + ablations_grid(config), workers=config.workers)
+    train_grid(main_grid(config) + classic_grid(config) + ablations_grid(config), workers=config.protocol.workers)
     main = run_main(config)
     rerank_missing(main, config)
     classic = run_classic(config)
@@ -235,7 +246,7 @@ def compare_regime(config: CompareStudy) -> RegimeComparison:
             runs,
             margin=config.margin,
             ablation_datasets=config.ablation_datasets,
-            regime=config.regime,
+            regime=config.protocol.regime,
             design=design,
         )
         needs = seeds_needed(claims, design)
@@ -264,7 +275,7 @@ def seeds_needed(claims: pd.DataFrame, design: verdicts.SequentialDesign) -> dic
 
 def seed_sequence(config: CompareStudy, count: int) -> list[int]:
     """The first ``count`` seeds of the study: its ``seeds``, then the next integers after the largest."""
-    seeds = list(config.seeds)
+    seeds = list(config.protocol.seeds)
     return (seeds + list(range(max(seeds) + 1, max(seeds) + 1 + count)))[:count]
 
 
@@ -279,9 +290,8 @@ def run_more_seeds(config: CompareStudy, needs: dict[str, int]) -> tuple[list, l
         trained[run_name] = max(trained.get(run_name, 0), count)
     grid = []
     for name, count in trained.items():
-        protocol = dataclasses.replace(config, seeds=seed_sequence(config, count))
-        grid += protocol.grid(method_grid([name]))
-    results = run_grid(grid, workers=config.workers)
+        grid += config.protocol.with_seeds(seed_sequence(config, count)).grid(method_grid([name]))
+    results = run_grid(grid, workers=config.protocol.workers)
     ms = [(name, result) for name, result in results if name == "ms"]
     rerank_missing(ms, config)
     reranks = [*rerank_results(ms, config), *claim_rerank_results(ms, config)]
@@ -293,13 +303,14 @@ def caveats(config: CompareStudy, frame: pd.DataFrame) -> list[str]:
     parameters = frame.groupby("variant")["parameters"].first() if "parameters" in frame else pd.Series(dtype=float)
     base = f" ({parameters['ms'] / 1e6:.2f} M parameters with the MS head)" if "ms" in parameters else ""
     classic = f"; classic baselines {len(set(config.classic_seeds))} seed(s)" if config.classic_methods else ""
+    protocol = config.protocol
     return [
-        f"Synthetic data: {', '.join(config.datasets)} stand in for CUB-200 / Cars196; the papers' effects were measured on real photographs.",
-        f"Small backbone trained from scratch: {config.backbone}{base}, random initialisation — no ImageNet pre-training, which every paper uses "
+        f"Synthetic data: {', '.join(protocol.datasets)} stand in for CUB-200 / Cars196; the papers' effects were measured on real photographs.",
+        f"Small backbone trained from scratch: {protocol.backbone}{base}, random initialisation — no ImageNet pre-training, which every paper uses "
         "and which several of the methods (prototypes, attention, local matching) build on.",
-        f"Short training at low resolution: {config.epochs} epochs × {config.steps_per_epoch or 'full'} steps, {config.image_size} px, "
-        f"d = {config.embedding_dim}, batch {config.classes_per_batch}×{config.samples_per_class}; the papers train for up to 100+ epochs at 224–227 px.",
-        f"Seeds: {len(set(config.seeds))} for the main methods{classic}; a claim is decided only when the {round(100 * verdicts.CONFIDENCE)} % "
+        f"Short training at low resolution: {protocol.epochs} epochs × {protocol.steps_per_epoch or 'full'} steps, {protocol.image_size} px, "
+        f"d = {protocol.embedding_dim}, batch {protocol.classes_per_batch}×{protocol.samples_per_class}; the papers train for up to 100+ epochs at 224–227 px.",
+        f"Seeds: {len(set(protocol.seeds))} for the main methods{classic}; a claim is decided only when the {round(100 * verdicts.CONFIDENCE)} % "
         f"t-interval of its per-seed paired differences excludes 0 or fits inside ±{config.margin:g} points.",
         "One protocol for every method (same backbone, size, batch, epochs, seeds): the papers each used their own, so their gains are not "
         "comparable with each other or with ours; the paper columns show only the direction and size each paper claims.",

@@ -28,7 +28,6 @@ Decisions (stated in the notebook too):
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from dmlstudy.experiments.kit import (
     without_numbers,
 )
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame
+from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig, mean_std_table, results_frame
 from dmlstudy.methods import EVAL_BATCH_SIZE
 from dmlstudy.methods.cross_attention import (
     AttentionRecorder,
@@ -83,7 +82,7 @@ PAPER_FIGURE3_TEXT = numbers("cross_attention", "FIGURE3_TEXT")
 
 
 @dataclass
-class CrossAttentionStudy(ProtocolConfig):
+class CrossAttentionStudy(StudyConfig):
     """Parameters of ``notebooks/30_cross_attention.ipynb``: the protocol plus the method's ablations."""
 
     ablation_datasets: list = field(
@@ -101,9 +100,9 @@ class CrossAttentionStudy(ProtocolConfig):
     part_queries: int = 2  # query images of the local-part figure (one location each)
     part_neighbours: int = 6  # most similar locations shown per query
 
-    def ablation_protocol(self) -> CrossAttentionStudy:
-        """This config with the ablation seeds."""
-        return dataclasses.replace(self, seeds=list(self.ablation_seeds))
+    def ablation_protocol(self) -> ProtocolConfig:
+        """The protocol with the ablation seeds."""
+        return self.protocol.with_seeds(self.ablation_seeds)
 
 
 # ----------------------------------------------------------------------------------------------

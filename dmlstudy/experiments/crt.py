@@ -24,7 +24,6 @@ Decisions (reported in the notebook):
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from dmlstudy.experiments.kit import (
     without_numbers,
 )
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
+from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig, results_frame
 from dmlstudy.methods import build_method
 from dmlstudy.methods.crt import CRT, BranchEmbedder
 from dmlstudy.models import build_backbone
@@ -86,7 +85,7 @@ HIGH_DIM_DEFAULT = 1024  # D of the paper and of ``crt``
 
 
 @dataclass
-class CRTStudy(ProtocolConfig):
+class CRTStudy(StudyConfig):
     """Parameters of ``notebooks/10_crt.ipynb``: the protocol plus CRT's sweeps. Empty lists skip a table."""
 
     ablation_datasets: list = field(default_factory=lambda: ["synbirds"])  # datasets of the ablation tables
@@ -117,9 +116,9 @@ class CRTStudy(ProtocolConfig):
     heatmap_prototypes: int = 8  # prototypes shown in the code heat maps
     tsne_classes: int = 5  # test classes in the t-SNE plots
 
-    def ablation_protocol(self) -> CRTStudy:
-        """This config with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
-        return dataclasses.replace(self, seeds=list(self.ablation_seeds))
+    def ablation_protocol(self) -> ProtocolConfig:
+        """The protocol with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
+        return self.protocol.with_seeds(self.ablation_seeds)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ Decisions (stated in the notebook too):
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,7 +53,7 @@ from dmlstudy.experiments.kit import (
     without_numbers,
 )
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame
+from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig, mean_std_table, results_frame
 from dmlstudy.experiments.rows import SHARED_VARIANTS
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
@@ -110,7 +109,7 @@ KWARG_TAGS = {"decorrelation_weight": "lambda", "decorrelation": "decor"}  # DGC
 
 
 @dataclass
-class DGCRLStudy(ProtocolConfig):
+class DGCRLStudy(StudyConfig):
     """Parameters of ``notebooks/40_dgcrl.ipynb``: the protocol plus DGCRL's sweeps. Empty lists skip a table."""
 
     main_variants: list = field(
@@ -149,9 +148,9 @@ class DGCRLStudy(ProtocolConfig):
             if unknown:
                 raise ValueError(f"parameter {name!r}: unknown values {unknown}; valid: {sorted(valid)}")
 
-    def ablation_protocol(self) -> DGCRLStudy:
-        """This config with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
-        return dataclasses.replace(self, seeds=list(self.ablation_seeds))
+    def ablation_protocol(self) -> ProtocolConfig:
+        """The protocol with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
+        return self.protocol.with_seeds(self.ablation_seeds)
 
 
 # ----------------------------------------------------------------------------------------------

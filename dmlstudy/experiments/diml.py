@@ -33,7 +33,7 @@ from dmlstudy.experiments.kit import (
     evaluation_sets,
 )
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, call_in_processes, run_grid
+from dmlstudy.experiments.protocol import StudyConfig, call_in_processes, run_grid
 from dmlstudy.methods.diml import DEFAULT_GRID_SIZE, GridEmbeddings
 from dmlstudy.records import write_json
 from dmlstudy.reranking import reranked_retrieval_metrics
@@ -53,7 +53,7 @@ PAPER_GRID: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = numbe
 
 
 @dataclass
-class DIMLStudy(ProtocolConfig):
+class DIMLStudy(StudyConfig):
     """Parameters of the DIML notebook (defaults: CI-sized)."""
 
     base_losses: list = field(
@@ -136,14 +136,15 @@ def variants(config: DIMLStudy) -> dict[str, dict[str, Any]]:
 
 def run_models(config: DIMLStudy) -> list[tuple[str, RunResult]]:
     """Train (or load) every variant × dataset × seed of the protocol."""
-    return run_grid(config.grid(variants(config)), workers=config.workers)
+    return run_grid(config.protocol.grid(variants(config)), workers=config.protocol.workers)
 
 
 def example_run(results: list[tuple[str, RunResult]], config: DIMLStudy) -> RunResult:
     """The model shown in the figures: DIML + MS (else the ``ms`` baseline, else the first run) on the first
     dataset and seed."""
+    protocol = config.protocol
     first = [
-        (v, r) for v, r in results if r.config.dataset == config.datasets[0] and r.config.seed == config.seeds[0]
+        (v, r) for v, r in results if r.config.dataset == protocol.datasets[0] and r.config.seed == protocol.seeds[0]
     ] or results
     by_variant = dict(first)
     return by_variant.get(diml_variant_name("ms", config)) or by_variant.get("ms") or first[0][1]
@@ -250,11 +251,11 @@ def sweep_frame(results: list[tuple[str, RunResult]], config: DIMLStudy) -> pd.D
     """All sweep rows of all runs (one row per run × sweep × K or G); with ``workers > 1`` the runs' sweeps
     are computed ``workers`` at a time in separate processes first (each writes its run's cache)."""
     missing = [(variant, result) for variant, result in results if not _sweep_cache(result, config).is_file()]
-    if config.workers > 1 and len(missing) > 1:
+    if config.protocol.workers > 1 and len(missing) > 1:
         call_in_processes(
             _rerank_sweeps_in_process,
             [(result.config.to_dict(), config.to_dict(), variant) for variant, result in missing],
-            workers=config.workers,
+            workers=config.protocol.workers,
         )
     return pd.DataFrame([row for variant, result in results for row in rerank_sweeps(result, config, variant=variant)])
 

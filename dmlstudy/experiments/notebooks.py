@@ -13,6 +13,11 @@ unless :data:`CI_SIZED` gives the notebook's own CI-sized value. ``study`` is ``
 CI-sized runs of different notebooks never share run folders; the explorer alone keeps its ``""`` (it trains
 nothing of its own unless no study has runs, and then into ``notebook-95_explore``).
 
+A field that is itself a config (the paper notebooks' ``protocol``, a
+:class:`~dmlstudy.experiments.protocol.ProtocolConfig`) is one ``dict`` parameter whose literal holds only the
+notebook's own values of its fields (``{'study': 'notebook-10_crt'}``): the keys left out keep the config's
+CI-sized defaults, so the cell stays short and a plan's ``protocol: *protocol`` replaces the whole mapping.
+
     python -m dmlstudy.experiments.notebooks build   # parameters cells from the configs, then every .ipynb
     python -m dmlstudy.experiments.notebooks check   # exit 1 naming every source or notebook out of date
     python -m dmlstudy.experiments.notebooks strip   # stdin → stdout: a notebook without outputs (git's filter)
@@ -38,6 +43,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from dmlstudy.config import is_typed_config
 from dmlstudy.experiments import NOTEBOOK_CONFIGS
 from dmlstudy.paths import project_root
 
@@ -65,12 +71,17 @@ def config_class(stem: str) -> type:
 def parameters_source(stem: str) -> str:
     """The ``parameters`` cell of notebook ``stem``: ``name: type = literal  # comment`` per config field."""
     config = config_class(stem)
-    values = {"study": f"notebook-{stem}", **CI_SIZED.get(stem, {})}
+    values = {"study": f"notebook-{stem}", **CI_SIZED.get(stem, {})}  # a field's, or a nested config's field's
     comments = config.field_help()  # the one reader of field comments (dmlstudy.config.TypedConfig)
     hints = typing.get_type_hints(config)
     lines = []
     for spec in dataclasses.fields(config):
-        if spec.name in values:
+        kind = hints[spec.name]
+        if is_typed_config(kind):
+            own = set(config.field_names())
+            value = {name: values[name] for name in kind.field_names() if name in values and name not in own}
+            kind = dict
+        elif spec.name in values:
             value = values[spec.name]
         elif spec.default is not dataclasses.MISSING:
             value = spec.default
@@ -85,7 +96,7 @@ def parameters_source(stem: str) -> str:
         comment = comments.get(spec.name, "")
         if "=" in comment:  # papermill reads "name: type = value  # comment" and would take the comment's "=" for it
             raise ValueError(f"{config.__name__}.{spec.name}: a parameter's comment cannot hold '=': {comment!r}")
-        lines.append(f"{spec.name}: {hints[spec.name].__name__} = {value!r}  # {comment}".rstrip())
+        lines.append(f"{spec.name}: {kind.__name__} = {value!r}  # {comment}".rstrip())
     return "\n".join(lines) + "\n"
 
 

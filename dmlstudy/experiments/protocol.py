@@ -1,7 +1,9 @@
 """The shared protocol of every study notebook: same backbone, image size, embedding size, batch and
 epochs for every method in a table, and mean ± std over seeds (the fair comparison none of the papers make).
 
-A notebook's config dataclass subclasses :class:`ProtocolConfig`; :func:`resolve_run` (through
+A study notebook's config dataclass holds one :class:`ProtocolConfig` in its field ``protocol``, which the
+notebook's ``parameters`` cell and a plan's entry give as one mapping (``protocol: *protocol`` in a plan: keys left
+out keep the CI-sized defaults); :func:`resolve_run` (through
 :meth:`ProtocolConfig.train_config` and :meth:`ProtocolConfig.grid`) turns it into the
 :class:`~dmlstudy.train.TrainConfig` of one run — the one place where the plan's values, the regime, the tuned
 values and a variant's own settings meet, each value's origin recorded in the run's ``config.yaml`` — and
@@ -11,6 +13,7 @@ nothing for finished runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -33,7 +36,8 @@ from dmlstudy.tuning import list_rows, tuned_file, tuned_overrides
 
 @dataclass
 class ProtocolConfig(TypedConfig):
-    """Fields shared by every study notebook. Defaults are CI-sized; plans inject the study's sizes."""
+    """The protocol every study notebook shares, its parameter ``protocol``. Defaults are CI-sized; plans
+    inject the study's sizes. Each field's comment is its description."""
 
     study: str = "notebooks"  # runs go to <runs_root>/<study>/
     runs_root: str = ""  # default: <project>/runs
@@ -93,6 +97,10 @@ class ProtocolConfig(TypedConfig):
             f"{self.classes_per_batch}×{self.samples_per_class}, {rates}, {sizes} train classes, {schedule}, "
             f"paired seeds {self.seeds}"
         )
+
+    def with_seeds(self, seeds: Iterable[int]) -> ProtocolConfig:
+        """This protocol with other seeds (an ablation's, the classic baselines', a further look's)."""
+        return dataclasses.replace(self, seeds=list(seeds))
 
     def tuned_folder(self) -> str:
         """The folder of ``<dataset>.yaml`` tuned values this protocol reads: ``<tuned>/<regime>`` when the
@@ -173,6 +181,16 @@ class ProtocolConfig(TypedConfig):
                 for seed in self.seeds:
                     configs.append((variant, self.train_config(dataset=dataset, seed=seed, name=variant, **dict(spec))))
         return configs
+
+
+@dataclass
+class StudyConfig(TypedConfig):
+    """The base of every study notebook's config: the shared protocol as one parameter, a mapping of
+    :class:`ProtocolConfig` fields, next to the notebook's own parameters."""
+
+    protocol: ProtocolConfig = field(
+        default_factory=ProtocolConfig
+    )  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
 
 
 class UntunedRowWarning(UserWarning):

@@ -34,7 +34,7 @@ class RegimeComparison:
 def all_runs(comparisons: Sequence[RegimeComparison]) -> pd.DataFrame:
     """The runs every regime's claims read, with a ``regime`` column (for :func:`~dmlstudy.experiments.claims.
     per_seed_table`)."""
-    return pd.concat([c.runs.assign(regime=c.config.regime) for c in comparisons], ignore_index=True)
+    return pd.concat([c.runs.assign(regime=c.config.protocol.regime) for c in comparisons], ignore_index=True)
 
 
 def all_claims(comparisons: Sequence[RegimeComparison]) -> pd.DataFrame:
@@ -60,9 +60,9 @@ def regime_differences(comparisons: Sequence[RegimeComparison], *, margin: float
     ``ms`` is the transfer check: is the pretraining worth anything on this dataset?"""
     first, rows = comparisons[0], []
     for other in comparisons[1:]:
-        tag = {first.config.regime: "A", other.config.regime: "B"}
+        tag = {first.config.protocol.regime: "A", other.config.protocol.regime: "B"}
         frame = pd.concat(
-            [c.frame.assign(variant=c.frame["variant"] + "@" + tag[c.config.regime]) for c in (first, other)],
+            [c.frame.assign(variant=c.frame["variant"] + "@" + tag[c.config.protocol.regime]) for c in (first, other)],
             ignore_index=True,
         )
         for variant in dict.fromkeys(first.frame["variant"]):
@@ -77,8 +77,8 @@ def regime_differences(comparisons: Sequence[RegimeComparison], *, margin: float
                         "method": method_label(variant),
                         "variant": variant,
                         "dataset": dataset,
-                        "A": first.config.regime,
-                        "B": other.config.regime,
+                        "A": first.config.protocol.regime,
+                        "B": other.config.protocol.regime,
                         **verdict.columns(),
                     }
                 )
@@ -91,7 +91,7 @@ def write_regime_differences(table: pd.DataFrame, config: CompareStudy) -> list[
     shown = table.drop(columns=["variant", "outcome"])
     md_path.write_text(
         "# What the regime changes: Δ R@1 = A − B per row and dataset\n\n"
-        f"A = {config.regime} regime, B = {', '.join(config.compared_regimes)}; per-seed paired differences (same "
+        f"A = {config.protocol.regime} regime, B = {', '.join(config.compared_regimes)}; per-seed paired differences (same "
         f"batch sequence, the backbone's start differs), {round(100 * verdicts.CONFIDENCE)} % t-interval, verdict by the "
         f"study's rule (margin ±{config.margin:g}).\n\n" + shown.to_markdown(index=False) + "\n"
     )

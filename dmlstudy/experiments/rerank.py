@@ -120,7 +120,7 @@ def rerank_missing(results: Sequence[tuple[str, RunResult]], config: CompareStud
     :func:`rerank_results` computes it in this process."""
     settings = dict.fromkeys((top_k, grid) for _, top_k, grid in rerank_variants(config))  # distinct, in order
     missing = [job for top_k, grid in settings for job in _missing_reranks(results, top_k=top_k, grid=grid)]
-    _rerank_in_processes(missing, workers=config.workers)
+    _rerank_in_processes(missing, workers=config.protocol.workers)
 
 
 def rerank_results(
@@ -138,7 +138,7 @@ def rerank_results(
     if variant == RERANK and RERANK not in config.methods:
         return []
     top_k, grid = reranking(config, top_k=top_k, grid=grid)
-    _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=config.workers)
+    _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=config.protocol.workers)
     rows = []
     for name, result in results:
         if name != "ms":

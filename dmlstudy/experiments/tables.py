@@ -120,11 +120,11 @@ def table_note(config: CompareStudy) -> str:
     """The note printed beside the table when classic baselines ran with fewer seeds than the main methods
     ("" otherwise), and the note on the re-ranked row."""
     notes = []
-    if config.classic_methods and len(set(config.classic_seeds)) < len(set(config.seeds)):
+    if config.classic_methods and len(set(config.classic_seeds)) < len(set(config.protocol.seeds)):
         notes.append(
             f"{FEWER_SEEDS_MARK} classic baselines ran with {len(set(config.classic_seeds))} seed(s) "
-            f"({seed_text(config.classic_seeds)}) only, the main methods with {len(set(config.seeds))} "
-            f"({seed_text(config.seeds)}): their mean ± std is over fewer runs."
+            f"({seed_text(config.classic_seeds)}) only, the main methods with {len(set(config.protocol.seeds))} "
+            f"({seed_text(config.protocol.seeds)}): their mean ± std is over fewer runs."
         )
     if RERANK in config.methods:
         notes.append(
@@ -142,9 +142,9 @@ def comparison_markdown(table: pd.DataFrame, config: CompareStudy, *, dataset: s
     shown = bold_best(rows, metrics)[["method", "seeds", *metrics]]
     note = table_note(config)
     lines = [
-        f"### {dataset} ({config.regime} regime): retrieval (%), mean ± std over seeds, best per column in bold",
+        f"### {dataset} ({config.protocol.regime} regime): retrieval (%), mean ± std over seeds, best per column in bold",
         "",
-        f"Protocol: {config.protocol_text()}.",
+        f"Protocol: {config.protocol.protocol_text()}.",
         "",
         shown.to_markdown(index=False),
     ]
