@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLAN ?= plans/default.yaml
+# the datasets a plan reads: emoji (fetched from npm and rendered) for the default study, the generated sets otherwise
+DATASETS = $(if $(filter plans/default.yaml,$(PLAN)),emoji,synbirds glyphs)
 
 .PHONY: study test lint install lab data smoke full clean-runs notebooks tune
 
@@ -19,21 +21,21 @@ $(STAMP): pyproject.toml requirements.txt
 
 install: $(STAMP)
 
-## the default study: datasets, every default run, tables and figures
+## the default study: datasets, every default run, tables and figures (make study PLAN=plans/embedded.yaml: the generated sets)
 study: $(STAMP)
 	@start=$$(date +%s); \
-	$(BIN)/dmlstudy data generate && \
+	$(BIN)/dmlstudy data generate $(DATASETS) && \
 	$(BIN)/dmlstudy study run $(PLAN); status=$$?; \
 	[ $$status -ge 128 ] || $(BIN)/dmlstudy study table $$(basename $(PLAN) .yaml) --by dataset method || status=1; \
 	echo "study $$( [ $$status -ge 128 ] && echo stopped after || echo finished in ) $$(( $$(date +%s) - start )) s (status $$status)"; \
 	echo "runs and executed notebooks: runs/   tables: results/   figures: figures/"; \
 	exit $$status
 
-## per-method Optuna tuning on validation classes, in both regimes (make tune PLAN=plans/tune_smoke.yaml for the CI-sized one): plans/tuned/<dataset>.yaml, plans/tuned/pretrained/<dataset>.yaml and their best-so-far figures
-tune: PLAN = plans/tune.yaml plans/tune_pretrained.yaml
+## per-method Optuna tuning on validation classes, in every regime (make tune PLAN=plans/tune_smoke.yaml for the CI-sized one): plans/tuned/<dataset>.yaml, plans/tuned/<regime>/<dataset>.yaml and their best-so-far figures
+tune: PLAN = plans/tune_imagenet.yaml plans/tune.yaml plans/tune_pretrained.yaml
 tune: $(STAMP)
 	@start=$$(date +%s); status=0; \
-	$(BIN)/dmlstudy data generate || status=$$?; \
+	$(BIN)/dmlstudy data generate synbirds glyphs emoji || status=$$?; \
 	for plan in $(PLAN); do [ $$status -eq 0 ] || break; $(BIN)/dmlstudy tune $$plan || status=$$?; done; \
 	echo "tune finished in $$(( $$(date +%s) - start )) s (status $$status)"; \
 	exit $$status
@@ -52,6 +54,8 @@ smoke: $(STAMP)
 	$(BIN)/dmlstudy study run plans/smoke.yaml
 
 full: $(STAMP)
+	$(BIN)/dmlstudy data generate synbirds glyphs emoji
+	$(BIN)/dmlstudy study run plans/embedded.yaml
 	$(BIN)/dmlstudy study run plans/full.yaml
 
 data: $(STAMP)

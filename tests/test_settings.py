@@ -58,13 +58,13 @@ def hand_copied_config(protocol, *, dataset, method, seed, name, method_kwargs=N
     return TrainConfig(**values)
 
 
-def default_comparison() -> CompareStudy:
+def default_comparison(plan: str = "embedded") -> CompareStudy:
     [entry] = [
         entry
-        for entry in load_plan(Path(__file__).resolve().parents[1] / "plans" / "default.yaml")
+        for entry in load_plan(Path(__file__).resolve().parents[1] / "plans" / f"{plan}.yaml")
         if entry.notebook.name == "90_compare.ipynb"
     ]
-    return CompareStudy(**{**entry.parameters, "protocol": {**entry.parameters["protocol"], "study": "default"}})
+    return CompareStudy(**{**entry.parameters, "protocol": {**entry.parameters["protocol"], "study": plan}})
 
 
 def default_plan_variants(config: CompareStudy) -> dict[str, dict]:
@@ -82,14 +82,14 @@ def default_plan_variants(config: CompareStudy) -> dict[str, dict]:
 
 
 @pytest.mark.filterwarnings("ignore::dmlstudy.experiments.protocol.UntunedRowWarning")
-@pytest.mark.parametrize("regime", ["pretrained", "scratch"])
-def test_every_run_of_the_default_plan_resolves_to_the_configuration_of_the_hand_written_copy(regime):
-    config = default_comparison()
+@pytest.mark.parametrize("plan, regime", [("embedded", "pretrained"), ("embedded", "scratch"), ("default", "imagenet")])
+def test_every_run_of_a_published_plan_resolves_to_the_configuration_of_the_hand_written_copy(plan, regime):
+    config = default_comparison(plan)
     protocol = dataclasses.replace(config.protocol, regime=regime, seeds=[0, 3])
     variants = default_plan_variants(config)
     assert len(variants) > 25
     grid = protocol.grid(variants)
-    assert len(grid) == len(variants) * 2 * 2  # × datasets × seeds
+    assert len(grid) == len(variants) * len(protocol.datasets) * 2  # × datasets × seeds
     for variant, resolved in grid:
         spec = dict(variants[variant])
         expected = hand_copied_config(protocol, dataset=resolved.dataset, seed=resolved.seed, name=variant, **spec)

@@ -157,3 +157,16 @@ def test_without_conv_head_the_last_blocks_output_is_the_feature_map(stem):
 def test_images_go_through_the_frozen_stem_first(stem):
     images = torch.randn(2, 3, SIZE, SIZE)
     torch.testing.assert_close(stem(images), stem(stem.stem(images)))
+
+
+def test_figures_of_emoji_images_carry_their_attribution(split):
+    from dmlstudy.data.base import IMAGE_CREDITS, image_credit
+
+    assert "openmoji (CC-BY-SA-4.0)" in IMAGE_CREDITS["emoji"]
+    split.name = "emoji/test (first 8 classes)"
+    assert (
+        image_credit(CachedViewEvaluation(StemActivationSplit(split, torch.zeros(9, 1, 2, 1, 1))))
+        == IMAGE_CREDITS["emoji"]
+    )
+    split.name = "synbirds/test"
+    assert image_credit(split) == ""

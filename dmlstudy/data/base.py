@@ -194,7 +194,7 @@ def image_credit(dataset) -> str:
         if inner is None:
             return ""
         dataset = inner
-    return IMAGE_CREDITS.get(dataset.name.split(" (", 1)[0], "")
+    return IMAGE_CREDITS.get(dataset.name.split(" (", 1)[0].split("/", 1)[0], "")  # "emoji/test (first 8 classes)"
 
 
 def register_dataset(

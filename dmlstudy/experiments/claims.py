@@ -25,6 +25,8 @@ from dmlstudy.regimes import regime
 from dmlstudy.study import write_table
 from dmlstudy.train import RunResult, selection_rule
 
+ABLATION_REGIMES = ("scratch", "imagenet")  # where the published plans' paper notebooks train their ablations
+
 if TYPE_CHECKING:
     from dmlstudy.experiments.compare import CompareStudy
 
@@ -74,13 +76,13 @@ class Claim:
     paper_delta: Mapping[str, Any] | None = None  # see claims.yaml
     regimes: tuple[
         str, ...
-    ] = ()  # ablation claims: the regimes they are judged in (default scratch); headline: every regime
+    ] = ()  # ablation claims: the regimes they are judged in (default ABLATION_REGIMES); headline: every regime
 
     def judged_in(self, regime_name: str) -> bool:
         """Whether this claim is judged in ``regime_name``: a headline claim or one on the protocol runs in every
-        regime, an ablation claim on ablation runs in its ``regimes`` (default scratch, where the paper notebooks
-        train the ablations)."""
-        return self.kind == "headline" or self.runs == "protocol" or regime_name in (self.regimes or ("scratch",))
+        regime, an ablation claim on ablation runs in its ``regimes`` (default :data:`ABLATION_REGIMES`, where the
+        published plans' paper notebooks train the ablations)."""
+        return self.kind == "headline" or self.runs == "protocol" or regime_name in (self.regimes or ABLATION_REGIMES)
 
     @property
     def unit(self) -> str:

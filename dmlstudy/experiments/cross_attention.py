@@ -452,7 +452,9 @@ def initial_gradients(
         method = build_model(config, train.num_classes).train()
         loss, _ = method.loss(images, labels)
         loss.backward()
-        first_conv = next(m for m in method.backbone.modules() if isinstance(m, torch.nn.Conv2d))
+        first_conv = next(  # the first trained convolution (a stem-cached backbone's stem is frozen)
+            m for m in method.backbone.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.requires_grad
+        )
         rows.append(
             {
                 "variant": label,
