@@ -42,7 +42,12 @@ def runs_root() -> Path:
 
 
 PUBLISHED_STUDY = "default"  # the study whose figures and tables the repository holds (``make study``)
-PUBLISHED_STUDIES = (PUBLISHED_STUDY, "embedded", "headline10", "convergence")  # every study whose outputs are committed
+PUBLISHED_STUDIES = (
+    PUBLISHED_STUDY,
+    "embedded",
+    "headline10",
+    "convergence",
+)  # every study whose outputs are committed
 
 
 def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "") -> Path:

