@@ -12,11 +12,18 @@
 # ---
 
 # %% [markdown]
-# # A tour of the embedded datasets
+# # A tour of the study's datasets
 #
-# Pretrained weights and the public benchmarks cannot be downloaded where this study runs, so its default
-# runs on two datasets the package **generates itself**, offline and byte-identically from a seed, written
-# in the CUB-200-2011 on-disk layout (`images.txt`, `image_class_labels.txt`, `classes.txt`,
+# The default study runs on **emoji**: real, fine-grained images drawn by nine independent design families,
+# fetched from npm (pinned package versions, integrity checked) and rendered at 128 px by
+# `dmlstudy data generate emoji`. A class is one emoji (dozens of smiling faces, hands, clocks, animals); its
+# images are the designers' drawings of it, so a query asks for the same emoji in another designer's style.
+# The images are built on your machine and never committed; every figure that shows them carries the sets'
+# attribution, and the card below lists each set's licence (`docs/datasets/emoji.md` says what was dropped:
+# skin tones, flags, gendered variants).
+#
+# The embedded study runs on two datasets the package **generates itself**, offline and byte-identically from a
+# seed. All three are written in the CUB-200-2011 on-disk layout (`images.txt`, `image_class_labels.txt`, `classes.txt`,
 # `train_test_split.txt`, `images/<class>/<file>`) and read back by the same reader as CUB.
 #
 # * **SynBirds-200** (`synbirds`) mimics what makes CUB hard: 200 bird-like classes defined by *part
@@ -28,11 +35,11 @@
 #   of the characters train, the second half test. Flipping changes a glyph's identity, so training does not
 #   flip these images.
 #
-# The data are generated on first use under `data/` (about a minute each) and never committed.
+# The generated sets are built on first use under `data/` (about a minute each) and never committed.
 
 # %% tags=["parameters"]
 data_root: str = ''  # default: <project>/data
-datasets: list = ['synbirds', 'glyphs']  # embedded sets to show
+datasets: list = ['synbirds', 'glyphs']  # sets to show: synbirds, glyphs, emoji (built by `dmlstudy data generate emoji`)
 classes_shown: int = 6  # classes per example grid
 images_per_class: int = 8  # images per class in the grids
 knn_sizes: list = [32]  # pixel sizes for the raw-pixel kNN baseline
@@ -45,6 +52,7 @@ from IPython.display import display
 from dmlstudy.experiments.datasets import (
     DatasetTour,
     class_definition_table,
+    emoji_card,
     example_grid,
     load_splits,
     nearest_classes_figure,
@@ -56,6 +64,16 @@ from dmlstudy.records import seed_everything
 tour = DatasetTour.from_namespace(globals())
 seed_everything(tour.seed)
 summary_table(tour)
+
+# %% [markdown]
+# ## The emoji card
+#
+# One row per design family: the npm package and version the images come from, its licence and attribution,
+# and how many images it gave (a class needs at least 5 designs).
+
+# %%
+if "emoji" in tour.datasets:
+    display(emoji_card(tour))
 
 # %% [markdown]
 # ## Examples

@@ -3,6 +3,7 @@ and the raw-pixel kNN baseline that shows how hard each embedded set is."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,9 @@ class DatasetTour(TypedConfig):
     """Parameters of the dataset tour."""
 
     data_root: str = ""  # default: <project>/data
-    datasets: list = field(default_factory=lambda: ["synbirds", "glyphs"])  # embedded sets to show
+    datasets: list = field(
+        default_factory=lambda: ["synbirds", "glyphs"]
+    )  # sets to show: synbirds, glyphs, emoji (built by `dmlstudy data generate emoji`)
     classes_shown: int = 6  # classes per example grid
     images_per_class: int = 8  # images per class in the grids
     knn_sizes: list = field(default_factory=lambda: [64, 32])  # pixel sizes for the raw-pixel kNN baseline
@@ -31,6 +34,14 @@ class DatasetTour(TypedConfig):
 
     def root(self, name: str) -> Path:
         return Path(self.data_root or data_root()) / name
+
+
+def emoji_card(tour: DatasetTour) -> pd.DataFrame:
+    """The emoji dataset's card, from the manifest its build wrote: one row per npm package of designs, with its
+    pinned version, licence, attribution and the images it gave (docs/datasets/emoji.md says what was dropped)."""
+    manifest = json.loads((tour.root("emoji") / "manifest.json").read_text())
+    columns = ["package", "version", "licence", "images", "attribution"]
+    return pd.DataFrame([{key: source.get(key, "") for key in columns} for source in manifest["sources"]])
 
 
 def load_splits(tour: DatasetTour, name: str) -> dict[str, ImageListDataset]:
@@ -48,7 +59,7 @@ def example_grid(dataset: ImageListDataset, *, classes: list[int], images_per_cl
         images += [np.asarray(dataset.load_image(int(i))) for i in chosen]
         images += [np.ones_like(images[-1]) * 255] * (images_per_class - len(chosen))
         row_labels.append(dataset.class_names[label].split(".", 1)[-1][:22])
-    return plots.image_grid(images, columns=images_per_class, row_labels=row_labels)
+    return plots.credit(plots.image_grid(images, columns=images_per_class, row_labels=row_labels), dataset)
 
 
 def pixel_matrix(dataset: ImageListDataset, *, size: int, classes: int = 0) -> tuple[np.ndarray, np.ndarray]:
