@@ -133,7 +133,7 @@ def test_paper_column_puts_each_dataset_beside_its_stand_in():
 # ----------------------------------------------------------------------------------------------
 def test_papers_yaml_gives_every_table_a_source_and_typed_values():
     data = papers.load()
-    assert papers.PAPER_DATASET == {"synbirds": "CUB", "glyphs": "Cars"}
+    assert papers.PAPER_DATASET == {"synbirds": "CUB", "glyphs": "Cars", "emoji": "CUB"}
     for paper in ("crt", "diml", "cross_attention", "dgcrl"):
         for name, table in data[paper]["tables"].items():
             assert table["source"], f"{paper}.{name} has no source"
