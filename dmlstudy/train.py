@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ from dmlstudy.models import build_backbone
 from dmlstudy.models.trunk_cache import (
     CachedViewEvaluation,
     CachedViewTrain,
+    StemActivationSplit,
     StemCachedBackbone,
     stem_activation_split,
 )
@@ -428,23 +429,22 @@ def load_datasets(config: TrainConfig) -> dict[str, Any]:
     tensors = _tensor_splits(config, root, {"train": train, "query": query, "gallery": gallery})
     recall_ks = tuple(config.recall_ks) or protocol.recall_ks
     if config.stem_views:
-        return _stem_cached_datasets(config, root, tensors, {"train": train, "query": query, "gallery": gallery})
+        tensors = _stem_activations(config, root, tensors, {"train": train, "query": query, "gallery": gallery})
     if tensors is not None:
+        training_view, test_view = _tensor_views(config)
         training, validation = _validation_split(
             config, _first_classes(tensors["train"], config.train_classes, "train_classes")
         )
         evaluation = {
-            name: EvaluationImages(
-                _first_classes(tensors[name], config.test_classes, "test_classes"), config.image_size
-            )
+            name: test_view(_first_classes(tensors[name], config.test_classes, "test_classes"))
             if name in tensors
             else None
             for name in ("query", "gallery")
         }
         return {
-            "train": BatchAugmentedTrain(training, seed=config.seed, image_size=config.image_size),
+            "train": training_view(training),
             **evaluation,
-            "validation": EvaluationImages(validation, config.image_size) if validation is not None else None,
+            "validation": test_view(validation) if validation is not None else None,
             "recall_ks": recall_ks,
         }
     train.transform = build_transforms(config.image_size, train=True, hflip=train.flip_invariant)
@@ -466,33 +466,36 @@ def load_datasets(config: TrainConfig) -> dict[str, Any]:
     }
 
 
+def _backbone_options(config: TrainConfig) -> dict[str, Any]:
+    """The keyword arguments every backbone of ``config`` is built with."""
+    return {
+        "pretrained": config.pretrained,
+        "checkpoint_path": project_file(config.checkpoint_path) if config.checkpoint_path else None,
+        "freeze_bn": config.freeze_bn,
+        "image_size": config.image_size,
+    }
+
+
 def _stem_backbone(config: TrainConfig) -> StemCachedBackbone:
-    return StemCachedBackbone(
-        config.backbone,
-        pretrained=config.pretrained,
-        checkpoint_path=project_file(config.checkpoint_path) if config.checkpoint_path else None,
-        freeze_bn=config.freeze_bn,
-        image_size=config.image_size,
-        conv_head=config.conv_head,
-    )
+    return StemCachedBackbone(config.backbone, conv_head=config.conv_head, **_backbone_options(config))
 
 
-def _stem_cached_datasets(
+def _stem_activations(
     config: TrainConfig,
     root: Path,
     tensors: Mapping[str, TensorImageSplit] | None,
     sources: Mapping[str, ImageListDataset | None],
-) -> dict[str, Any]:
-    """The splits as the stem's cached activations (``stem_views``): :class:`CachedViewTrain` for training,
-    :class:`CachedViewEvaluation` for the validation, query and gallery classes; computed once per image and
-    view and shared by every run of the dataset (:func:`dmlstudy.models.trunk_cache.stem_activation_split`)."""
+) -> dict[str, StemActivationSplit]:
+    """The tensor splits as the stem's cached activations (``stem_views`` training views of ``train``, the test
+    view of every split); computed once per image and view and shared by every run of the dataset
+    (:func:`dmlstudy.models.trunk_cache.stem_activation_split`)."""
     if tensors is None:
         raise ValueError(
             f"parameter 'stem_views' needs {config.dataset}'s splits as tensors (one image size, within "
             f"tensor_budget_gib = {config.tensor_budget_gib})"
         )
     stem = _stem_backbone(config)
-    activations = {
+    return {
         name: stem_activation_split(
             split,
             stem,
@@ -503,21 +506,17 @@ def _stem_cached_datasets(
         )
         for name, split in tensors.items()
     }
-    training, validation = _validation_split(
-        config, _first_classes(activations["train"], config.train_classes, "train_classes")
+
+
+def _tensor_views(config: TrainConfig) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """How the tensor pipeline wraps a split for training and for evaluation: batched augmentation and the
+    centre-cropped test view of pixels, or, with ``stem_views``, the cached views of the stem's activations."""
+    if config.stem_views:
+        return CachedViewTrain, CachedViewEvaluation
+    return (
+        lambda split: BatchAugmentedTrain(split, seed=config.seed, image_size=config.image_size),
+        lambda split: EvaluationImages(split, config.image_size),
     )
-    evaluation = {
-        name: CachedViewEvaluation(_first_classes(activations[name], config.test_classes, "test_classes"))
-        if name in activations
-        else None
-        for name in ("query", "gallery")
-    }
-    return {
-        "train": CachedViewTrain(training),
-        **evaluation,
-        "validation": CachedViewEvaluation(validation) if validation is not None else None,
-        "recall_ks": tuple(config.recall_ks) or evaluation_protocol(config.dataset).recall_ks,
-    }
 
 
 def _validation_split(config: TrainConfig, train):
@@ -666,12 +665,7 @@ def build_model(config: TrainConfig, num_classes: int) -> Method:
         backbone = _stem_backbone(config)
     else:
         backbone = build_backbone(
-            config.backbone,
-            pretrained=config.pretrained,
-            checkpoint_path=project_file(config.checkpoint_path) if config.checkpoint_path else None,
-            freeze_bn=config.freeze_bn,
-            image_size=config.image_size,
-            output_stride=config.output_stride or None,
+            config.backbone, output_stride=config.output_stride or None, **_backbone_options(config)
         )
     return build_method(
         config.method,
