@@ -47,6 +47,7 @@ PUBLISHED_STUDIES = (
     "embedded",
     "headline10",
     "convergence",
+    "sequential",
 )  # every study whose outputs are committed
 
 
