@@ -5,8 +5,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLAN ?= plans/default.yaml
-# the datasets a plan reads: emoji (fetched from npm and rendered) for the default study, the generated sets otherwise
-DATASETS = $(if $(filter plans/default.yaml,$(PLAN)),emoji,synbirds glyphs)
 
 .PHONY: study test lint install lab data smoke full clean-runs notebooks tune
 
@@ -24,7 +22,7 @@ install: $(STAMP)
 ## the default study: datasets, every default run, tables and figures (make study PLAN=plans/embedded.yaml: the generated sets)
 study: $(STAMP)
 	@start=$$(date +%s); \
-	$(BIN)/dmlstudy data generate $(DATASETS) && \
+	$(BIN)/dmlstudy data generate --plan $(PLAN) && \
 	$(BIN)/dmlstudy study run $(PLAN); status=$$?; \
 	[ $$status -ge 128 ] || $(BIN)/dmlstudy study table $$(basename $(PLAN) .yaml) --by dataset method || status=1; \
 	echo "study $$( [ $$status -ge 128 ] && echo stopped after || echo finished in ) $$(( $$(date +%s) - start )) s (status $$status)"; \
@@ -59,7 +57,7 @@ full: $(STAMP)
 	$(BIN)/dmlstudy study run plans/full.yaml
 
 data: $(STAMP)
-	$(BIN)/dmlstudy data generate
+	$(BIN)/dmlstudy data generate --plan $(PLAN)
 
 ## rebuild notebooks/*.ipynb from their sources notebooks/*.py (parameters cells from the config dataclasses)
 notebooks: $(STAMP)

@@ -129,7 +129,12 @@ def _generate(args: argparse.Namespace) -> int:
     from dmlstudy.paths import data_root
 
     root = Path(args.data_root) if args.data_root else data_root()
-    for name in args.datasets:
+    names = list(args.datasets)
+    if args.plan:
+        from dmlstudy.experiments.plan_inputs import plan_datasets
+
+        names += [name for name in plan_datasets(args.plan) if name not in names]
+    for name in names or ["synbirds", "glyphs"]:
         train, test = build_dataset(name, root / name, "train"), build_dataset(name, root / name, "test")
         print(
             f"{name}: {len(train)} train images / {train.num_classes} classes, {len(test)} test images / {test.num_classes} classes in {root / name}"
@@ -203,6 +208,9 @@ def _study_run(args: argparse.Namespace) -> int:
     from dmlstudy.study import run_plan
 
     _use_scheduler(args.scheduler)
+    from dmlstudy.experiments.plan_inputs import prepare_stem_caches, stem_configs
+
+    prepare_stem_caches(stem_configs(args.plan, only=args.only))
     outcomes = run_plan(args.plan, root=args.runs_root, only=args.only, overwrite=args.overwrite)
     return 1 if any(o.status == "failed" for o in outcomes) else 0
 
@@ -356,14 +364,19 @@ def build_parser() -> argparse.ArgumentParser:
     listed.add_argument("what", choices=LISTABLE, help="what to list")
     listed.set_defaults(handler=_list)
 
-    data = commands.add_parser("data", help="embedded datasets")
+    data = commands.add_parser("data", help="the datasets: generate or fetch them")
     data_commands = data.add_subparsers(dest="data_command", required=True)
-    generate = data_commands.add_parser("generate", help="generate the embedded datasets (cached under data/)")
+    generate = data_commands.add_parser(
+        "generate", help="generate the embedded datasets, fetch and render emoji (under data/)"
+    )
     generate.add_argument(
         "datasets",
         nargs="*",
-        default=["synbirds", "glyphs"],
-        help="embedded datasets to generate [default: synbirds glyphs]",
+        default=[],
+        help="datasets to generate or fetch (dmlstudy list datasets) [default: synbirds glyphs, or --plan's]",
+    )
+    generate.add_argument(
+        "--plan", default="", help="also every dataset this plan's entries read, e.g. plans/default.yaml"
     )
     generate.add_argument("--data-root", default="", help="where datasets live [default: <project>/data]")
     generate.set_defaults(handler=_generate)
