@@ -107,6 +107,24 @@ for comparison in comparisons:
     print("written:", *[str(p) for p in written], sep="\n  ")
 
 # %% [markdown]
+# ## Validation and test R@1 on one scale
+#
+# Each run chose its checkpoint by R@1 on the validation fold, one fold of the training classes, and read the
+# test classes once. Recall@1 falls as the gallery holds more classes, so the two numbers are on different
+# scales. The last column reads each run's test embeddings on random draws of the validation fold's number of
+# test classes (`dmlstudy.metrics.class_subset_recall`, 20 draws). If it is close to the validation R@1, the gap
+# between validation and test is the class count, not a checkpoint fitted to the validation classes.
+
+# %%
+validation_classes = compare.validation_class_counts(config)
+scale = tables.scale_table(main_results + classic_results, validation_classes=validation_classes)
+if scale.empty:
+    print("no validation fold in this protocol (validation_folds < 2): nothing to put on one scale")
+else:
+    display(scale[[c for c in scale.columns if not c.endswith(("_mean", "_std"))]])
+    write_table(scale, results_folder / "compare_scale")
+
+# %% [markdown]
 # ## What the regime changes
 #
 # With `compared_regimes`, every row ran in each regime. Per row and dataset: Δ R@1 = headline regime − compared

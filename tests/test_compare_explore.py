@@ -699,3 +699,42 @@ def test_an_undecided_claim_gets_more_seeds_for_its_rows_only_and_recomputes_fro
         confidence=crt["confidence"],
     )
     assert n == 3 and (round(delta, 2), round(low, 2), round(high, 2)) == (crt["Δ"], crt["CI low"], crt["CI high"])
+
+
+def test_the_scale_table_reads_test_embeddings_at_the_validation_class_count():
+    from types import SimpleNamespace
+
+    from dmlstudy.metrics import class_subset_recall
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(8), 4)
+
+    def result(seed, val):
+        embeddings = rng.normal(size=(32, 6)) + 2.0 * np.eye(8)[labels][:, :6]
+        return SimpleNamespace(
+            config=SimpleNamespace(dataset="synbirds", seed=seed),
+            metrics={"val_R@1": val, "R@1": 0.25},
+            embeddings={"embeddings": embeddings, "labels": labels},
+        )
+
+    unvalidated = SimpleNamespace(config=SimpleNamespace(dataset="glyphs", seed=0), metrics={"R@1": 0.1})
+    runs = [("ms", result(0, 0.5)), ("ms", result(1, 0.7)), ("ms", unvalidated)]
+    table = tables.scale_table(runs, validation_classes={"synbirds": 3}, draws=5)
+    (row,) = table.to_dict("records")  # glyphs has no validation fold: left out
+    assert (row["validation classes"], row["test classes"], row["runs"]) == (3, 8, 2)
+    assert row["val R@1_mean"] == pytest.approx(60.0) and row["val R@1"] == "60.0 ± 14.1"
+    expected = [
+        class_subset_recall(r.embeddings["embeddings"], labels, classes=3, draws=5, seed=s).mean()
+        for s, (_, r) in enumerate(runs[:2])
+    ]
+    assert row["test R@1 at the validation's class count_mean"] == pytest.approx(100 * np.mean(expected))
+    assert tables.scale_table([], validation_classes={}).empty
+
+
+def test_the_validation_fold_has_a_quarter_of_the_training_classes(tiny_data_root):
+    protocol = {"datasets": ["cub200"], "data_root": str(tiny_data_root), "validation_folds": 4, "train_classes": 0}
+    assert compare.validation_class_counts(compare.CompareStudy(protocol=protocol)) == {"cub200": 3}  # 12 train classes
+    assert compare.validation_class_counts(compare.CompareStudy(protocol={**protocol, "train_classes": 8})) == {
+        "cub200": 2
+    }
+    assert compare.validation_class_counts(compare.CompareStudy(protocol={**protocol, "validation_folds": 0})) == {}

@@ -539,3 +539,21 @@ def test_every_name_the_project_takes_from_metrics_exists():
         f"{path.relative_to(PROJECT)}: {name}" for path, names in used.items() for name in names if not hasattr(M, name)
     }
     assert not missing, f"names no longer in dmlstudy.metrics: {sorted(missing)}"
+
+
+def test_class_subset_recall_is_recall_on_each_draws_classes():
+    x, y = clustered(12, (3, 6), 8, noise=1.2, seed=4)
+    values = M.class_subset_recall(x, y, classes=5, draws=4, seed=7)
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    for i, value in enumerate(values):
+        drawn = np.random.default_rng([7, i]).choice(np.unique(y), size=5, replace=False)
+        idx = np.flatnonzero(np.isin(y, drawn))
+        hits = []
+        for q in idx:  # brute force: the nearest other item of the drawn classes
+            others = idx[idx != q]
+            hits.append(y[others[np.argmax(unit[others] @ unit[q])]] == y[q])
+        assert value == pytest.approx(np.mean(hits))
+    every = M.class_subset_recall(x, y, classes=12, draws=2)
+    assert every == pytest.approx([M.recall_at_k(x, y, ks=(1,))[1]] * 2)  # all classes: the full split's R@1
+    with pytest.raises(ValueError, match=r"'classes' \(13\) exceeds the 12 classes"):
+        M.class_subset_recall(x, y, classes=13)

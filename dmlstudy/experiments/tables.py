@@ -17,6 +17,7 @@ from dmlstudy.experiments import kit
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import results_frame
 from dmlstudy.experiments.rows import RERANK, method_label
+from dmlstudy.metrics import class_subset_recall
 from dmlstudy.study import summarize, write_table
 from dmlstudy.train import RunResult
 
@@ -188,6 +189,42 @@ def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd
 def own_embedding_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows with embeddings of their own: every row but the re-ranked one (its embeddings are the ``ms`` runs')."""
     return frame[frame["variant"] != RERANK]
+
+
+def scale_table(
+    results: Sequence[tuple[str, RunResult]], *, validation_classes: Mapping[str, int], draws: int = 20
+) -> pd.DataFrame:
+    """Validation and test R@1 on one scale, per row and dataset, mean ± std over seeds (percent): ``val R@1``
+    (each run's chosen checkpoint on the validation fold), ``test R@1`` (every test class) and ``test R@1 at
+    the validation's class count``: each run's test embeddings read on ``draws`` random subsets of
+    ``validation_classes[dataset]`` test classes (:func:`dmlstudy.metrics.class_subset_recall`, seed = the
+    run's seed), the mean over the draws. Runs without a validation fold are left out."""
+    records = []
+    for variant, result in results:
+        dataset = result.config.dataset
+        if "val_R@1" not in result.metrics or dataset not in validation_classes:
+            continue
+        embeddings, labels = result.embeddings["embeddings"], result.embeddings["labels"]
+        subsets = class_subset_recall(
+            embeddings, labels, classes=validation_classes[dataset], draws=draws, seed=result.config.seed
+        )
+        records.append(
+            {
+                "method": method_label(variant),
+                "dataset": dataset,
+                "validation classes": validation_classes[dataset],
+                "test classes": len(np.unique(labels)),
+                "val R@1": result.metrics["val_R@1"],
+                "test R@1": result.metrics["R@1"],
+                "test R@1 at the validation's class count": float(subsets.mean()),
+            }
+        )
+    frame = pd.DataFrame.from_records(records)
+    if frame.empty:
+        return frame
+    by = ["method", "dataset", "validation classes", "test classes"]
+    metrics = ["val R@1", "test R@1", "test R@1 at the validation's class count"]
+    return summarize(frame.assign(**{m: frame[m] * 100 for m in metrics}), by=by, metrics=metrics, percent=False)
 
 
 def spectrum_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, dataset: str) -> plt.Figure:

@@ -50,7 +50,14 @@ from .neighbours import (
     index_parameters,
     nearest_neighbors,
 )
-from .retrieval import DEFAULT_KS, recall_at_k, relevant_counts, retrieval_metrics, retrieval_metrics_from_neighbors
+from .retrieval import (
+    DEFAULT_KS,
+    class_subset_recall,
+    recall_at_k,
+    relevant_counts,
+    retrieval_metrics,
+    retrieval_metrics_from_neighbors,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -65,6 +72,7 @@ __all__ = [
     "ArrayLike",
     "NeighborIndex",
     "build_neighbor_index",
+    "class_subset_recall",
     "default_nlist",
     "density_terms",
     "embedding_space_density",

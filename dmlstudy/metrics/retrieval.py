@@ -224,6 +224,30 @@ def recall_at_k(
     return {int(key[2:]): value for key, value in out.items() if key.startswith("R@")}
 
 
+def class_subset_recall(
+    embeddings: ArrayLike, labels: ArrayLike, *, classes: int, k: int = 1, draws: int = 20, seed: int = 0
+) -> np.ndarray:
+    """Recall@``k`` on ``draws`` random subsets of ``classes`` of the classes, one value per draw: query = gallery
+    = every item of the drawn classes, each query excluding itself (:func:`recall_at_k`).
+
+    Recall@K falls as a gallery holds more classes (more near neighbours of other classes): this reads a split at
+    the class count of a smaller one, e.g. the test classes at the validation fold's count, so that the two are
+    compared on the same scale. Draw i takes ``classes`` distinct labels with ``numpy.random.default_rng([seed,
+    i])``, uniformly without replacement."""
+    labels = as_labels(labels, name="labels")
+    embeddings = to_numpy(embeddings)
+    present = np.unique(labels)
+    classes, draws = positive_int(classes, name="classes"), positive_int(draws, name="draws")
+    if classes > len(present):
+        raise ValueError(f"parameter 'classes' ({classes}) exceeds the {len(present)} classes in 'labels'")
+    values = np.empty(draws)
+    for i in range(draws):
+        drawn = np.random.default_rng([seed, i]).choice(present, size=classes, replace=False)
+        kept = np.isin(labels, drawn)
+        values[i] = recall_at_k(embeddings[kept], labels[kept], ks=(k,))[k]
+    return values
+
+
 def retrieval_metrics_from_neighbors(
     neighbor_indices: ArrayLike,
     query_labels: ArrayLike,
