@@ -208,3 +208,21 @@ def test_a_row_without_tuned_values_is_untuned_by_name_once_per_row_and_regime(t
     assert "make tune" in messages[0]
     assert "; untuned rows (lr 0.004, paper defaults): crt (synbirds)" in protocol.protocol_text()
     assert "untuned" not in ProtocolConfig(tuned=str(folder), datasets=["glyphs"]).protocol_text()
+
+
+def test_the_default_plans_training_notebook_shows_the_comparisons_ms_run_of_seed_0():
+    """Same configuration, so the same run folder: the run is trained once and the notebook reads it."""
+    import dataclasses
+
+    from dmlstudy import runs
+    from dmlstudy.experiments.protocol import ProtocolConfig
+    from dmlstudy.study import load_plan
+    from dmlstudy.train import TrainConfig
+
+    entries = {entry.run_name: entry.parameters for entry in load_plan("plans/default.yaml")}
+    shown = {k: v for k, v in entries["train"].items() if k not in ("resume", "progress")}
+    protocol = ProtocolConfig(**{**entries["compare"]["protocol"], "study": "default"})
+    compared = protocol.train_config(dataset="emoji", method="ms", seed=0, name="ms")
+    assert runs.folder_name(dataclasses.asdict(TrainConfig(**shown, study="default"))) == runs.folder_name(
+        dataclasses.asdict(compared)
+    )
