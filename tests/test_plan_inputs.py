@@ -46,10 +46,26 @@ def test_the_published_plans_read_the_datasets_their_texts_name():
 
 def test_only_a_regime_with_a_cached_stem_is_prepared_once_per_dataset():
     configs = plan_inputs.stem_configs("plans/default.yaml")
-    assert list(configs) == ["emoji (imagenet)"]  # five entries and the ablations share one cache
+    assert list(configs) == ["emoji (imagenet, 128 px)"]  # five entries and the ablations share one cache
     (config,) = configs.values()
     assert (config.dataset, config.stem_views, config.image_size, config.conv_head) == ("emoji", 4, 128, False)
     assert plan_inputs.stem_configs("plans/embedded.yaml") == {}
+
+
+def test_a_stem_cached_at_two_sizes_is_prepared_at_both(tmp_path):
+    compare = str(NOTEBOOKS / "90_compare.ipynb")
+    protocol = {"datasets": ["emoji"], "regime": "imagenet", "backbone": "dml_efficientnet_lite0"}
+    ablation = {"ablation_datasets": []}
+    plan = _plan(
+        tmp_path,
+        [
+            {"name": "small", "notebook": compare, "parameters": {"protocol": {**protocol, "image_size": 96}, **ablation}},
+            {"name": "large", "notebook": compare, "parameters": {"protocol": {**protocol, "image_size": 128}, **ablation}},
+        ],
+    )
+    configs = plan_inputs.stem_configs(str(plan))
+    assert list(configs) == ["emoji (imagenet, 96 px)", "emoji (imagenet, 128 px)"]
+    assert [c.image_size for c in configs.values()] == [96, 128]
 
 
 def test_preparing_loads_each_dataset_once_and_says_what_it_cached(monkeypatch):
@@ -60,7 +76,7 @@ def test_preparing_loads_each_dataset_once_and_says_what_it_cached(monkeypatch):
         plan_inputs.stem_configs("plans/default.yaml"), echo=lambda line, **_: shown.append(line)
     )
     assert loaded == ["emoji"] and shown == lines
-    assert lines[0].startswith("emoji (imagenet): the frozen stem's activations (4 training views and the test view)")
+    assert lines[0].startswith("emoji (imagenet, 128 px): the frozen stem's activations (4 training views and the test view)")
 
 
 @pytest.mark.parametrize(

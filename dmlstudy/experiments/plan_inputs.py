@@ -55,16 +55,17 @@ def _protocols(values: dict[str, Any]) -> list[ProtocolConfig]:
     return [dataclasses.replace(protocol, regime=regime) for regime in regimes]
 
 
-def _selected(plan: str, only: str) -> list[tuple[PlanEntry, dict[str, Any]]]:
+def _selected(plan: str, only: str) -> list[dict[str, Any]]:
+    """The parameter values of every plan entry whose run name matches ``only``."""
     entries = [entry for entry in load_plan(plan) if re.search(only, entry.run_name)]
     declared = {notebook: notebook_parameters(notebook) for notebook in {entry.notebook for entry in entries}}
-    return [(entry, _entry_values(entry, declared[entry.notebook])) for entry in entries]
+    return [_entry_values(entry, declared[entry.notebook]) for entry in entries]
 
 
 def plan_datasets(plan: str, *, only: str = "") -> list[str]:
     """Every dataset the plan's entries (those whose run name matches ``only``) read, in order of first mention."""
     names: list[str] = []
-    for _, values in _selected(plan, only):
+    for values in _selected(plan, only):
         protocols = _protocols(values)
         mentioned = [
             *(protocols[0].datasets if protocols else []),
@@ -77,11 +78,12 @@ def plan_datasets(plan: str, *, only: str = "") -> list[str]:
 
 
 def stem_configs(plan: str, *, only: str = "") -> dict[str, TrainConfig]:
-    """``"<dataset> (<regime>)"`` → one run configuration, for every dataset × regime of the plan whose regime
-    caches a frozen stem (``stem_views`` > 0), at the protocol's sizes: what :func:`prepare_stem_caches` loads."""
+    """``"<dataset> (<regime>, <size> px)"`` → one run configuration, for every dataset × regime × image size of
+    the plan whose regime caches a frozen stem (``stem_views`` > 0): what :func:`prepare_stem_caches` loads. Entries
+    that read the same cache (same dataset, backbone, size, views and data root) give one configuration."""
     configs: dict[str, TrainConfig] = {}
     seen: set[tuple] = set()
-    for _, values in _selected(plan, only):
+    for values in _selected(plan, only):
         for protocol in _protocols(values):
             datasets = [*protocol.datasets, *_names(values.get("ablation_datasets"))]
             for dataset in datasets:
@@ -89,13 +91,14 @@ def stem_configs(plan: str, *, only: str = "") -> dict[str, TrainConfig]:
                 key = (dataset, config.backbone, config.image_size, config.stem_views, config.data_root)
                 if config.stem_views and key not in seen:
                     seen.add(key)
-                    configs[f"{dataset} ({protocol.regime})"] = config
+                    configs[f"{dataset} ({protocol.regime}, {config.image_size} px)"] = config
     return configs
 
 
 def prepare_stem_caches(configs: dict[str, TrainConfig], *, echo: Any = print) -> list[str]:
     """Compute (or find) the cached stem activations of every configuration's dataset, training views and test
-    view, before any notebook starts; one line each (``emoji (imagenet): … cached in 212 s``); the caches are found, not computed again, once made."""
+    view, before any notebook starts; one line each (``emoji (imagenet, 128 px): … cached in 212 s``);
+    the caches are found, not computed again, once made."""
     lines = []
     for label, config in configs.items():
         started = time.perf_counter()
