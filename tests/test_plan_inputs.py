@@ -59,8 +59,16 @@ def test_a_stem_cached_at_two_sizes_is_prepared_at_both(tmp_path):
     plan = _plan(
         tmp_path,
         [
-            {"name": "small", "notebook": compare, "parameters": {"protocol": {**protocol, "image_size": 96}, **ablation}},
-            {"name": "large", "notebook": compare, "parameters": {"protocol": {**protocol, "image_size": 128}, **ablation}},
+            {
+                "name": "small",
+                "notebook": compare,
+                "parameters": {"protocol": {**protocol, "image_size": 96}, **ablation},
+            },
+            {
+                "name": "large",
+                "notebook": compare,
+                "parameters": {"protocol": {**protocol, "image_size": 128}, **ablation},
+            },
         ],
     )
     configs = plan_inputs.stem_configs(str(plan))
@@ -76,7 +84,9 @@ def test_preparing_loads_each_dataset_once_and_says_what_it_cached(monkeypatch):
         plan_inputs.stem_configs("plans/default.yaml"), echo=lambda line, **_: shown.append(line)
     )
     assert loaded == ["emoji"] and shown == lines
-    assert lines[0].startswith("emoji (imagenet, 128 px): the frozen stem's activations (4 training views and the test view)")
+    assert lines[0].startswith(
+        "emoji (imagenet, 128 px): the frozen stem's activations (4 training views and the test view)"
+    )
 
 
 @pytest.mark.parametrize(
