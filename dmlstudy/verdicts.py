@@ -56,6 +56,7 @@ RULE: dict[str, dict[str, str]] = {
 }
 OUTCOMES = ("held", "reversed", "not held", "undecided", "no verdict")
 UNDECIDED = "undecided"
+CENSORED_READING = "censored by the epoch cap"  # in the text of a verdict censor() overturned
 NO_VERDICT = "no verdict"
 # The hypothesis each decided text rejects (its p-value: decision_p_values): Δ = 0; |Δ| ≥ m; Δ ≤ +m; Δ ≥ −m.
 DECISION_TEST = {
@@ -344,7 +345,7 @@ class Verdict:
         if self.outcome == NO_VERDICT:
             return f"no verdict ({self.seeds} seed{'s' if self.seeds != 1 else ''})"
         if self.censored:
-            return f"undecided (censored by the epoch cap: {self.censored}; a longer cap would decide)"
+            return f"{UNDECIDED} ({CENSORED_READING}: {self.censored}; a longer cap would decide)"
         if self.outcome == UNDECIDED:
             needed = f"≈ {self.seeds_to_decide}" if self.seeds_to_decide else f"more than {MAX_SEEDS}"
             return f"undecided ({needed} seeds would decide)"

@@ -212,6 +212,27 @@ def test_a_speed_verdict_that_runs_cut_short_by_the_cap_could_overturn_is_undeci
     assert claims_table(frame, claims=r1_claim).iloc[0]["verdict"] == "held"
 
 
+def test_a_claim_the_epoch_cap_left_undecided_gets_no_more_seeds():
+    """Its sequential reading stopped at the first look (5 seeds); more seeds of the same cap cannot lift the
+    censoring, so the design must not ask for that look's seeds again (it would, without end)."""
+    from dmlstudy import verdicts
+
+    design = verdicts.SequentialDesign(first_seeds=5, batch=5, cap=20)
+    triplet = {s: 0.2 + 0.03 * (s % 3) for s in range(5)}
+    dgcrl = {s: 0.2 + 0.01 * (s % 2) for s in range(5)}
+    frame = pd.DataFrame([*seed_rows({("emoji", "triplet"): triplet}), *seed_rows({("emoji", "dgcrl"): dgcrl})])
+    frame["best_epoch"] = [9, 10, 9, 10, 10, 2, 3, 2, 3, 2]  # triplet / 5 − DGCRL < 0 on every seed
+    frame["best_epoch_censored"] = [True] * 5 + [False] * 5
+    speed = [c for c in CLAIMS if c.metric == "best_epoch"]
+    r1 = [c for c in CLAIMS if c.metric == "R@1" and c.a == "dgcrl" and c.b == "triplet"]
+    claims = claims_table(frame, claims=speed + r1, design=design)
+    speed_row, r1_row = claims.iloc[0], claims.iloc[1]
+    assert speed_row["look"] == 1 and verdicts.CENSORED_READING in speed_row["verdict"]
+    assert r1_row["outcome"] == "undecided" and r1_row["look"] == 1  # DGCRL − triplet: noisy, open
+    assert compare.seeds_needed(claims, design) == {"dgcrl": 10, "triplet": 10}
+    assert compare.seeds_needed(claims.iloc[[0]], design) == {}
+
+
 def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
     from dmlstudy.experiments import cross_attention, crt, dgcrl
 

@@ -243,6 +243,7 @@ def compare_regime(config: CompareStudy) -> RegimeComparison:
     extra_runs, extra_rows = run_ablations(config), claim_rerank_results(main, config)
     runs = claims_frame(frame, extra_runs, extra_rows)
     design = config.design()
+    asked = dict.fromkeys(runs["variant"].unique(), len(config.protocol.seeds))
     while True:
         claims = claims_table(
             runs,
@@ -251,9 +252,10 @@ def compare_regime(config: CompareStudy) -> RegimeComparison:
             regime=config.protocol.regime,
             design=design,
         )
-        needs = seeds_needed(claims, design)
-        if not needs:
+        needs = {row: count for row, count in seeds_needed(claims, design).items() if count > asked.get(row, 0)}
+        if not needs:  # every open claim at its cap, or (a guard) no row would get a seed it has not had
             break
+        asked.update(needs)
         runs = claims_frame(runs, *run_more_seeds(config, needs))
     return RegimeComparison(config, main, classic, frame, comparison_table(frame), claims, runs)
 
@@ -277,10 +279,13 @@ def validation_class_counts(config: CompareStudy) -> dict[str, int]:
 def seeds_needed(claims: pd.DataFrame, design: verdicts.SequentialDesign) -> dict[str, int]:
     """Row → the paired seeds its next look needs, for the rows of every claim on the protocol runs that is
     undecided before the design's cap (:func:`dmlstudy.verdicts.rows_needing_seeds`: a row read by several open
-    claims gets the most any of them needs; a decided claim's rows get nothing for it)."""
+    claims gets the most any of them needs; a decided claim's rows get nothing for it). A claim the epoch cap's
+    censoring left undecided (:func:`dmlstudy.verdicts.censor`) gets none: more seeds of the same cap cannot
+    decide it, and its sequential reading, already stopped, would ask for the same look again."""
     looks = design.looks
     open_claims = claims[
         (claims["outcome"] == verdicts.UNDECIDED)
+        & ~claims["verdict"].str.contains(verdicts.CENSORED_READING, regex=False)
         & claims["claim"].map(lambda name: CLAIMS_BY_NAME[name].runs == "protocol" if name in CLAIMS_BY_NAME else False)
         & (claims["look"].fillna(0).astype(int) < len(looks))
     ]
