@@ -597,6 +597,16 @@ class SequentialDesign:
         counts = list(range(self.first_seeds, self.cap + 1, self.batch))
         return tuple(counts if counts[-1] == self.cap else [*counts, self.cap])
 
+    @property
+    def description(self) -> str:
+        """``looks at 5, 10, 15, 20 paired seeds at 98.21, 98.69, 98.96, 99.14 % (Pocock-type spending of α = 5 %)``"""
+        levels = ", ".join(_percent(self.level(look)) for look in range(1, len(self.looks) + 1))
+        seeds = ", ".join(str(n) for n in self.looks)
+        return (
+            f"looks at {seeds} paired seeds at {levels} % ({self.spending.capitalize()}-type spending of "
+            f"α = {_percent(self.alpha)} %)"
+        )
+
     def spent(self, look: int) -> float:
         """α(t_k): the error spent by look ``look`` (1-based; 0 before the first)."""
         if look == 0:

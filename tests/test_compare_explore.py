@@ -708,6 +708,7 @@ def test_an_undecided_claim_gets_more_seeds_for_its_rows_only_and_recomputes_fro
     )
     per_seed = pd.read_csv(tmp_path / "runs_per_seed.csv")
     assert tmp_path / "runs_per_seed.csv" in written
+    assert "`seed_cap` 3, `seed_batch` 1): every headline claim" in (tmp_path / "claims.md").read_text()
     assert set(per_seed.loc[per_seed["row"] == "crt", "seed"]) == {0, 1, 2}
     delta, low, high, n = verdicts.paired_interval(
         per_seed,

@@ -356,3 +356,14 @@ def test_the_amendment_changes_only_what_it_declares_in_the_committed_tables(pat
         text = str(read_interval(low, high, claimed=claimed, margin=row["margin"]))
         expected = amended_outcome(claimed, row["outcome"], low, high, row["margin"])
         assert verdicts.outcome_of(text) == expected, (row["claim"], row["dataset"], row["regime"])
+
+
+def test_a_design_describes_its_looks_and_their_levels():
+    """Pocock-type spending α·ln(1 + (e − 1)·t) at t = n_k / cap, each look at 1 − (α(t_k) − α(t_{k−1}))."""
+    design = verdicts.SequentialDesign(first_seeds=5, batch=5, cap=20)
+    spent = [0.05 * math.log(1 + (math.e - 1) * n / 20) for n in (0, 5, 10, 15, 20)]
+    levels = [f"{100 * (1 - (b - a)):.2f}" for a, b in zip(spent, spent[1:])]
+    assert design.description == (
+        f"looks at 5, 10, 15, 20 paired seeds at {', '.join(levels)} % (Pocock-type spending of α = 5 %)"
+    )
+    assert levels[0] == "98.21"

@@ -378,6 +378,19 @@ def verdict_text(sequential: verdicts.SequentialVerdict) -> str:
     return f"{sequential.text}; {needed} seeds would decide"
 
 
+def _design_lines(design: verdicts.SequentialDesign) -> list[str]:
+    """The sequential design's paragraph of ``claims.md`` (none for one look)."""
+    if len(design.looks) < 2:
+        return []
+    return [
+        f"Sequential design (the plan's `seed_cap` {design.cap}, `seed_batch` {design.batch}): every headline claim is "
+        f"judged at the first look; the rows of a claim still undecided get the next seeds (seed s pairs with seed s), "
+        f"{design.description}. A claim's `look` and `seeds` are those of the look that decided it, or of the "
+        "cap; ablation claims and a claim the epoch cap's censoring left undecided get no further seeds.",
+        "",
+    ]
+
+
 def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
     """``results/claims.md``: the rule, the protocol, then every claim × dataset."""
     shown = claims[CLAIM_COLUMNS].copy()
@@ -397,6 +410,7 @@ def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
         f"classic baselines {seed_text(config.classic_seeds) if config.classic_methods else '–'}), ablation claims on "
         f"{', '.join(config.ablation_datasets) or '–'} (seeds {seed_text(config.ablation_seeds) or '–'}).",
         "",
+        *_design_lines(config.design()),
         "Rule (declared before the runs, `dmlstudy.verdicts`, docs/protocol.md): Δ = mean of the per-seed paired "
         "differences A_s − B_s (same seed: same backbone initialisation and batch sequence; only seeds both sides ran "
         "pair, in seed order), t-interval Δ ± t·sd/√n at the look's level (one look at 95 % unless the row's look says "
