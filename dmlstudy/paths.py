@@ -48,6 +48,7 @@ PUBLISHED_STUDIES = (
     "headline10",
     "convergence",
     "sequential",
+    "confirm",
 )  # every study whose outputs are committed
 
 
@@ -56,7 +57,7 @@ def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "")
 
     The published study writes to ``<project>/figures`` and ``<project>/results``, the other committed ones
     (:data:`PUBLISHED_STUDIES`: the generated datasets in their two regimes, the headline claims with 10 seeds,
-    DGCRL vs triplet under a 30-epoch cap) to
+    DGCRL vs triplet under a 30-epoch cap, the sequential design on emoji and its confirmatory study of CRT > MS) to
     ``<project>/<kind>/<study>``; any other study (the CI-sized notebook defaults, the smoke and full plans) to
     ``<runs>/<study>/<kind>``, so test runs never overwrite the committed figures.
     """
