@@ -519,6 +519,19 @@ def _tensor_views(config: TrainConfig) -> tuple[Callable[[Any], Any], Callable[[
     )
 
 
+def training_class_count(config: TrainConfig) -> int:
+    """The number of classes a run trains on, what its class heads are sized by: the first ``train_classes``
+    training classes (all when 0 or more than there are) less the validation fold, as :func:`load_datasets`
+    splits them, read from the split's class list alone (no image, no cached tensor)."""
+    root = Path(config.data_root or data_root()) / config.dataset
+    classes = build_dataset(config.dataset, root, "train").num_classes
+    if 0 < config.train_classes < classes:
+        classes = config.train_classes
+    if not config.validates:
+        return classes
+    return len(fold_classes(classes, config.validation_folds, config.validation_fold)[0])
+
+
 def _validation_split(config: TrainConfig, train):
     """``(training part, validation part)`` of the training split: the classes outside and inside fold
     ``validation_fold`` (:func:`dmlstudy.data.folds.fold_classes`), or ``(train, None)`` without folds."""
@@ -686,9 +699,10 @@ def load_reported_state(method: Method, run_dir: Path, device: torch.device) -> 
     return method
 
 
-def _load_complete(config: TrainConfig, datasets: Mapping[str, Any], device: torch.device) -> RunResult:
+def _load_complete(config: TrainConfig, device: torch.device) -> RunResult:
+    """A finished run's records and reported weights; its images are not read (:func:`training_class_count`)."""
     run_dir = config.run_dir
-    method = load_reported_state(build_model(config, datasets["train"].num_classes).to(device), run_dir, device)
+    method = load_reported_state(build_model(config, training_class_count(config)).to(device), run_dir, device)
     with np.load(run_dir / "embeddings.npz") as stored:
         embeddings = dict(stored)
     return RunResult(
@@ -947,10 +961,10 @@ def run(config: TrainConfig) -> RunResult:
     runs.check_before_loading(config)
     device = distributed.setup(config.device) if distributed.launched_by_torchrun() else resolve_device(config.device)
     with runs.RunGuard(config, writer=distributed.is_main_process()) as guard:
-        datasets = load_datasets(config)
         if guard.reusable:
-            result = _load_complete(config, datasets, device)
+            result = _load_complete(config, device)
         else:
+            datasets = load_datasets(config)
             runs.check_loaded_data(config, datasets)
             guard.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
             training = _set_up_training(config, datasets, device, resume_from=guard.resume_from)

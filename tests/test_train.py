@@ -59,6 +59,30 @@ def test_complete_run_is_loaded_not_retrained(tiny_config):
     torch.testing.assert_close(again.method.embedding.weight, first.method.embedding.weight)
 
 
+@pytest.mark.parametrize(("train_classes", "validation_folds"), [(0, 0), (0, 4), (5, 0), (6, 3), (1000, 4)])
+def test_the_training_class_count_is_that_of_the_loaded_split(tiny_config, train_classes, validation_folds):
+    from dmlstudy.train import load_datasets, training_class_count
+
+    config = tiny_config(train_classes=train_classes, validation_folds=validation_folds)
+    assert training_class_count(config) == load_datasets(config)["train"].num_classes
+
+
+def test_a_finished_run_with_a_class_head_loads_without_reading_its_images(tiny_config, monkeypatch):
+    import dmlstudy.train as train
+
+    options = dict(run_name="head", method="normsoftmax", validation_folds=4)
+    first = run(tiny_config(**options))
+
+    def unread(config):
+        raise AssertionError("a finished run read its images")
+
+    monkeypatch.setattr(train, "load_datasets", unread)
+    again = run(tiny_config(**options, resume=True))
+    assert again.metrics == first.metrics
+    for name, value in first.method.state_dict().items():
+        torch.testing.assert_close(again.method.state_dict()[name], value)
+
+
 def test_killed_run_resumes_to_the_same_metrics(tiny_config, tmp_path):
     reference = run(tiny_config(run_name="uninterrupted", epochs=5, steps_per_epoch=3))
     killed = tiny_config(run_name="killed", epochs=5, steps_per_epoch=3)

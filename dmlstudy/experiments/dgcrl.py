@@ -76,6 +76,7 @@ from dmlstudy.train import (
     evaluation_column,
     load_datasets,
     selection_evaluations,
+    training_class_count,
 )
 from dmlstudy.verdicts import Verdict, censor, judge, paired_differences
 
@@ -860,4 +861,4 @@ def tsne_figure(
 def train_classes_of(protocol: ProtocolConfig, dataset: str) -> int:
     """Number of training classes a run of ``protocol`` on ``dataset`` sees (for the timing models' centres)."""
     config = protocol.train_config(dataset=dataset, method="ms", seed=0, name="probe")
-    return int(load_datasets(config)["train"].num_classes)
+    return training_class_count(config)
