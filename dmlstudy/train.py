@@ -519,17 +519,23 @@ def _tensor_views(config: TrainConfig) -> tuple[Callable[[Any], Any], Callable[[
     )
 
 
-def training_class_count(config: TrainConfig) -> int:
-    """The number of classes a run trains on, what its class heads are sized by: the first ``train_classes``
-    training classes (all when 0 or more than there are) less the validation fold, as :func:`load_datasets`
-    splits them, read from the split's class list alone (no image, no cached tensor)."""
+def class_split_counts(config: TrainConfig) -> tuple[int, int]:
+    """``(training classes, validation classes)`` of a run, as :func:`load_datasets` splits them: the first
+    ``train_classes`` training classes (all when 0 or more than there are), less and in fold ``validation_fold``
+    (0 validation classes without folds); read from the split's class list alone (no image, no cached tensor)."""
     root = Path(config.data_root or data_root()) / config.dataset
     classes = build_dataset(config.dataset, root, "train").num_classes
     if 0 < config.train_classes < classes:
         classes = config.train_classes
     if not config.validates:
-        return classes
-    return len(fold_classes(classes, config.validation_folds, config.validation_fold)[0])
+        return classes, 0
+    kept, held_out = fold_classes(classes, config.validation_folds, config.validation_fold)
+    return len(kept), len(held_out)
+
+
+def training_class_count(config: TrainConfig) -> int:
+    """The number of classes a run trains on, what its class heads are sized by (:func:`class_split_counts`)."""
+    return class_split_counts(config)[0]
 
 
 def _validation_split(config: TrainConfig, train):

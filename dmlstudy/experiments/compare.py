@@ -54,8 +54,6 @@ from pathlib import Path
 import pandas as pd
 
 from dmlstudy import verdicts
-from dmlstudy.data import build_dataset
-from dmlstudy.data.folds import fold_classes
 from dmlstudy.experiments.claims import CLAIMS, Claim, ablation_grid, claim_reranks, claims_frame, claims_table
 from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig, run_grid, train_grid
 from dmlstudy.experiments.regime_comparison import RegimeComparison
@@ -63,9 +61,9 @@ from dmlstudy.experiments.rerank import claim_rerank_results, rerank_missing, re
 from dmlstudy.experiments.rows import EXTRA_ROWS, RERANK, method_grid
 from dmlstudy.experiments.tables import comparison_frame, comparison_table
 from dmlstudy.methods import list_methods
-from dmlstudy.paths import data_root, study_outputs
+from dmlstudy.paths import study_outputs
 from dmlstudy.regimes import regime
-from dmlstudy.train import RunResult, TrainConfig
+from dmlstudy.train import RunResult, TrainConfig, class_split_counts
 
 
 @dataclass
@@ -267,13 +265,10 @@ def validation_class_counts(config: CompareStudy) -> dict[str, int]:
     protocol = config.protocol
     if protocol.validation_folds < 2:
         return {}
-    counts = {}
-    for dataset in protocol.datasets:
-        probe = protocol.train_config(dataset=dataset, method="ms", seed=0, name="classes")
-        train = build_dataset(dataset, Path(probe.data_root or data_root()) / dataset, "train")
-        classes = min(train.num_classes, protocol.train_classes or train.num_classes)
-        counts[dataset] = len(fold_classes(classes, protocol.validation_folds, probe.validation_fold)[1])
-    return counts
+    return {
+        dataset: class_split_counts(protocol.train_config(dataset=dataset, method="ms", seed=0, name="classes"))[1]
+        for dataset in protocol.datasets
+    }
 
 
 def seeds_needed(claims: pd.DataFrame, design: verdicts.SequentialDesign) -> dict[str, int]:
