@@ -61,10 +61,13 @@ def test_complete_run_is_loaded_not_retrained(tiny_config):
 
 @pytest.mark.parametrize(("train_classes", "validation_folds"), [(0, 0), (0, 4), (5, 0), (6, 3), (1000, 4)])
 def test_the_training_class_count_is_that_of_the_loaded_split(tiny_config, train_classes, validation_folds):
-    from dmlstudy.train import load_datasets, training_class_count
+    from dmlstudy.train import class_split_counts, load_datasets, training_class_count
 
     config = tiny_config(train_classes=train_classes, validation_folds=validation_folds)
-    assert training_class_count(config) == load_datasets(config)["train"].num_classes
+    loaded = load_datasets(config)
+    assert training_class_count(config) == loaded["train"].num_classes
+    validation = loaded["validation"]
+    assert class_split_counts(config) == (loaded["train"].num_classes, validation.num_classes if validation else 0)
 
 
 def test_a_finished_run_with_a_class_head_loads_without_reading_its_images(tiny_config, monkeypatch):
