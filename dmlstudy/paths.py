@@ -49,6 +49,7 @@ PUBLISHED_STUDIES = (
     "convergence",
     "sequential",
     "confirm",
+    "confirm_dgcrl",
 )  # every study whose outputs are committed
 
 
@@ -57,9 +58,10 @@ def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "")
 
     The published study writes to ``<project>/figures`` and ``<project>/results``, the other committed ones
     (:data:`PUBLISHED_STUDIES`: the generated datasets in their two regimes, the headline claims with 10 seeds,
-    DGCRL vs triplet under a 30-epoch cap, the sequential design on emoji and its confirmatory study of CRT > MS) to
-    ``<project>/<kind>/<study>``; any other study (the CI-sized notebook defaults, the smoke and full plans) to
-    ``<runs>/<study>/<kind>``, so test runs never overwrite the committed figures.
+    DGCRL vs triplet under a 30-epoch cap, the sequential design on emoji and its confirmatory studies of CRT > MS
+    and DGCRL > lifted structure) to ``<project>/<kind>/<study>``; any other study (the CI-sized notebook
+    defaults, the smoke and full plans) to ``<runs>/<study>/<kind>``, so test runs never overwrite the committed
+    figures.
     """
     if kind not in ("figures", "results"):
         raise ValueError(f"study_outputs: kind must be 'figures' or 'results', got {kind!r}")
