@@ -323,9 +323,14 @@ def _first_classes(dataset, count: int, parameter: str):
             f"parameter {parameter!r}={count} is more than the {dataset.num_classes} classes of {dataset.name}; "
             "all of them are used"
         )
-    if count <= 0 or count >= dataset.num_classes:
+    if _first_class_count(dataset.num_classes, count) == dataset.num_classes:
         return dataset
     return split_by_classes(dataset, np.arange(count), role=f"first {count} classes")
+
+
+def _first_class_count(available: int, count: int) -> int:
+    """How many of ``available`` classes "the first ``count``" keeps: all when ``count`` is 0 or more than there are."""
+    return count if 0 < count < available else available
 
 
 class SeededAugmentation(torch.utils.data.Dataset):
@@ -524,9 +529,7 @@ def class_split_counts(config: TrainConfig) -> tuple[int, int]:
     ``train_classes`` training classes (all when 0 or more than there are), less and in fold ``validation_fold``
     (0 validation classes without folds); read from the split's class list alone (no image, no cached tensor)."""
     root = Path(config.data_root or data_root()) / config.dataset
-    classes = build_dataset(config.dataset, root, "train").num_classes
-    if 0 < config.train_classes < classes:
-        classes = config.train_classes
+    classes = _first_class_count(build_dataset(config.dataset, root, "train").num_classes, config.train_classes)
     if not config.validates:
         return classes, 0
     kept, held_out = fold_classes(classes, config.validation_folds, config.validation_fold)
