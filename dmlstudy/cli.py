@@ -139,6 +139,10 @@ def _generate(args: argparse.Namespace) -> int:
         print(
             f"{name}: {len(train)} train images / {train.num_classes} classes, {len(test)} test images / {test.num_classes} classes in {root / name}"
         )
+        if name == "emoji":
+            from dmlstudy.data.emoji import fingerprint_report
+
+            print(fingerprint_report(root / name))
     return 0
 
 

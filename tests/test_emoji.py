@@ -44,8 +44,8 @@ ALPHA = {
         "backhand-index-pointing-left": {"body": shape("#ffbb88", "circle")},
         "person-running": {"body": shape("#00aa00")},
         "man-running": {"body": shape("#008800")},
-        "man-cook": {"body": shape("#dddddd")},
-        "woman-cook": {"body": shape("#eeeeee")},
+        "man-cook": {"body": shape("#dd2222")},
+        "woman-cook": {"body": shape("#2222ee")},
         "red-heart": {"body": shape("#ff0000", "circle")},
         "star": {"body": shape("#ffff00", "circle")},
         "star-retired": {"body": shape("#ffff11"), "hidden": True},
@@ -67,8 +67,8 @@ BETA = {
         "laptop": {"body": shape("#444444")},
         "person-running": {"body": shape("#00bb00")},
         "man-running": {"body": shape("#009900")},
-        "man-cook": {"body": shape("#d0d0d0")},
-        "woman-cook": {"body": shape("#e0e0e0")},
+        "man-cook": {"body": shape("#d02020")},
+        "woman-cook": {"body": shape("#2020e0")},
         "red-heart": {"body": shape("#ee0000", "circle")},
         "star": {"body": shape("#eeee00", "circle")},
     },
@@ -85,8 +85,8 @@ GAMMA = {  # fxemoji-style names: no hyphens
         "laptop": {"body": shape("#555555")},
         "personrunning": {"body": shape("#00cc00")},
         "manrunning": {"body": shape("#00aa00")},
-        "mancook": {"body": shape("#c0c0c0")},
-        "womancook": {"body": shape("#f0f0f0")},
+        "mancook": {"body": shape("#c01010")},
+        "womancook": {"body": shape("#1010f0")},
         "redheart": {"body": shape("#dd0000", "circle")},
         "star": {"body": shape("#dd0000", "circle")},  # the same drawing as its red heart: ambiguous
     },
@@ -387,3 +387,70 @@ def test_build_is_byte_identical_and_the_seed_only_moves_the_split(fake_sources,
     assert pixels(first) == pixels(other_seed)
     order = lambda root: (root / "classes.txt").read_text()  # noqa: E731
     assert order(first) != order(other_seed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Near-identical renders and the fingerprint
+# ----------------------------------------------------------------------------------------------
+def test_near_identical_pairs_against_a_plain_loop():
+    """Every cross-label pair whose largest pixel difference is at most the threshold, and no other pair."""
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, size=(4, 16, 16, 3), dtype=np.uint8)
+    faint = np.clip(base[0].astype(int) + 20, 0, 255).astype(np.uint8)  # a faint copy of image 0
+    detail = base[1].copy()
+    detail[5, 5] = 255 - detail[5, 5]  # one pixel changed a lot: a drawn detail
+    images = np.stack([*base, faint, detail, base[2]])
+    labels = ["a", "b", "c", "d", "e", "f", "c"]  # the last is image 2 again, in its own class: not a pair
+    expected = [
+        (i, j)
+        for i in range(len(images))
+        for j in range(i + 1, len(images))
+        if labels[i] != labels[j] and np.abs(images[i].astype(int) - images[j].astype(int)).max() <= 32
+    ]
+    assert emoji.near_identical_pairs(images, labels, levels=32, block=4) == expected == [(0, 4)]
+    assert emoji.near_identical_pairs(images, labels, levels=255, block=4) == [
+        (i, j) for i in range(7) for j in range(i + 1, 7) if labels[i] != labels[j]
+    ]
+    with pytest.raises(ValueError, match="uint8"):
+        emoji.near_identical_pairs(images.astype(float), labels)
+
+
+NEAR_TWIN = {  # a fourth family whose "cat" renders as its "laptop" but a shade lighter: one near-identical pair
+    "icons": {
+        "cat": {"body": shape("#aaaaaa")},
+        "laptop": {"body": shape("#b4b4b4")},
+        "grinning-face": {"body": shape("#ffcc00", "circle")},
+        "thumbs-up": {"body": shape("#aa00aa", "circle")},
+    },
+    "width": 16,
+    "height": 16,
+}
+
+
+def test_a_build_drops_both_near_identical_designs_and_fingerprints_the_rest(fake_sources, tmp_path, monkeypatch):
+    sources, cache = fake_sources
+    monkeypatch.setattr(emoji, "npm_command", no_npm)
+    unsigned = emoji.EmojiSource("@fake/delta", "1.0.0", "", "MIT", "delta by Tests, MIT")
+    write_tarball(cache / unsigned.tarball, {"icons.json": NEAR_TWIN, "info.json": {"license": {"spdx": "MIT"}}})
+    delta = emoji.EmojiSource(unsigned.package, "1.0.0", emoji.integrity_of(cache / unsigned.tarball), "MIT", "")
+    root = tmp_path / "emoji"
+    generator = emoji.EmojiGenerator(cache, (*sources, delta), image_size=SIZE, min_designs=3, workers=1)
+    ensure_generated(root, generator, seed=0)
+    manifest = json.loads((root / emoji.MANIFEST_FILE).read_text())
+    assert manifest["dropped"]["near_identical_pairs"] == ["delta: cat / laptop"]
+    designs = json.loads((root / emoji.DESIGNS_FILE).read_text())
+    delta_icons = sorted(d["icon"] for d in designs if d["family"] == "delta")
+    assert delta_icons == ["grinning-face", "thumbs-up"]  # both near-identical designs gone, the classes kept
+    fingerprint = (root / emoji.FINGERPRINT_FILE).read_text()
+    parsed = emoji.parse_fingerprint(fingerprint)
+    assert set(parsed) == set(EXPECTED_CLASSES) and "delta" not in parsed["cat"] and "delta" in parsed["thumbs-up"]
+    png = next(d for d in designs if d["family"] == "alpha" and d["icon"] == "cat")["image"]
+    assert parsed["cat"]["alpha"] == emoji.digest_of((root / "images" / png).read_bytes())
+
+    published = tmp_path / "published.tsv"
+    published.write_text(fingerprint)
+    assert "matches the published build" in emoji.fingerprint_report(root, published)
+    published.write_text(fingerprint.replace(parsed["cat"]["alpha"], "0" * emoji.DIGEST_CHARACTERS))
+    report = emoji.fingerprint_report(root, published)
+    assert "DIFFERS" in report and "1 classes with other images (e.g. cat)" in report
+    assert "no published fingerprint" in emoji.fingerprint_report(root, tmp_path / "none.tsv")
