@@ -125,10 +125,10 @@ def parse_int(text: str, *, where: str, name: str, root: Path, layout: str) -> i
         raise layout_error(name, root, layout, f"{where}: expected an integer id, got {text!r}") from None
 
 
-def split_classes(class_ids: Sequence[int], split: str) -> list[int]:
-    """Zero-shot class split: train = first ``n // 2`` of the sorted ids, test = the rest."""
+def split_classes(class_ids: Sequence[int], split: str, train_count: int | None = None) -> list[int]:
+    """Zero-shot class split: train = the first ``train_count`` of the sorted ids (default ``n // 2``), test = the rest."""
     ordered = sorted(class_ids)
-    half = len(ordered) // 2
+    half = len(ordered) // 2 if train_count is None else train_count
     return ordered[:half] if split == "train" else ordered[half:]
 
 
@@ -155,11 +155,12 @@ def read_cub(
     name: str = "cub200",
     cache: bool = False,
     flip_invariant: bool = True,
+    train_classes: int | None = None,
 ) -> ImageListDataset:
     """Read a CUB-200-2011-layout folder and return the zero-shot ``split`` ("train" or "test").
 
     Classes are those of ``classes.txt``; train = the first half of the sorted class ids, test = the
-    second half (odd count: the extra class goes to test). Images keep the order of their ids.
+    second half (odd count: the extra class goes to test); ``train_classes``: the first that many ids instead. Images keep the order of their ids.
     Labels are 0-based within the split; ``class_names[label]`` is the ``classes.txt`` folder name
     (e.g. ``"101.Sooty_Albatross"``). ``root`` may be ``CUB_200_2011/`` or its parent.
     """
@@ -204,7 +205,7 @@ def read_cub(
             f"image_class_labels.txt uses class ids absent from classes.txt: {unknown[:MAX_LISTED_MISSING]}",
         )
 
-    split_ids = split_classes(list(class_name_by_id), split)
+    split_ids = split_classes(list(class_name_by_id), split, train_classes)
     keep = set(split_ids)
     image_ids = sorted(i for i in file_by_image if class_by_image[i] in keep)
     paths = [base / "images" / file_by_image[i] for i in image_ids]

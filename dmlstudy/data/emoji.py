@@ -600,6 +600,7 @@ class EmojiGenerator:
     image_size: int = IMAGE_SIZE
     min_designs: int = MIN_DESIGNS
     near_duplicate_levels: int = NEAR_DUPLICATE_LEVELS
+    test_families: tuple[str, ...] = ()
     workers: int = 2
     name: ClassVar[str] = "emoji"
     version: ClassVar[str] = "2"
@@ -611,7 +612,7 @@ class EmojiGenerator:
             "min_designs": self.min_designs,
             "near_duplicate_levels": self.near_duplicate_levels,
             "renderer": RENDERER,
-        }
+        } | ({"test_families": sorted(self.test_families)} if self.test_families else {})
 
     def load_sets(self) -> list[IconSet]:
         """The verified sets (downloaded when missing); a declared licence other than the recorded one is an error."""
@@ -654,9 +655,11 @@ class EmojiGenerator:
         ) - len(kept)
 
         classes = [kept[i] for i in class_order(len(kept), seed)]
+        n_train = len(classes) // 2
+        if self.test_families:
+            classes, n_train = designer_split(classes, n_train, self.test_families, dropped["counts"])
         layout = [(c, family, icon) for c, emoji in enumerate(classes) for family, icon in emoji.designs.items()]
         images = [png[classes[c].name, family] for c, family, _ in layout]
-        n_train = len(classes) // 2
         labels = [c for c, _, _ in layout]
         files = write_cub_layout(folder, images, labels, [c.name for c in classes], train_classes=range(n_train))
         records = [
@@ -682,6 +685,7 @@ class EmojiGenerator:
             "image_size": self.image_size,
             "min_designs": self.min_designs,
             "near_duplicate_levels": self.near_duplicate_levels,
+            "test_families": sorted(self.test_families),
             "renderer": RENDERER,
             "fingerprint": hashlib.sha256(fingerprint.encode("utf-8")).hexdigest(),
             "sources": [
@@ -701,6 +705,30 @@ class EmojiGenerator:
         }
         (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         return counts
+
+
+def designer_split(
+    classes: Sequence[EmojiClass], n_train: int, test_families: Sequence[str], counts: dict[str, int]
+) -> tuple[list[EmojiClass], int]:
+    """The unseen-designers split of the class-disjoint halves ``classes[:n_train]`` / ``classes[n_train:]``:
+    the training classes keep the designs of the families outside ``test_families``, the test classes those of
+    ``test_families`` only; a class left with fewer than 2 designs on its side is dropped (a test query needs
+    a positive, a training class a pair). Returns the classes and the new number of training classes; ``counts``
+    gets what was dropped."""
+    unknown = sorted(set(test_families) - {source.family for source in EMOJI_SOURCES})
+    if unknown:
+        raise ValueError(f"emoji: unknown test families {unknown}; valid: {[s.family for s in EMOJI_SOURCES]}")
+
+    def side(emoji: EmojiClass, test: bool) -> EmojiClass:
+        designs = {f: icon for f, icon in emoji.designs.items() if (f in test_families) == test}
+        return EmojiClass(emoji.name, emoji.keys, designs)
+
+    train = [side(c, test=False) for c in classes[:n_train]]
+    test = [side(c, test=True) for c in classes[n_train:]]
+    kept_train, kept_test = [c for c in train if len(c.designs) >= 2], [c for c in test if len(c.designs) >= 2]
+    counts["training classes with fewer than 2 designs of the training families"] = len(train) - len(kept_train)
+    counts["test classes with fewer than 2 designs of the test families"] = len(test) - len(kept_test)
+    return kept_train + kept_test, len(kept_train)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -724,7 +752,9 @@ def near_identical_pairs(
     """
     images = np.asarray(images)
     if images.ndim != 4 or images.dtype != np.uint8:
-        raise ValueError(f"near_identical_pairs: expected N × H × W × C uint8 images, got {images.shape} {images.dtype}")
+        raise ValueError(
+            f"near_identical_pairs: expected N × H × W × C uint8 images, got {images.shape} {images.dtype}"
+        )
     n, height, width, channels = images.shape
     if len(labels) != n:
         raise ValueError(f"near_identical_pairs: {n} images but {len(labels)} labels")
@@ -785,7 +815,7 @@ def parse_fingerprint(text: str) -> dict[str, dict[str, str]]:
 
 
 def fingerprint_difference(built: str, published: str) -> str:
-    """"" when two fingerprints are equal, else one sentence saying how the build differs from the published one."""
+    """ "" when two fingerprints are equal, else one sentence saying how the build differs from the published one."""
     if built == published:
         return ""
     mine, theirs = parse_fingerprint(built), parse_fingerprint(published)
@@ -835,6 +865,8 @@ def build(
     min_designs: int = MIN_DESIGNS,
     sources: Sequence[EmojiSource] = EMOJI_SOURCES,
     cache_dir: str | Path | None = None,
+    test_families: Sequence[str] = (),
+    name: str = "emoji",
 ) -> ImageListDataset:
     """Emoji by nine design families (one class per emoji, half the classes train, half test), fetched from npm and rendered on first use."""
     generator = EmojiGenerator(
@@ -842,6 +874,42 @@ def build(
         sources=tuple(sources),
         image_size=image_size,
         min_designs=min_designs,
+        test_families=tuple(test_families),
     )
     ensure_generated(root, generator, seed=seed)
-    return read_cub(root, split, transform=transform, name="emoji", flip_invariant=False)
+    manifest = json.loads((Path(root) / MANIFEST_FILE).read_text(encoding="utf-8"))
+    return read_cub(
+        root,
+        split,
+        transform=transform,
+        name=name,
+        flip_invariant=False,
+        train_classes=manifest["counts"]["train_classes"],
+    )
+
+
+DESIGNER_TEST_FAMILIES = ("noto", "noto-v1", "fluent-emoji-flat")  # relatives (noto, noto-v1) on one side
+EMOJI_VARIANTS: dict[str, dict[str, Any]] = {
+    # the robustness study's perturbations of the default build (docs/protocol.md)
+    "emoji_p1": {"seed": 1},  # another fixed partition of the classes into train / test
+    "emoji_p2": {"seed": 2},
+    "emoji_designers": {
+        "test_families": DESIGNER_TEST_FAMILIES
+    },  # test images drawn by families no training image came from
+    "emoji224": {"image_size": 224},  # rendered at 224 px: 7 × 7 maps at the last stage
+}
+
+
+def _register_variant(variant: str, settings: Mapping[str, Any]) -> None:
+    def build_variant(root: str | Path, split: str, transform: Callable | None = None, **kwargs) -> ImageListDataset:
+        return build(root, split, transform, **(dict(settings) | kwargs), name=variant)
+
+    build_variant.__doc__ = (
+        f"Emoji, {', '.join(f'{k} = {v}' for k, v in settings.items())}: a perturbation of the default build."
+    )
+    register_dataset(variant)(build_variant)
+    IMAGE_CREDITS[variant] = IMAGE_CREDITS["emoji"]
+
+
+for _variant, _settings in EMOJI_VARIANTS.items():
+    _register_variant(_variant, _settings)
