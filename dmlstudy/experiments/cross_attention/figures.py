@@ -127,7 +127,8 @@ def attention_figure(
 ) -> plt.Figure:
     """For each triple (x, a, b): Attn over x's locations at the given blocks when x is conditioned on a (top),
     on b (bottom), and their difference (middle, red = more weight when conditioned on a). Each panel is scaled
-    by its own largest value (titles give it; uniform attention is 1/hw); two colourbars give the scaled units."""
+    by its own largest value (titles give it; uniform attention is 1/hw); one colour bar per kind, under the maps,
+    gives the scaled units."""
     blocks = [n for n in blocks if 1 <= n <= method.num_blocks]
     if not blocks:
         raise ValueError(f"attention_figure: none of the blocks is in 1..{method.num_blocks}")
@@ -173,18 +174,44 @@ def attention_figure(
                     extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
                 )
                 axis.set_title(
-                    f"block {level}, "
-                    + (f"a − b, max |Δ| {bound:.2f}" if offset == 1 else f"max weight {heat.max():.2f}"),
+                    f"block {level}, a − b\nmax |Δ| {bound:.2f}"
+                    if offset == 1
+                    else f"block {level}\nmax weight {heat.max():.2f}",
                     fontsize=7,
                 )
     for axis in axes.flat:
         axis.set_xticks([])
         axis.set_yticks([])
-    figure.tight_layout()
-    panels = axes[:, 1:].ravel()
-    plots.overlay_colourbar(figure, overlays[False], panels, label="attention / panel maximum")
-    plots.overlay_colourbar(figure, overlays[True], panels, label="(a − b) / panel max |Δ|", pad=0.04)
-    return figure
+    figure.tight_layout(rect=(0, COLOURBAR_SPACE / figure.get_figheight(), 1, 1))
+    _kind_colourbars(
+        figure,
+        axes,
+        [(overlays[False], "attention / panel maximum"), (overlays[True], "(a − b) / panel max |Δ|")],
+    )
+    return plots.credit(figure, dataset)
+
+
+COLOURBAR_SPACE = 0.8  # inches under the attention maps for their colour bars
+
+
+def _kind_colourbars(figure: plt.Figure, panels: np.ndarray, kinds: Sequence[tuple], *, height: float = 0.12) -> None:
+    """One horizontal colour bar per panel kind (``kinds``: the overlay drawn with its scale, the bar's label),
+    side by side in the :data:`COLOURBAR_SPACE` under the whole width of ``panels`` (a single block column is too
+    narrow for two labelled bars): the kinds alternate by row, so a bar beside the panels would span rows of both.
+    Opaque although the overlays are translucent. Call after ``tight_layout``."""
+    left = min(axis.get_position().x0 for axis in panels.flat)
+    right = max(axis.get_position().x1 for axis in panels.flat)
+    gap = 0.1 * (right - left)
+    width = (right - left - gap * (len(kinds) - 1)) / len(kinds)
+    inch = 1 / figure.get_figheight()
+    for index, (overlay, label) in enumerate(kinds):
+        cax = figure.add_axes((left + index * (width + gap), COLOURBAR_SPACE * inch * 0.55, width, height * inch))
+        colourbar = figure.colorbar(overlay, cax=cax, orientation="horizontal")
+        colourbar.solids.set(alpha=1.0)
+        low, high = overlay.get_clim()
+        colourbar.set_ticks([low, (low + high) / 2, high])
+        colourbar.set_label(label, fontsize=7)
+        colourbar.ax.tick_params(labelsize=7)
 
 
 def part_discovery(
@@ -244,7 +271,7 @@ def part_discovery(
             }
         )
     figure.tight_layout()
-    return figure, pd.DataFrame(rows)
+    return plots.credit(figure, dataset), pd.DataFrame(rows)
 
 
 def _crop_axis(
