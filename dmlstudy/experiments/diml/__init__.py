@@ -1,7 +1,7 @@
 """The DIML notebook (``notebooks/20_diml.ipynb``): structural similarity by optimal transport, as test-time
 re-ranking of plain baselines and as a training similarity, swept over the truncation K and the grid size G.
 
-One module per job, every public name re-exported here (the notebook calls ``diml_study.main_table``):
+One module per job, every public name re-exported here (the notebook calls ``diml_study.sweep_frame``):
 
 * :mod:`~dmlstudy.experiments.diml.study`: the config, the paper's numbers, the variants and their run
   names, the runs, and the measurements the tables and figures are made of.
