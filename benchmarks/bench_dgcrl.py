@@ -29,8 +29,10 @@ import numpy as np
 import torch
 
 from dmlstudy.experiments import dgcrl as study
+from dmlstudy.experiments.kit import as_grid
 from dmlstudy.experiments.protocol import ProtocolConfig
 from dmlstudy.methods import build_method
+from dmlstudy.methods.dgcrl import DGCRL, normalize_scale
 from dmlstudy.models import build_backbone
 
 VARIANTS = ("ms", "softmax", "dgcrl", "dgcrl-decor=code", "dgcrl-decor=none", "gcrl", "triplet-ns", "lifted-ns")
@@ -38,7 +40,7 @@ VARIANTS = ("ms", "softmax", "dgcrl", "dgcrl-decor=code", "dgcrl-decor=none", "g
 
 def variant_specs() -> dict[str, dict]:
     specs = dict(study.named_variants(["ms", "softmax", "dgcrl", "gcrl", "triplet-ns", "lifted-ns"]))
-    specs.update(study.as_grid(study.decorrelation_variants(["code", "none"])))
+    specs.update(as_grid(study.decorrelation_variants(["code", "none"])))
     return {name: specs[name] for name in VARIANTS}
 
 
@@ -77,10 +79,10 @@ def loss_only_seconds(
 
 def _loss_on_features(method, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The method's loss on given features, bypassing the backbone (same code paths as ``method.loss``)."""
-    if isinstance(method, study.DGCRL):
+    if isinstance(method, DGCRL):
         original = method.scaled_features
         method.scaled_features = lambda images: (
-            study.normalize_scale(features, alpha=method.alpha) if method.normalize_scale else features
+            normalize_scale(features, alpha=method.alpha) if method.normalize_scale else features
         )
         try:
             return method.loss(torch.empty(0), labels)[0]

@@ -255,3 +255,42 @@ def test_attention_maps_have_colourbars_and_class_colours(tiny_config):
     assert title_colours <= {plots.CORRECT, plots.WRONG} and plots.WRONG in title_colours
     figure = cross_attention.attention_figure(method, dataset, [(0, 1, other)], blocks=(1, 2))
     assert len(colourbar_axes(figure)) == 2
+
+
+def credit_lines(figure: plt.Figure, dataset) -> list[str]:
+    """The text :func:`dmlstudy.plots.credit` adds for ``dataset`` under a figure of ``figure``'s size."""
+    blank = plots.credit(plt.figure(figsize=figure.get_size_inches()), dataset)
+    return [text.get_text() for text in blank.texts]
+
+
+def test_cross_attention_image_figures_carry_the_credit_and_keep_bars_and_titles_apart(tiny_config, monkeypatch):
+    """The attention maps and the local parts draw the dataset's images, so both carry its credit; the maps' two
+    colour bars (attention, a − b) overlap neither each other nor a panel, and no two panel titles overlap."""
+    from dmlstudy.data import base
+    from dmlstudy.train import load_datasets
+
+    dataset = load_datasets(tiny_config())["query"]
+    monkeypatch.setitem(base.IMAGE_CREDITS, "cub200", "Images: test artists, CC BY 4.0, https://example.org/images")
+    assert base.image_credit(dataset)
+    method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2).eval()
+    labels = np.asarray(dataset.labels)
+    others = np.flatnonzero(labels != labels[0])
+    triples = [(0, 1, int(others[0])), (2, 3, int(others[1]))]
+    figure = cross_attention.attention_figure(method, dataset, triples, blocks=(1, 2))
+    narrow = cross_attention.attention_figure(method, dataset, triples[:1], blocks=(2,))  # one block column
+    parts, _ = cross_attention.part_discovery(method, dataset, queries=1, neighbours=2)
+    for drawn in (figure, narrow, parts):
+        expected = credit_lines(drawn, dataset)
+        assert expected and set(expected) <= {text.get_text() for text in drawn.texts}
+
+    for drawn in (figure, narrow):
+        drawn.canvas.draw()
+        renderer = drawn.canvas.get_renderer()
+        bars = [axis.get_tightbbox(renderer) for axis in colourbar_axes(drawn)]  # bar, ticks and label
+        assert len(bars) == 2 and not bars[0].overlaps(bars[1])
+        panels = [axis.get_window_extent(renderer) for axis in data_axes(drawn)]
+        assert not any(bar.overlaps(panel) for bar in bars for panel in panels)
+    renderer = figure.canvas.get_renderer()
+    titles = [axis.title.get_window_extent(renderer) for axis in data_axes(figure) if axis.get_title()]
+    assert len(titles) == 2 * 3 * 2  # blocks 1 and 2 (blocks beyond N are left out) × 3 rows × 2 triples
+    assert not any(a.overlaps(b) for index, a in enumerate(titles) for b in titles[index + 1 :])
