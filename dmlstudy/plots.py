@@ -263,7 +263,13 @@ def credit(figure: plt.Figure, dataset) -> plt.Figure:
         setattr(figure, CREDIT_ATTRIBUTE, " ".join(filter(None, [figure_credit(figure), text])))
         width = max(60, int(figure.get_figwidth() * 20))
         figure.text(
-            0.5, -0.01, textwrap.fill(text, width), ha="center", va="top", fontsize=CREDIT_FONT_SIZE, color="0.35"
+            0.5,
+            -0.01,
+            textwrap.fill(text, width, break_on_hyphens=False, break_long_words=False),
+            ha="center",
+            va="top",
+            fontsize=CREDIT_FONT_SIZE,
+            color="0.35",
         )
     return figure
 
