@@ -250,3 +250,11 @@ def test_notices_name_every_emoji_set_with_its_drawings_licence():
     assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in notices  # the Apache-2.0 text
     assert "Copyright (c) Microsoft Corporation." in notices and "Permission is hereby granted" in notices
     assert "Permission is hereby granted" in (ROOT / "LICENSE").read_text()
+
+
+def test_the_dataset_card_gives_every_set_its_drawings_licence():
+    card = (ROOT / "docs" / "datasets" / "emoji.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line for line in card.splitlines() if line.startswith("| `")}
+    for source in emoji.EMOJI_SOURCES:
+        licence = source.credit.licence
+        assert f"| {source.version} | [{licence.name}]({source.credit.url}) | {source.licence} |" in rows[source.family]
