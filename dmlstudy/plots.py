@@ -173,11 +173,17 @@ def sweep_linestyle(values: Iterable) -> str:
 
 def save_figure(figure: plt.Figure, name: str, *, study: str, folder: str | Path | None = None, dpi: int = 120) -> Path:
     """Save ``figure`` as ``<folder>/<name>.png`` and return the path; ``folder`` defaults to the study's
-    figures folder (:func:`~dmlstudy.paths.study_outputs`: ``<project>/figures`` for the published study)."""
+    figures folder (:func:`~dmlstudy.paths.study_outputs`: ``<project>/figures`` for the published study).
+    The credit of the dataset images it shows (:func:`credit`) goes into the PNG's ``Copyright`` text field, so
+    it travels with the file."""
     folder = Path(folder) if folder else study_outputs(study, "figures")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
-    figure.savefig(path, dpi=dpi, bbox_inches="tight")
+    text = figure_credit(figure)
+    metadata = (
+        {"Copyright": text, "Description": "Shows dataset images; see Copyright for their credit."} if text else {}
+    )
+    figure.savefig(path, dpi=dpi, bbox_inches="tight", metadata=metadata)
     return path
 
 
@@ -231,13 +237,40 @@ def seen_image(dataset, index: int) -> np.ndarray:
     return denormalize(item).permute(1, 2, 0).numpy()
 
 
+CREDIT_ATTRIBUTE = "dmlstudy_credit"  # the Figure attribute holding the credit text that save_figure writes
+CREDIT_FONT_SIZE = 5.5  # points: small, and wrapped to the figure's width
+
+
+def figure_credit(figure: plt.Figure) -> str:
+    """The credit :func:`credit` attached to ``figure`` ("" for a figure that shows no dataset images)."""
+    return getattr(figure, CREDIT_ATTRIBUTE, "")
+
+
 def credit(figure: plt.Figure, dataset) -> plt.Figure:
-    """Add the attribution of ``dataset``'s images (:func:`dmlstudy.data.base.image_credit`) under ``figure``,
-    wrapped to its width; nothing for images that need none."""
+    """Attach the full attribution of ``dataset``'s images (:func:`dmlstudy.data.base.image_credit`) to
+    ``figure``: printed under it in small type, wrapped to its width, and kept on the figure for
+    :func:`save_figure` to write into the PNG's metadata. Nothing for images that need none (the generated sets).
+
+    The credit names every set with its authors, licence and the licence's link, and says how the images were
+    changed (rendered, resized, framed, overlaid), as CC BY 4.0 asks. Decision on the ShareAlike sets (openmoji
+    and emojione-v1, CC BY-SA 4.0): they stay in the figures, and the credit states that a figure showing their
+    drawings is an adaptation of them licensed CC BY-SA 4.0 (what CC BY-SA 4.0 § 3(b) asks of an adapter);
+    leaving them out would make the figures show a different dataset from the one the runs used.
+    ``THIRD_PARTY_NOTICES.md`` holds the full notices and licence texts.
+    """
     text = image_credit(dataset)
-    if text:
-        width = max(40, int(figure.get_figwidth() * 14))
-        figure.text(0.5, -0.01, textwrap.fill(text, width), ha="center", va="top", fontsize=6, color="0.35")
+    if text and text not in figure_credit(figure):
+        setattr(figure, CREDIT_ATTRIBUTE, " ".join(filter(None, [figure_credit(figure), text])))
+        width = max(60, int(figure.get_figwidth() * 20))
+        figure.text(
+            0.5,
+            -0.01,
+            textwrap.fill(text, width, break_on_hyphens=False, break_long_words=False),
+            ha="center",
+            va="top",
+            fontsize=CREDIT_FONT_SIZE,
+            color="0.35",
+        )
     return figure
 
 

@@ -68,12 +68,19 @@ summary_table(tour)
 # %% [markdown]
 # ## The emoji card
 #
-# One row per design family: the npm package and version the images come from, its licence and attribution,
-# and how many images it gave (a class needs at least 5 designs).
+# One row per design family: the npm package and version the images come from, the licence of its drawings
+# (what governs the images; from `EMOJI_SOURCES`, as in `docs/datasets/emoji.md`) and the licence its package
+# metadata declares, which differ for fxemoji (drawings CC BY 4.0, code Apache-2.0), its attribution and how
+# many images it gave (a class needs at least 5 designs). `THIRD_PARTY_NOTICES.md` has the full notices.
 
 # %%
 if "emoji" in tour.datasets:
-    display(emoji_card(tour))
+    from dmlstudy.data.emoji import EMOJI_SOURCES
+
+    card = emoji_card(tour).rename(columns={"licence": "package metadata"})
+    drawings = {source.package: source.credit.licence.name for source in EMOJI_SOURCES}
+    card.insert(2, "licence of the drawings", card["package"].map(drawings))
+    display(card)
 
 # %% [markdown]
 # ## Examples

@@ -162,7 +162,7 @@ def test_images_go_through_the_frozen_stem_first(stem):
 def test_figures_of_emoji_images_carry_their_attribution(split):
     from dmlstudy.data.base import IMAGE_CREDITS, image_credit
 
-    assert "openmoji (CC-BY-SA-4.0)" in IMAGE_CREDITS["emoji"]
+    assert "CC BY-SA 4.0 (https://creativecommons.org/licenses/by-sa/4.0/): OpenMoji" in IMAGE_CREDITS["emoji"]
     split.name = "emoji/test (first 8 classes)"
     assert (
         image_credit(CachedViewEvaluation(StemActivationSplit(split, torch.zeros(9, 1, 2, 1, 1))))

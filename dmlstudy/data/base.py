@@ -184,6 +184,94 @@ class EvaluationProtocol:
 
 PROTOCOLS: dict[str, EvaluationProtocol] = {}
 IMAGE_CREDITS: dict[str, str] = {}  # dataset name → the attribution a figure showing its images carries
+IMAGE_SETS: dict[str, tuple] = {}  # dataset name → its ImageSetCredit per set of images
+NOTICES_FILE = "THIRD_PARTY_NOTICES.md"  # the full notices and licence texts, at the project root
+
+
+@dataclass(frozen=True)
+class Licence:
+    """A licence by its SPDX id: the ``name`` a credit shows, the ``url`` of its text, and whether it is
+    ShareAlike (an adaptation may be shared only under the same licence)."""
+
+    spdx: str
+    name: str
+    url: str
+    share_alike: bool = False
+
+
+LICENCES: dict[str, Licence] = {
+    licence.spdx: licence
+    for licence in (
+        Licence("CC-BY-4.0", "CC BY 4.0", "https://creativecommons.org/licenses/by/4.0/"),
+        Licence("CC-BY-SA-4.0", "CC BY-SA 4.0", "https://creativecommons.org/licenses/by-sa/4.0/", share_alike=True),
+        Licence("Apache-2.0", "Apache-2.0", "https://www.apache.org/licenses/LICENSE-2.0"),
+        Licence("MIT", "MIT", "https://opensource.org/license/mit"),
+    )
+}
+
+
+def licence(spdx: str) -> Licence:
+    """The :class:`Licence` of an SPDX id; an id without an entry in :data:`LICENCES` is an error."""
+    if spdx not in LICENCES:
+        raise ValueError(f"unknown licence {spdx!r}: expected one of {sorted(LICENCES)} (add it to LICENCES)")
+    return LICENCES[spdx]
+
+
+@dataclass(frozen=True)
+class ImageSetCredit:
+    """Who made one set of images and under which licence: ``title`` by ``authors``, licence ``spdx`` whose text
+    is at ``licence_url`` (the licence's own page unless the upstream names another, e.g. its MIT file)."""
+
+    title: str
+    authors: str
+    spdx: str
+    licence_url: str = ""
+
+    @property
+    def licence(self) -> Licence:
+        return licence(self.spdx)
+
+    @property
+    def url(self) -> str:
+        return self.licence_url or self.licence.url
+
+
+def credit_text(dataset: str, sets: Sequence[ImageSetCredit], *, changes: str) -> str:
+    """The attribution a figure showing images of ``dataset`` carries: ``changes`` (what was modified, as CC BY
+    4.0 § 3(a)(1)(B) asks), every set's title and authors grouped under its licence name and link, and, when a
+    set is ShareAlike, the statement that a figure showing its images is an adaptation licensed under that
+    same licence (CC BY-SA 4.0 § 3(b)). The full notices are in :data:`NOTICES_FILE`."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for image_set in sets:
+        groups.setdefault((image_set.licence.name, image_set.url), []).append(
+            f"{image_set.title} by {image_set.authors}"
+        )
+    parts = [f"Images: {dataset}, {changes}."]
+    parts += [f"{name} ({url}): {'; '.join(titles).rstrip('.')}." for (name, url), titles in groups.items()]
+    for spdx in dict.fromkeys(s.spdx for s in sets if s.licence.share_alike):
+        titles = " or ".join(s.title for s in sets if s.spdx == spdx)
+        parts.append(
+            f"Where this figure shows {titles} drawings it is an adaptation of them, licensed {licence(spdx).name}."
+        )
+    parts.append(f"Full notices: {NOTICES_FILE}.")
+    return " ".join(parts)
+
+
+def register_image_credit(dataset: str, sets: Sequence[ImageSetCredit], *, changes: str) -> str:
+    """Record the credit of ``dataset``'s images (:func:`credit_text`) in :data:`IMAGE_CREDITS` and its sets in
+    :data:`IMAGE_SETS`; returns the text."""
+    IMAGE_SETS[dataset] = tuple(sets)
+    IMAGE_CREDITS[dataset] = credit_text(dataset, sets, changes=changes)
+    return IMAGE_CREDITS[dataset]
+
+
+def adaptation_licence(dataset: str) -> str:
+    """The licence a figure showing ``dataset``'s images must carry as an adaptation: the name of the
+    ShareAlike licence of one of its sets (all ShareAlike sets of a dataset share one here), else ""."""
+    names = {s.licence.name for s in IMAGE_SETS.get(dataset, ()) if s.licence.share_alike}
+    if len(names) > 1:
+        raise ValueError(f"{dataset}: images under several ShareAlike licences {sorted(names)} cannot share a figure")
+    return names.pop() if names else ""
 
 
 def image_credit(dataset) -> str:

@@ -81,7 +81,7 @@ import numpy as np
 import resvg_py
 from PIL import Image
 
-from dmlstudy.data.base import IMAGE_CREDITS, ImageListDataset, register_dataset
+from dmlstudy.data.base import ImageListDataset, ImageSetCredit, register_dataset, register_image_credit
 from dmlstudy.data.cub import read_cub
 from dmlstudy.data.embedded import encode_png, ensure_generated, parallel_map, write_cub_layout
 
@@ -105,14 +105,28 @@ DEFAULT_VIEWBOX_SIZE = 16  # Iconify's default icon width and height
 
 @dataclass(frozen=True)
 class EmojiSource:
-    """One pinned npm package of Iconify JSON: its ``integrity`` is npm's ``sha512-<base64>`` of the tarball,
-    ``licence`` the SPDX id that the package's ``info.json`` declares."""
+    """One pinned npm package of Iconify JSON and the facts its images are credited with.
+
+    ``integrity`` is npm's ``sha512-<base64>`` of the tarball. ``licence`` is the SPDX id the package's
+    metadata declares (``info.json``; ``package.json`` agrees), which a build checks the tarball against.
+    ``drawings_licence`` is the licence of the drawings, which governs our images; it differs from the metadata
+    where the upstream project licenses its code and its visual design apart, and ``licence_source`` then says
+    where the upstream states it (empty: the same as ``licence``). ``title``, ``authors``, ``project_url`` and
+    ``licence_url`` (the licence text the upstream points to; empty: the licence's own page) are what the
+    credit of a figure and ``THIRD_PARTY_NOTICES.md`` name; ``attribution`` is the same credit in one line.
+    """
 
     package: str
     version: str
     integrity: str
     licence: str
     attribution: str
+    title: str = ""
+    authors: str = ""
+    project_url: str = ""
+    drawings_licence: str = ""
+    licence_url: str = ""
+    licence_source: str = ""
 
     @property
     def family(self) -> str:
@@ -128,6 +142,20 @@ class EmojiSource:
         """The file name ``npm pack`` gives the tarball (``@scope/name`` → ``scope-name-<version>.tgz``)."""
         return f"{self.package.lstrip('@').replace('/', '-')}-{self.version}.tgz"
 
+    @property
+    def image_licence(self) -> str:
+        """The SPDX id of the licence that governs the images: the drawings' licence, else the metadata's."""
+        return self.drawings_licence or self.licence
+
+    @property
+    def credit(self) -> ImageSetCredit:
+        return ImageSetCredit(
+            title=self.title or self.family,
+            authors=self.authors or "its authors",
+            spdx=self.image_licence,
+            licence_url=self.licence_url,
+        )
+
 
 EMOJI_SOURCES: tuple[EmojiSource, ...] = (
     EmojiSource(
@@ -136,6 +164,9 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "sha512-vXdhkqcXVSO6suy+m9LbcUM3OdVyuNOtpV8/als/WqfkQIRxevL5Geb/g+6GH/Qwnq1OqksEmaDGTCmZ5nFKJQ==",
         "CC-BY-SA-4.0",
         "OpenMoji by HfG Schwäbisch Gmünd (https://github.com/hfg-gmuend/openmoji), CC BY-SA 4.0",
+        title="OpenMoji",
+        authors="HfG Schwäbisch Gmünd",
+        project_url="https://github.com/hfg-gmuend/openmoji",
     ),
     EmojiSource(
         "@iconify-json/twemoji",
@@ -143,6 +174,9 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "sha512-uKpuIEV0v6K5BW3Mjdyl+XKFVAbbcPxAgifKvEMtZoUZB5+YiY5zaMm2uNNCxyXzAWU9yNLlj41WU6/mvgALsw==",
         "CC-BY-4.0",
         "Twemoji by Twitter, Inc. and other contributors (https://github.com/jdecked/twemoji), CC BY 4.0",
+        title="Twemoji",
+        authors="Twitter, Inc. and other contributors",
+        project_url="https://github.com/jdecked/twemoji",
     ),
     EmojiSource(
         "@iconify-json/noto",
@@ -150,6 +184,9 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "sha512-DQiuXENbun41ch+XPSV55H9FaWKpHTyz46YIKtSaKYD4fIDDzL1tR6H4np/T38jfrTAeI3rcKF0mqHYeZVAuaw==",
         "Apache-2.0",
         "Noto Emoji by Google Inc. (https://github.com/googlefonts/noto-emoji), Apache License 2.0",
+        title="Noto Emoji",
+        authors="Google Inc.",
+        project_url="https://github.com/googlefonts/noto-emoji",
     ),
     EmojiSource(
         "@iconify-json/noto-v1",
@@ -157,6 +194,9 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "sha512-/DsVMius69Q0fRS53z7QK1TROSuar606jiIx+laXtdsYGMXpf6LtHBx6CGfoo3UHHb/XpBsw+1L1x3eyPqMuVA==",
         "Apache-2.0",
         "Noto Emoji v1 by Google Inc. (https://github.com/googlefonts/noto-emoji), Apache License 2.0",
+        title="Noto Emoji v1",
+        authors="Google Inc.",
+        project_url="https://github.com/googlefonts/noto-emoji",
     ),
     EmojiSource(
         "@iconify-json/fluent-emoji-flat",
@@ -164,6 +204,10 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "sha512-RY47RgPb47fYUiyrA64sIOL0+UU02s29sXpNBbIQRBUlPlfNFTKUmZDERGuxDs/7yNGWqQYvuaSYM1M4fRXlUw==",
         "MIT",
         "Fluent Emoji (flat) by Microsoft Corporation (https://github.com/microsoft/fluentui-emoji), MIT License",
+        title="Fluent Emoji (flat)",
+        authors="Microsoft Corporation",
+        project_url="https://github.com/microsoft/fluentui-emoji",
+        licence_url="https://github.com/microsoft/fluentui-emoji/blob/main/LICENSE",
     ),
     EmojiSource(
         "@iconify-json/emojione",
@@ -171,6 +215,9 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "sha512-T9+T3HIbJNLKKsmxYKlaYhvnHYkz/HNYTV7SHCXVZPfeUi4FqskY70YeN8yYAZT8cCv7w5vJxS4Q1m8zb9CMMg==",
         "CC-BY-4.0",
         "Emoji One 2.3 (colored) by Emoji One (https://github.com/EmojiTwo/emojitwo), CC BY 4.0",
+        title="Emoji One 2.3 (colored)",
+        authors="Emoji One",
+        project_url="https://github.com/EmojiTwo/emojitwo",
     ),
     EmojiSource(
         "@iconify-json/emojione-v1",
@@ -178,13 +225,21 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "sha512-UjI2VQEXVtGlPBvQuxEizro7QCgBcJDOYwKUupquvvZ8UV4xOlvm45IU82JYWegiAWLerY79gFLMZ26U6Ms+ww==",
         "CC-BY-SA-4.0",
         "Emoji One 1.5 by Emoji One (https://github.com/joypixels/emojione-legacy), CC BY-SA 4.0",
+        title="Emoji One 1.5",
+        authors="Emoji One",
+        project_url="https://github.com/joypixels/emojione-legacy",
     ),
     EmojiSource(
         "@iconify-json/fxemoji",
         "1.2.2",
         "sha512-UAasRaxzFUKfIGSmLwnoarsssA4LX0VLLuEmplIqM6ZNQqIQRtav8tZ4H1neTlBreXuMQyAifr5jP4kn78DpiQ==",
         "Apache-2.0",
-        "Firefox OS Emoji by Mozilla (https://github.com/mozilla/fxemoji), Apache License 2.0",
+        "Firefox OS Emoji by Mozilla (https://github.com/mozilla/fxemoji), CC BY 4.0 (drawings; code Apache-2.0)",
+        title="Firefox OS Emoji",
+        authors="Mozilla",
+        project_url="https://github.com/mozilla/fxemoji",
+        drawings_licence="CC-BY-4.0",
+        licence_source='https://mozilla.github.io/fxemoji/LICENSE.md, section "License for the Visual Design"',
     ),
     EmojiSource(
         "@iconify-json/streamline-emojis",
@@ -192,14 +247,17 @@ EMOJI_SOURCES: tuple[EmojiSource, ...] = (
         "sha512-iNr9T9XuZVTyQPJO8ZlLxBzPkpi7qMl+z1l0C31vpEMqhPMelth3n7CeWQYtixdetDPdI81yeG4ROqjWpYJE6A==",
         "CC-BY-4.0",
         "Streamline Emojis by Streamline (https://github.com/webalys-hq/streamline-vectors), CC BY 4.0",
+        title="Streamline Emojis",
+        authors="Streamline",
+        project_url="https://github.com/webalys-hq/streamline-vectors",
     ),
 )
 
-IMAGE_CREDITS["emoji"] = (
-    "Emoji images: "
-    + "; ".join(f"{source.family} ({source.licence})" for source in EMOJI_SOURCES)
-    + ". Authors and licences: docs/datasets/emoji.md"
+IMAGE_CHANGES = (
+    f"drawings from {len(EMOJI_SOURCES)} emoji sets, rendered to {IMAGE_SIZE} px PNGs on white (changes made); "
+    "figures resize them and may add frames, lines and heat-map overlays"
 )
+register_image_credit("emoji", [source.credit for source in EMOJI_SOURCES], changes=IMAGE_CHANGES)
 
 
 class EmojiFetchError(RuntimeError):
@@ -615,15 +673,22 @@ class EmojiGenerator:
         } | ({"test_families": sorted(self.test_families)} if self.test_families else {})
 
     def load_sets(self) -> list[IconSet]:
-        """The verified sets (downloaded when missing); a declared licence other than the recorded one is an error."""
+        """The verified sets (downloaded when missing).
+
+        The licence a package's metadata declares must be the recorded metadata licence (``source.licence``),
+        else the recorded facts are stale and the build stops. The drawings' licence is a separate recorded fact
+        (``source.image_licence``, sourced by ``source.licence_source`` where it differs from the metadata): a
+        package cannot declare it, so it is not read from the tarball.
+        """
         tarballs = fetch_sources(self.cache_dir, self.sources)
         icon_sets = []
         for source in self.sources:
             icon_set = read_icon_set(tarballs[source.family], source.family)
             if icon_set.licence != source.licence:
                 raise EmojiFetchError(
-                    f"emoji: {source.spec} declares the licence {icon_set.licence!r}, but {source.licence!r} is "
-                    "recorded for it; the dataset card and attribution would be wrong, so nothing was built."
+                    f"emoji: {source.spec}'s metadata declares the licence {icon_set.licence!r}, but "
+                    f"{source.licence!r} is recorded as its metadata licence; the dataset card and attribution "
+                    "would be wrong, so nothing was built."
                 )
             icon_sets.append(icon_set)
         return icon_sets
@@ -694,6 +759,12 @@ class EmojiGenerator:
                     "version": s.version,
                     "integrity": s.integrity,
                     "licence": s.licence,
+                    "drawings_licence": s.image_licence,
+                    "licence_url": s.credit.url,
+                    "licence_source": s.licence_source,
+                    "title": s.credit.title,
+                    "authors": s.credit.authors,
+                    "project_url": s.project_url,
                     "attribution": s.attribution,
                     "images": per_family[s.family],
                 }

@@ -1,11 +1,13 @@
 """``figures/README.md``: every figure of the study, grouped by the notebook that made it (from its file-name
-prefix), with the plan entry and executed notebook it came from."""
+prefix), with the plan entry and executed notebook it came from, a one-line caption (:data:`FIGURE_CAPTIONS`)
+and the credit of the dataset images it shows (:data:`DATASET_IMAGE_FIGURES`), or "no dataset images"."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from dmlstudy.config import load_yaml
+from dmlstudy.data.base import IMAGE_CREDITS, adaptation_licence
 from dmlstudy.paths import project_root
 
 FIGURE_PREFIXES = {  # file-name prefix → the notebook that writes figures with it (in notebook order)
@@ -25,6 +27,85 @@ FIGURE_COMMANDS = {  # figures that no notebook draws → the command that write
     "tuning_best_so_far.png": "`make tune` (`dmlstudy tune plans/tune.yaml`)",
     "tuning_best_so_far_pretrained.png": "`make tune` (`dmlstudy tune plans/tune_pretrained.yaml`)",
 }
+
+
+FIGURE_CAPTIONS = {  # figure name, or a prefix ending in "_" followed by the dataset → what it shows, what to read
+    "crt_transform.png": "CRT's forward pass drawn: codes, prototypes, the two branches and the three losses.",
+    "crt_spectrum_": "Normalised singular-value spectra of the CRT variants' test embeddings (first seed), ρ in the "
+    "legend; a curve that stays high longer uses more dimensions.",
+    "crt_heatmaps.png": "Code heat maps of the most spatially selective CRT prototypes over test images; read which "
+    "prototypes fire on the object and which on the background.",
+    "crt_prototype_correlation.png": "Absolute cosine between the learned CRT prototypes; L_DIV pushes the "
+    "off-diagonal to 0.",
+    "crt_tsne.png": "t-SNE of the test embeddings of CRT's two branches; similar cluster structure is what L_CON asks.",
+    "diml_worked_example.png": "DIML's transport on a toy 3 × 3 example: at ε = 0.05 the plan finds the shifted "
+    "diagonal, at ε = 0.5 it blurs; cross-correlation marginals move mass to matching cells.",
+    "diml_truncation.png": "Re-ranking metrics against the number K of re-ranked neighbours.",
+    "diml_grid_size.png": "Re-ranking metrics against the grid size G of the structural similarity.",
+    "diml_transport_plans.png": "Queries and their top retrievals side by side with the transport plan as lines "
+    "between grid cells and the marginals as heat maps; read which regions DIML matches.",
+    "diml_cost.png": "Wall-clock cost of DIML's re-ranking against K and G (machine-dependent).",
+    "cross_attention_hierarchy.png": "The cross-attention hierarchy drawn for one pair: each level queries with the "
+    "other image's previous level.",
+    "cross_attention_grid_": "R@1 of each similarity level sⁿ (columns) for models trained with n blocks (rows) on "
+    "a test subset; compare within the grid.",
+    "cross_attention_maps.png": "Attention over an image conditioned on a same-class and an other-class image, and "
+    "their difference, per block; read how the map changes with the conditioning image.",
+    "cross_attention_parts.png": "For a query cell (orange), the most similar cells of other test images, framed blue "
+    "(same class) or vermillion; more blue than chance means local features describe parts.",
+    "dgcrl_toy_decorrelation.png": "DGCRL's decorrelation on three 3-D centres: the paper's push makes them "
+    "orthogonal, the authors' code regulariser more slowly; right: with the softmax loss.",
+    "dgcrl_alpha_sweep.png": "DGCRL's R@K and training accuracy against α.",
+    "dgcrl_loss_curves.png": "Training curves of the DGCRL variants at equal settings.",
+    "dgcrl_tsne.png": "t-SNE of unseen test classes per DGCRL variant; tight, separated clusters are what R@1 rewards.",
+    "claims_forest.png": "Each headline claim's Δ with its interval against the grey ±margin band; the colour is the "
+    "claim's outcome, a black ring a verdict that survives Holm's adjustment.",
+    "compare_spectrum_": "Singular-value spectra of every method's test embeddings (first seed), ρ in the legend; a "
+    "curve that stays high longer uses more dimensions.",
+    "compare_tsne.png": "t-SNE of the first test classes' embeddings, one panel per method (first seed).",
+    "compare_umap.png": "UMAP of the first test classes' embeddings, one panel per method (first seed).",
+    "compare_recall_vs_time.png": "Each method's R@1 against its training wall-clock time; up and left is better.",
+    "tuning_best_so_far": "Best validation R@1 found so far against tuning trials, per method; a flat tail means the "
+    "budget sufficed.",
+}
+DATASET_IMAGE_FIGURES = {  # figures that show images of the study's first dataset
+    "crt_heatmaps.png",
+    "diml_transport_plans.png",
+    "cross_attention_maps.png",
+    "cross_attention_parts.png",
+}
+
+
+def figure_caption(name: str) -> str:
+    """The caption of figure ``name``: its own entry of :data:`FIGURE_CAPTIONS`, else the longest matching prefix."""
+    if name in FIGURE_CAPTIONS:
+        return FIGURE_CAPTIONS[name]
+    matches = [key for key in FIGURE_CAPTIONS if not key.endswith(".png") and name.startswith(key)]
+    return FIGURE_CAPTIONS[max(matches, key=len)] if matches else ""
+
+
+def plan_datasets(study: str) -> list[str]:
+    """The datasets of the protocol of ``plans/<study>.yaml`` (empty when no such plan)."""
+    plan = project_root() / "plans" / f"{study}.yaml"
+    if not plan.is_file():
+        return []
+    return list(((load_yaml(plan.read_text()) or {}).get("protocol") or {}).get("datasets") or [])
+
+
+def figure_credit(name: str, datasets: list[str]) -> str:
+    """The credit line of figure ``name`` in a study on ``datasets``: "no dataset images", or the dataset whose
+    images it shows, the licence the figure carries when they include ShareAlike drawings, and where the full
+    credit is."""
+    if name not in DATASET_IMAGE_FIGURES:
+        return "no dataset images"
+    if not datasets:
+        return "shows dataset images; their credit is in the PNG's metadata"
+    dataset = datasets[0]
+    if not IMAGE_CREDITS.get(dataset):
+        return f"images of the generated `{dataset}` set (no third-party images)"
+    licence = adaptation_licence(dataset)
+    marked = f"; licensed {licence} as an adaptation of {licence} drawings" if licence else ""
+    return f"shows `{dataset}` images{marked}; full credit under Image credit below, in the figure and in the PNG's metadata"
 
 
 def figure_notebook(name: str) -> str | None:
@@ -49,6 +130,7 @@ def figures_readme(folder: str | Path, *, study: str = "") -> str:
     notebook ``runs/<study>/<entry>/<notebook>``, whose cells list the runs each figure was drawn from."""
     folder = Path(folder)
     entries = plan_entries(study) if study else {}
+    datasets = plan_datasets(study) if study else []
     names = sorted(path.name for path in folder.glob("*.png"))
     order = list(dict.fromkeys(FIGURE_PREFIXES.values()))
     by_notebook: dict[str | None, list[str]] = {}
@@ -77,9 +159,21 @@ def figures_readme(folder: str | Path, *, study: str = "") -> str:
                 if notebook
                 else f"made by {FIGURE_COMMANDS.get(name, 'an unknown command (no known file-name prefix)')}"
             )
-            lines += [f"**{name}** — {made_by}", "", f"![]({name})", ""]
+            caption = figure_caption(name)
+            lines += [
+                f"**{name}** — {made_by}",
+                "",
+                *([caption] if caption else []),
+                f"Credit: {figure_credit(name, datasets)}.",
+                "",
+                f"![]({name})",
+                "",
+            ]
     if not names:
         lines += ["(no figures yet)", ""]
+    credited = [d for d in datasets[:1] if IMAGE_CREDITS.get(d) and DATASET_IMAGE_FIGURES & set(names)]
+    for dataset in credited:
+        lines += ["## Image credit", "", IMAGE_CREDITS[dataset], ""]
     return "\n".join(lines)
 
 
