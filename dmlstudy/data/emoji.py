@@ -979,7 +979,7 @@ def _register_variant(variant: str, settings: Mapping[str, Any]) -> None:
         f"Emoji, {', '.join(f'{k} = {v}' for k, v in settings.items())}: a perturbation of the default build."
     )
     register_dataset(variant)(build_variant)
-    IMAGE_CREDITS[variant] = IMAGE_CREDITS["emoji"]
+    register_image_credit(variant, [source.credit for source in EMOJI_SOURCES], changes=IMAGE_CHANGES)
 
 
 for _variant, _settings in EMOJI_VARIANTS.items():
