@@ -260,7 +260,7 @@ def _extract(archive: Path, into: Path) -> None:
                     raise FetchError(f"unpacking {archive}: refused member {member.name!r} (link, device or outside)")
             tar.extractall(into)  # noqa: S202 - every member checked above
     except (tarfile.TarError, EOFError, OSError) as error:
-        raise FetchError(f"unpacking {archive}: not a readable archive ({error})") from None
+        raise FetchError(f"unpacking {archive}: {error}") from None
 
 
 def unpack(archive: Path, target: Path, *, member: str, check: Callable[[Path], None]) -> Path:
@@ -328,12 +328,15 @@ def fetch(
     echo(f"{name}: downloading {source} into {folder}")
     try:
         download(source, file, md5=archive.md5, progress=progress, timeout=timeout)
-        echo(f"{name}: MD5 {archive.md5} verified; unpacking")
-        unpack(file, target, member=archive.member, check=lambda path: _read_every_split(name, path))
     except BaseException:
         if created and not any(folder.iterdir()):
             folder.rmdir()
         raise
+    echo(f"{name}: MD5 {archive.md5} verified; unpacking")
+    try:
+        unpack(file, target, member=archive.member, check=lambda path: _read_every_split(name, path))
+    except FetchError as error:
+        raise FetchError(f"{error}\nThe verified archive is kept: {file}") from None
     if not keep_archive:
         file.unlink()
     echo(present(name, root))
