@@ -181,7 +181,7 @@ def _open(url: str, offset: int, timeout: float) -> http.client.HTTPResponse | N
         raise FetchError(f"downloading {url}: HTTP {error.code} {error.reason}") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise FetchError(f"downloading {url}: cannot connect ({reason}); nothing was written") from None
+        raise FetchError(f"downloading {url}: cannot connect ({reason}); nothing more was written") from None
 
 
 def download(url: str, target: Path, *, md5: str, progress: bool = True, timeout: float = TIMEOUT_S) -> Path:
@@ -248,7 +248,8 @@ def download(url: str, target: Path, *, md5: str, progress: bool = True, timeout
 # Unpacking
 # ----------------------------------------------------------------------------------------------
 def _extract(archive: Path, into: Path) -> None:
-    """Extract ``archive`` into ``into``; members that would land outside it, links and devices are refused."""
+    """Extract ``archive`` into ``into`` under tarfile's ``data`` filter: members or links that would reach outside
+    it, and devices, are refused."""
     try:
         with tarfile.open(archive, "r:*") as tar:
             if hasattr(tarfile, "data_filter"):
