@@ -1,4 +1,5 @@
-"""The ``dmlstudy`` command: ``train``, ``list``, ``data generate``, ``study run``, ``study table`` and ``tune``.
+"""The ``dmlstudy`` command: ``train``, ``list``, ``data generate``, ``data fetch``, ``study run``, ``study table``
+and ``tune``.
 
 ``dmlstudy train --method ms --epochs 8 --steps-per-epoch 0 --train-classes 0 --test-classes 0`` runs
 :func:`dmlstudy.train.run` (with no options: the CI-sized run of TrainConfig's defaults); every field of
@@ -143,6 +144,18 @@ def _generate(args: argparse.Namespace) -> int:
             from dmlstudy.data.emoji import fingerprint_report
 
             print(fingerprint_report(root / name))
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from dmlstudy.data.fetch import NotDownloadable, fetch
+    from dmlstudy.paths import data_root
+
+    try:
+        fetch(args.name, args.data_root or data_root(), url=args.url, keep_archive=args.keep_archive)
+    except NotDownloadable as where_to_get_it:
+        print(where_to_get_it)
+        return 1
     return 0
 
 
@@ -384,6 +397,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--data-root", default="", help="where datasets live [default: <project>/data]")
     generate.set_defaults(handler=_generate)
+    fetch = data_commands.add_parser(
+        "fetch",
+        help="download a real benchmark (cub200), or say where to get it (cars196, sop, inshop) and where it goes",
+        description="cub200: download CUB-200-2011 from its publisher (resumable), verify its MD5, unpack it into "
+        "<data root>/cub200/ and read it back. cars196, sop, inshop: no stable URL with a checksum is published; "
+        "prints where to get them, the expected layout and the folder. A dataset already in place is only read.",
+    )
+    fetch.add_argument("name", help="cub200, cars196, sop or inshop")
+    fetch.add_argument("--data-root", default="", help="where datasets live [default: <project>/data]")
+    fetch.add_argument(
+        "--url", default="", help="download from this URL instead (a mirror; or DMLSTUDY_<NAME>_URL); same checksum"
+    )
+    fetch.add_argument("--keep-archive", action="store_true", help="keep the downloaded archive after unpacking")
+    fetch.set_defaults(handler=_fetch)
 
     study = commands.add_parser("study", help="run plans of notebooks and gather their tables")
     study_commands = study.add_subparsers(dest="study_command", required=True)
