@@ -255,3 +255,14 @@ def test_the_stem_cache_counts_images_times_views_and_leaves_the_activations_alo
     trunk_cache.stem_activation_split(split, stem, folder=tmp_path / "shown", progress=True, **options)
     read = Recorded.bars[-1]
     assert (read.total, read.n, [step for step in read.steps if step]) == (27, 27, [9, 9, 9]), "a view read whole"
+
+
+def test_the_emoji_download_says_what_it_waits_for_before_npm_answers(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from dmlstudy.data import emoji
+
+    monkeypatch.setattr(emoji, "npm_command", lambda: [sys.executable, "-c", "import sys; sys.exit(1)"])
+    with pytest.raises(emoji.EmojiFetchError):
+        emoji.fetch_sources(tmp_path / "cache", emoji.EMOJI_SOURCES[:2])
+    assert "emoji: downloading 2 of 2 npm packages (npm pack)" in capsys.readouterr().err
