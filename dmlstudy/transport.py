@@ -17,7 +17,7 @@ similarities), :func:`pairwise_structural_similarity` (all pairs of two sets of 
 :mod:`dmlstudy.methods.diml`) and :func:`candidate_structural_similarity` (query–candidate pairs: test-time
 re-ranking, :mod:`dmlstudy.reranking`).
 
-Decisions where the paper and the study notes leave room (all stated again where they act):
+Decisions where the paper leaves room (all stated again where they act):
 
 * Marginals: a weight vector whose sum is not positive (every cell anti-correlated with the other
   image) falls back to uniform ``1/G²``, so both marginals always sum to 1 (a balanced problem that

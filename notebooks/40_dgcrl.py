@@ -35,7 +35,7 @@
 #    |Ω| = C(C−1)): a step removes from $w_i$ its components along the other centres, and the push vanishes
 #    once they are orthogonal.
 #
-# **Our choices** (`dmlstudy/methods/dgcrl.py`, project notes §4): the feature is the concatenation of the
+# **Our choices** (`dmlstudy/methods/dgcrl.py`): the feature is the concatenation of the
 # separately L2-normalised global-average and global-max pooled backbone maps, **projected to d = 128**
 # (the study's protocol fixes d for every method; the paper uses the raw 2C-dimensional feature); centres
 # are initialised like an FC layer and trained at the protocol's head learning rate. Three decorrelations:

@@ -16,8 +16,9 @@
 #
 # Each of the four papers reports its method beside numbers copied from other papers — other backbones,
 # image sizes, embedding sizes, batches, schedules. Here every method is trained under **one protocol**
-# (printed above each table): the same backbone (randomly initialised), image size, embedding size $d$,
-# P × M batch, epochs and seeds, and every number is a mean ± std over seeds.
+# (printed above each table): the same backbone started the same way (the protocol's regime: in the default
+# study an ImageNet-pretrained EfficientNet-Lite0 whose last stage is fine-tuned, `dmlstudy/regimes.py`), image
+# size, embedding size $d$, P × M batch, epochs and seeds, and every number is a mean ± std over seeds.
 #
 # The rows (the table below lists those of this run, from the method registry, `dmlstudy.methods.method_info`):
 # every registered method has a label, a group (paper method or classic baseline), its paper and a one-line

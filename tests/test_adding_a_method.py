@@ -1,10 +1,12 @@
 """docs/adding_a_method.md, followed as written: its example file (taken from the page itself, and equal to
 examples/methods/circle.py) registers as a plugin, builds, is tuned by a CI-sized tuning plan that takes its rows
 from a study plan's comparison, and trains in the comparison's classic rows with its tuned values, which its
-run's config.yaml attributes to the tuned-values file."""
+run's config.yaml attributes to the tuned-values file; the page's claim (its claims.yaml entry) loads and is
+judged on the row's runs against the MS runs."""
 
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,8 @@ import dmlstudy.methods as methods
 from dmlstudy import engine
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments import compare, tables
-from dmlstudy.experiments.protocol import UntunedRowWarning, resolve_run, run_grid
+from dmlstudy.experiments.claims import claims_table, load_claims
+from dmlstudy.experiments.protocol import UntunedRowWarning, resolve_run, results_frame, run_grid
 from dmlstudy.experiments.rows import rows_markdown
 from dmlstudy.methods import METHOD_INFO, METHODS, build_method, method_info
 from dmlstudy.models import build_backbone
@@ -28,12 +31,19 @@ EXAMPLE = ROOT / "examples" / "methods" / "circle.py"
 MODULE = "recipe_circle"  # the example's module name here, unlike any module on the path
 
 
+def recipe_block(marker: str, language: str) -> str:
+    """The ``language`` code block that follows the page's ``<!-- marker -->``."""
+    text = RECIPE.read_text(encoding="utf-8")
+    assert f"<!-- {marker} -->" in text, f"the recipe has its {marker!r} marker"
+    after = text.split(f"<!-- {marker} -->", 1)[1]
+    block = re.match(rf"\s*```{language}\n(.*?)\n```", after, re.DOTALL)
+    assert block, f"the recipe's {language} block follows its {marker!r} marker"
+    return block.group(1) + "\n"
+
+
 def recipe_example() -> str:
     """The Python block that follows the page's ``<!-- example: examples/methods/circle.py -->`` marker."""
-    after = RECIPE.read_text(encoding="utf-8").split("<!-- example: examples/methods/circle.py -->", 1)[1]
-    block = re.match(r"\s*```python\n(.*?)\n```", after, re.DOTALL)
-    assert block, "the recipe's example block follows its marker"
-    return block.group(1) + "\n"
+    return recipe_block("example: examples/methods/circle.py", "python")
 
 
 @pytest.fixture
@@ -135,14 +145,15 @@ def test_the_recipes_method_builds_tunes_and_trains_in_the_comparison_with_its_t
         study="recipe", methods=["ms"], classic_methods=[circle], tuned=str(tmp_path / "tuned"), umap=False, tsne=False
     )
     with pytest.warns(UntunedRowWarning, match=r"row 'ms' has no tuned values in .*cub200\.yaml \(scratch regime\)"):
-        compare.main_grid(config)  # ms was not tuned here: said, and listed in the protocol line
+        main = compare.main_grid(config)  # ms was not tuned here: said, and listed in the protocol line
     assert "untuned rows (lr 0.004, paper defaults): ms (cub200)" in config.protocol.protocol_text()
     [(row, run_config)] = compare.classic_grid(config)
     assert row == circle and run_config.lr == tuned["lr"] and run_config.method_kwargs == tuned["method_kwargs"]
     origins = resolve_run(config.protocol, dataset="cub200", method=circle, seed=0, name=circle).origins
     assert origins["lr"] == origins["method_kwargs.margin"] == f"tuned: {tuned_file}"
 
-    [(_, result)] = run_grid([(row, run_config)])
+    results = run_grid([(row, run_config), *main])
+    [result] = [result for name, result in results if name == circle]
     record = (result.run_dir / "config.yaml").read_text()
     assert re.search(rf"^lr: {tuned['lr']!r}  # tuned: {re.escape(str(tuned_file))}$", record, re.MULTILINE)
     stored = load_yaml(record)
@@ -152,3 +163,15 @@ def test_the_recipes_method_builds_tunes_and_trains_in_the_comparison_with_its_t
     table = tables.comparison_table(tables.comparison_frame([], [(row, result)], [], methods=config.methods))
     assert table["method"].tolist() == ["Circle loss"] and table.loc[0, "group"] == "classic"
     assert "| Circle loss (`circle`) | Pooled features → linear → L2-norm" in rows_markdown(config)
+
+    claims_file = tmp_path / "claims.yaml"  # the page's claim, as an entry under `claims:` of claims.yaml
+    claims_file.write_text(
+        "claims:\n" + textwrap.indent(recipe_block("claim: dmlstudy/experiments/claims.yaml", "yaml"), "  ")
+    )
+    [claim] = load_claims(claims_file)
+    assert (claim.a, claim.b, claim.runs) == (circle, "ms", "protocol")
+    runs = results_frame(results)
+    [judged] = claims_table(runs, claims=[claim], regime=config.protocol.regime).to_dict("records")
+    assert (judged["A"], judged["B"], judged["seeds"]) == (circle, "ms", 1), judged["verdict"]
+    r1 = runs.set_index("variant")["R@1"]
+    assert judged["Δ"] == pytest.approx(100 * (r1[circle] - r1["ms"]), abs=0.01), "the claim reads the rows' runs"

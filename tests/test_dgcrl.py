@@ -1,4 +1,4 @@
-"""DGCRL (seed 004): the N-S layer, the margin, the Gram–Schmidt hook, the authors' clamp, GCRL's distance form,
+"""DGCRL: the N-S layer, the margin, the Gram–Schmidt hook, the authors' clamp, GCRL's distance form,
 each against a slow loop or a closed form; every variant trains a step through ``train.run``."""
 
 import copy

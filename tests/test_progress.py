@@ -200,3 +200,69 @@ def test_plan_progress_keeps_ticking_during_a_long_entry(tmp_path):
         shown.done()
         shown.poll(now=1.0)
         assert "running" not in str(shown.bar.postfix)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the frozen stem's cache (dmlstudy.models.trunk_cache.stem_activation_split): minutes on a CPU, so a bar
+
+
+class _ToySource:
+    """Three classes of three images: what a TensorImageSplit reads of its source besides the pixels."""
+
+    labels = np.repeat(np.arange(3), 3)
+    paths = [f"{index}.png" for index in range(9)]
+    class_names = ["a", "b", "c"]
+    name, flip_invariant = "toy", False
+
+
+def test_the_stem_cache_counts_images_times_views_and_leaves_the_activations_alone(tmp_path, monkeypatch, capsys):
+    from tqdm.std import tqdm
+
+    from dmlstudy.data.tensor_cache import TensorImageSplit
+    from dmlstudy.models import trunk_cache
+
+    class Recorded(tqdm):
+        bars: list = []
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.steps = []
+            Recorded.bars.append(self)
+
+        def update(self, n=1):
+            self.steps.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(trunk_cache, "tqdm", Recorded)
+    torch.manual_seed(0)
+    stem = trunk_cache.StemCachedBackbone(pretrained=False).eval()
+    images = torch.randint(0, 256, (9, 3, 40, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    split = TensorImageSplit(_ToySource(), images)
+    options = dict(dataset_digest="toy", image_size=32, training_views=2, chunk=4)
+
+    quiet = trunk_cache.stem_activation_split(split, stem, folder=tmp_path / "quiet", progress=False, **options)
+    assert capsys.readouterr().err == ""
+    unasked = trunk_cache.stem_activation_split(split, stem, folder=tmp_path / "unasked", **options)
+    assert capsys.readouterr().err == "", "shown only on a terminal unless asked"
+
+    shown = trunk_cache.stem_activation_split(split, stem, folder=tmp_path / "shown", progress=True, **options)
+    bar = Recorded.bars[-1]
+    assert (bar.total, bar.n) == (9 * 3, 9 * 3)  # 9 images × (2 training views + the test view)
+    assert [step for step in bar.steps if step] == [4, 4, 1] * 3, "advanced chunk by chunk as the stem computes"
+    assert "stem activations of toy (2 training views + the test view)" in capsys.readouterr().err
+    assert torch.equal(shown.images, quiet.images) and torch.equal(unasked.images, quiet.images)
+
+    trunk_cache.stem_activation_split(split, stem, folder=tmp_path / "shown", progress=True, **options)
+    read = Recorded.bars[-1]
+    assert (read.total, read.n, [step for step in read.steps if step]) == (27, 27, [9, 9, 9]), "a view read whole"
+
+
+def test_the_emoji_download_says_what_it_waits_for_before_npm_answers(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from dmlstudy.data import emoji
+
+    monkeypatch.setattr(emoji, "npm_command", lambda: [sys.executable, "-c", "import sys; sys.exit(1)"])
+    with pytest.raises(emoji.EmojiFetchError):
+        emoji.fetch_sources(tmp_path / "cache", emoji.EMOJI_SOURCES[:2])
+    assert "emoji: downloading 2 of 2 npm packages (npm pack)" in capsys.readouterr().err

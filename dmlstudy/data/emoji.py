@@ -70,6 +70,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -325,6 +326,11 @@ def fetch_sources(
     ]
     if missing:
         command = [*npm_command(), "pack", *(s.spec for s in missing), "--pack-destination", str(cache), "--json"]
+        print(
+            f"emoji: downloading {len(missing)} of {len(sources)} npm packages (npm pack) …",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             done = subprocess.run(command, cwd=cache, capture_output=True, text=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:

@@ -1,5 +1,5 @@
 """CRT: coded residual transform (Kan et al., "Coded Residual Transform for Generalizable Deep Metric
-Learning", NeurIPS 2022; seed 001, study notes §1).
+Learning", NeurIPS 2022).
 
 The backbone's feature map ``X`` (``B × C × H × W``) is read as ``HW`` tokens ``x_j ∈ R^C``. Against ``K``
 learned prototypes ``c_k`` each token is coded by ``a_jk = softplus(x_jᵀ c_k) = log(1 + exp(x_jᵀ c_k))`` and
@@ -17,7 +17,7 @@ share the backbone: branch 1 (``K1`` prototypes, ``d`` = ``embedding_dim``, used
     L_CON = mean_{i,j} |S¹_ij − S²_ij|,  S^b = cosine-similarity matrix of branch b's batch
 
 λ1 = 1, λ2 = 0.9, K1 = K2 = 64 (the paper's defaults). The paper writes L_CON = ‖S¹ − S²‖₁; we take the
-mean over the N² entries (a sum would swamp the other terms; notes §1).
+mean over the N² entries (our decision: a sum would swamp the other terms).
 
 Decisions where the paper is silent (each is a keyword argument):
 

@@ -137,7 +137,7 @@ def centralized_ranking_loss(
 
 
 def gram_schmidt_gradient(gradient: torch.Tensor, centres: torch.Tensor, *, weight: float = 0.1) -> torch.Tensor:
-    """The ``paper`` decorrelation hook (our reading of Eq. 12–13; notes §4), for gradient and centres ``C × D``.
+    """The ``paper`` decorrelation hook (our reading of Eq. 12–13, module docstring), for gradient and centres ``C × D``.
 
     ``g_i ← g_i − (⟨g_i, w_i⟩ / ‖w_i‖²) w_i + (λ / (C(C−1))) Σ_{j≠i} ⟨w_i, ŵ_j⟩ ŵ_j`` with λ = ``weight``.
     """

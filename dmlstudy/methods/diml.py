@@ -2,7 +2,7 @@
 entropic optimal transport.
 
 Zhao, Rao, Lu, Zhou: "Towards Interpretable Deep Metric Learning with Structural Matching", ICCV 2021
-(and its supplement, seed 002). Every image gets, next to its global embedding z̄ (the model's normal
+(and its supplementary material). Every image gets, next to its global embedding z̄ (the model's normal
 embedding), a G × G grid of local embeddings ẑ_i (:func:`embed_feature_map`), and two images are compared by
 how well their grids can be matched: the structural similarity ``s_struct = Σ_ij T_ij S_ij`` (Eq. 6) of the
 entropic transport plan T between their cells (Eq. 4, supplement Eq. A.1–A.3), computed in
@@ -14,7 +14,7 @@ are re-ranked by ``cos + s_struct`` (:mod:`dmlstudy.reranking`, on the grid embe
 :func:`embed_grid_dataset`); this works on *any* model with a ``backbone`` and a linear ``embedding`` layer
 (the plain baseline included: its embedding layer is applied per cell).
 
-Decisions where the paper and the study notes leave room (all stated again where they act; those of the
+Decisions where the paper leaves room (all stated again where they act; those of the
 transport itself are in :mod:`dmlstudy.transport`):
 
 * Grid: adaptive average pooling of the backbone map to G × G, after a bilinear upsampling to the

@@ -35,6 +35,7 @@ import torch
 from filelock import FileLock, Timeout
 from PIL import Image
 from torch import nn
+from tqdm.auto import tqdm
 
 from dmlstudy.data.batch_transforms import augment_batch, evaluation_crop, normalize_batch
 from dmlstudy.data.tensor_cache import BatchAugmentedTrain, EvaluationImages, TensorImageSplit
@@ -286,6 +287,13 @@ def _view_batches(split: TensorImageSplit, image_size: int, view: int | None, ch
             )
 
 
+def _counted(batches: Iterable[torch.Tensor], bar: tqdm) -> Iterator[torch.Tensor]:
+    """``batches`` unchanged, the bar advanced by each batch's images once the stem has taken it."""
+    for images in batches:
+        yield images
+        bar.update(len(images))
+
+
 def stem_activation_split(
     split: TensorImageSplit,
     backbone: StemCachedBackbone,
@@ -295,39 +303,51 @@ def stem_activation_split(
     image_size: int,
     training_views: int,
     chunk: int = 128,
+    progress: bool | None = None,
 ) -> StemActivationSplit:
     """``split`` as a :class:`StemActivationSplit`: ``training_views`` cached training views (0 for a split that
     is only evaluated) and the test view, each read from ``folder`` or computed once and stored there.
 
     Parallel runs share the work: a view another process is computing (its lock held) is left for later and
-    the next one taken, so two runs that start together compute different views, then read each other's."""
+    the next one taken, so two runs that start together compute different views, then read each other's.
+
+    Computing the views takes minutes on a CPU, so a tqdm bar counts images × views, with the time left: advanced
+    as the stem takes each chunk of a view it computes, and by a whole view at once for one read from ``folder``.
+    ``progress``: True shows it, False never, None (the default) when stderr is a terminal (``make study``'s
+    caching step, not a notebook's kernel or a test). The bar does not touch the activations."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     views: list[int | None] = [*range(training_views), None]
     found: dict[int | None, torch.Tensor] = {}
     pending = list(views)
     blocking = False
-    while pending:
-        waiting = []
-        for view in pending:
-            lock = FileLock(folder / f"{dataset_digest[:16]}-{image_size}-{view}.lock")
-            try:
-                lock.acquire(timeout=-1 if blocking else 0)
-            except Timeout:
-                waiting.append(view)
-                continue
-            try:
-                found[view] = cached_stem_activations(
-                    backbone,
-                    _view_batches(split, image_size, view, chunk),
-                    folder=folder,
-                    dataset_digest=dataset_digest,
-                    image_size=image_size,
-                    augmentation_seed=None if view is None else STEM_VIEW_SEED,
-                    view=0 if view is None else view,
-                )
-            finally:
-                lock.release()
-        pending, blocking = waiting, True
+    described = f"stem activations of {split.name or 'a split'} ({training_views} training views + the test view)"
+    with tqdm(
+        total=len(split) * len(views), desc=described, unit="image", disable=None if progress is None else not progress
+    ) as bar:
+        while pending:
+            waiting = []
+            for view in pending:
+                lock = FileLock(folder / f"{dataset_digest[:16]}-{image_size}-{view}.lock")
+                try:
+                    lock.acquire(timeout=-1 if blocking else 0)
+                except Timeout:
+                    waiting.append(view)
+                    continue
+                before = bar.n
+                try:
+                    found[view] = cached_stem_activations(
+                        backbone,
+                        _counted(_view_batches(split, image_size, view, chunk), bar),
+                        folder=folder,
+                        dataset_digest=dataset_digest,
+                        image_size=image_size,
+                        augmentation_seed=None if view is None else STEM_VIEW_SEED,
+                        view=0 if view is None else view,
+                    )
+                finally:
+                    lock.release()
+                bar.update(before + len(split) - bar.n)  # the rest of the view: all of it when read from folder
+            pending, blocking = waiting, True
     stacked = torch.stack([found[view] for view in views], dim=1)
     return StemActivationSplit(split, stacked)

@@ -1,4 +1,4 @@
-"""Notebook 30 (cross-image attention, seed 003): the study config, the runs, the tables and the figures.
+"""Notebook 30 (cross-image attention): the study config, the runs, the tables and the figures.
 
 ``notebooks/30_cross_attention.ipynb`` calls only the functions here. Run names follow the protocol,
 ``<dataset>-<variant>-seed<seed>``: the plain MS baseline is the variant ``ms`` and the method with every

@@ -1,4 +1,4 @@
-"""Notebook 10 (CRT, seed 001): the study config, the runs of every table, the tables, and the figures.
+"""Notebook 10 (CRT): the study config, the runs of every table, the tables, and the figures.
 
 The notebook ``notebooks/10_crt.ipynb`` calls only the functions here. Run names follow the protocol:
 ``<dataset>-<variant>-seed<seed>``; the plain MS baseline is the variant ``ms`` and CRT with its defaults

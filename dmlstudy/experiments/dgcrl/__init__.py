@@ -1,4 +1,4 @@
-"""Notebook 40 (DGCRL, seed 004): the study config, the runs of every table, the tables, readings and figures.
+"""Notebook 40 (DGCRL): the study config, the runs of every table, the tables, readings and figures.
 
 ``notebooks/40_dgcrl.ipynb`` calls only the functions here. Run names follow the protocol,
 ``<dataset>-<variant>-seed<seed>``: the MS baseline is ``ms``, DGCRL with every default is ``dgcrl`` (the
