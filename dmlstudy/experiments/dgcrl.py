@@ -54,7 +54,6 @@ from dmlstudy.experiments.kit import (
 )
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig, mean_std_table, results_frame
-from dmlstudy.experiments.rows import SHARED_VARIANTS
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
     DGCRL,
@@ -68,6 +67,7 @@ from dmlstudy.methods.dgcrl import (
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.records import seed_everything
+from dmlstudy.rows import SHARED_VARIANTS
 from dmlstudy.study import mean_std_text
 from dmlstudy.train import (
     OPTIMIZERS,
