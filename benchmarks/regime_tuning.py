@@ -26,7 +26,7 @@ import pandas as pd
 from dmlstudy.config import load_yaml
 from dmlstudy.regimes import run_prefix
 from dmlstudy.search_space import flattened
-from dmlstudy.tuning import OBJECTIVE, tuned_overrides
+from dmlstudy.tuned import OBJECTIVE, tuned_overrides
 from dmlstudy.verdicts import judge
 
 FOLDER = re.compile(

@@ -44,8 +44,8 @@ from dmlstudy import engine
 from dmlstudy.config import load_yaml
 from dmlstudy.regimes import run_prefix
 from dmlstudy.search_space import merged
+from dmlstudy.tuned import OBJECTIVE, tuned_file, tuned_overrides
 from dmlstudy.tuning import (
-    OBJECTIVE,
     best_so_far,
     load_tune_config,
     open_storage,
@@ -55,8 +55,6 @@ from dmlstudy.tuning import (
     trial_config,
     trial_values,
     trials_to_plateau,
-    tuned_file,
-    tuned_overrides,
 )
 from dmlstudy.verdicts import judge
 

@@ -36,8 +36,8 @@ from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data.base import image_credit
-from dmlstudy.experiments.rows import classic_rows, main_rows, row_info
 from dmlstudy.paths import study_outputs
+from dmlstudy.rows import classic_rows, main_rows, row_info
 
 # ----------------------------------------------------------------------------------------------
 # The study style

@@ -8,10 +8,10 @@ cluster's shared filesystem; an RDB URL (``storage="postgresql://…"``) is the 
 
 ``dmlstudy tune plans/tune.yaml`` (:func:`run_tune_plan`, configured by :class:`TuneConfig`) tunes every
 *row* of the study — a registered method or a shared variant (``softmax``: DGCRL with parts switched off) —
-on every dataset, and writes the chosen values to ``plans/tuned/<dataset>.yaml``, which the study reads
-through :func:`tuned_overrides`. A plan's rows are names, ``registry`` (every tunable row) or a study plan
-(``plans/default.yaml``: the rows its comparison shows, :func:`plan_rows`), so a method added to the study's
-comparison is tuned without editing the tuning plan.
+on every dataset, and writes the chosen values to ``plans/tuned/<dataset>.yaml`` (:mod:`dmlstudy.tuned`: the
+file's format, written here and read by the study). A plan's rows are names, ``registry`` (every tunable row)
+or a study plan (``plans/default.yaml``: the rows its comparison shows, :func:`plan_rows`), so a method added to
+the study's comparison is tuned without editing the tuning plan.
 
 Decisions:
 
@@ -63,20 +63,19 @@ from typing import Any
 
 import optuna
 import pandas as pd
-import yaml
 
 from dmlstudy import engine
 from dmlstudy import search_space as search
 from dmlstudy.config import TypedConfig, load_yaml
-from dmlstudy.experiments.rows import RERANK, SHARED_VARIANTS
-from dmlstudy.methods import VARIANT_SEARCH_SPACES, list_methods, method_info, search_space
+from dmlstudy.methods import method_info, search_space
 from dmlstudy.paths import project_file
 from dmlstudy.regimes import REGIMES, regime, regime_overrides
+from dmlstudy.rows import RERANK, SHARED_VARIANTS
 from dmlstudy.study import load_plan
 from dmlstudy.train import TrainConfig, load_datasets
+from dmlstudy.tuned import OBJECTIVE, RowResult, list_rows, tuned_file, write_tuned
 
 SearchSpace = Callable[[optuna.trial.BaseTrial], dict[str, Any]]
-OBJECTIVE = "val_R@1"  # best validation R@1 of a run (metrics.json) and its per-epoch column (history.csv)
 INTERRUPTED = "interrupted_trials"  # study user attribute: numbers of trials failed because the driver stopped
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
@@ -247,16 +246,11 @@ def tune(
 # ----------------------------------------------------------------------------------------------
 def row_spec(row: str) -> dict[str, Any]:
     """The TrainConfig overrides that make ``row``: ``{"method": row}`` for a registered method, or a shared
-    variant's spec (:data:`dmlstudy.experiments.rows.SHARED_VARIANTS`, e.g. ``softmax``)."""
+    variant's spec (:data:`dmlstudy.rows.SHARED_VARIANTS`, e.g. ``softmax``)."""
     if row in SHARED_VARIANTS:
         return dict(SHARED_VARIANTS[row])
     method_info(row)  # unknown names list the valid ones
     return {"method": row}
-
-
-def list_rows() -> list[str]:
-    """Every tunable row: the registered methods and the variants with a declared search space."""
-    return [*list_methods(), *sorted(VARIANT_SEARCH_SPACES)]
 
 
 REGISTRY_ROWS = "registry"  # a tuning plan's rows: every tunable row (list_rows)
@@ -417,19 +411,6 @@ def load_tune_config(path: str | Path, **overrides: Any) -> TuneConfig:
         raise ValueError(f"{path}: {error}") from None
 
 
-@dataclass
-class RowResult:
-    """The outcome of one (dataset, row) study: its best trial's overrides and value, and every trial's value."""
-
-    dataset: str
-    row: str
-    overrides: dict[str, Any]
-    value: float
-    trials: int
-    values: list[float | None]  # per trial number: the objective of a complete trial, None otherwise
-    seconds: float
-
-
 def trial_values(study: optuna.Study) -> list[float | None]:
     """Per trial number, the objective of a complete trial and None for a pruned, failed or running one."""
     return [t.value if t.state == optuna.trial.TrialState.COMPLETE else None for t in study.trials]
@@ -484,7 +465,7 @@ def run_tune_plan(path: str | Path, *, command: str = "", poll_seconds: float = 
     }
     written = [
         write_tuned(
-            Path(config.out_dir) / f"{dataset}.yaml",
+            tuned_file(config.out_dir, dataset),
             dataset,
             [r for r in results if r.dataset == dataset],
             header,
@@ -507,93 +488,6 @@ def machine_description(workers: int) -> str:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{platform.machine()}, {engine.available_cores()} cores, {gpu}, {workers} workers"
-
-
-# ----------------------------------------------------------------------------------------------
-# plans/tuned/<dataset>.yaml
-# ----------------------------------------------------------------------------------------------
-class TunedValuesError(ValueError):
-    """A tuned-values file that does not match the declared search spaces (names the file, key and type)."""
-
-
-def write_tuned(
-    path: Path, dataset: str, results: list[RowResult], header: dict[str, str], *, regime: str = "scratch"
-) -> Path:
-    """Write (or update: rows tuned now replace theirs, others are kept) the tuned values of ``dataset`` in
-    ``regime``."""
-    rows = _read_tuned(path)["rows"] if path.is_file() else {}
-    for result in results:
-        rows[result.row] = {"overrides": result.overrides, OBJECTIVE: round(result.value, 6), "trials": result.trials}
-    comment = "".join(f"# {key}: {value}\n" for key, value in header.items())
-    text = (
-        f"# Tuned hyperparameters on {dataset}'s validation classes, {regime} regime (best validation R@1 of each row's "
-        "Optuna study).\n"
-        f"# Regenerate with `make tune`; the study reads them through dmlstudy.tuning.tuned_overrides.\n{comment}"
-        + yaml.safe_dump({"dataset": dataset, "rows": dict(sorted(rows.items()))}, sort_keys=False)
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
-def _expected(parameter: search.Parameter) -> tuple[str, Callable[[Any], bool]]:
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-    if isinstance(parameter, (search.LogFloat, search.Float)):
-        return "float", number
-    if isinstance(parameter, search.Int):
-        return "int", lambda v: isinstance(v, int) and not isinstance(v, bool)
-    return f"one of {list(parameter.choices)}", lambda v: v in parameter.choices
-
-
-def _read_tuned(path: Path) -> dict[str, Any]:
-    """Parse and validate a tuned-values file against the declared spaces."""
-    try:
-        content = load_yaml(path.read_text())
-    except yaml.YAMLError as error:
-        raise TunedValuesError(f"{path}: not valid YAML ({error})") from None
-    if not isinstance(content, dict) or not isinstance(content.get("rows"), dict):
-        raise TunedValuesError(f"{path}: key 'rows' must be a mapping of row name to tuned values")
-    for row, entry in content["rows"].items():
-        if row not in list_rows():
-            raise TunedValuesError(f"{path}: key 'rows.{row}': unknown row (expected one of {list_rows()})")
-        if not isinstance(entry, dict) or not isinstance(entry.get("overrides"), dict):
-            raise TunedValuesError(f"{path}: key 'rows.{row}.overrides' must be a mapping")
-        space = search_space(row)
-        for key, value in search.flattened(entry["overrides"]).items():
-            if key not in space:
-                raise TunedValuesError(
-                    f"{path}: key 'rows.{row}.overrides.{key}' is not in {row}'s search space {sorted(space)}"
-                )
-            expected, valid = _expected(space[key])
-            if not valid(value):
-                raise TunedValuesError(
-                    f"{path}: key 'rows.{row}.overrides.{key}' must be {expected}, got {type(value).__name__} {value!r}"
-                )
-    return content
-
-
-def tuned_file(folder: str | Path, dataset: str) -> Path:
-    """Where ``make tune`` writes the tuned values of ``dataset``: ``<folder>/<dataset>.yaml``."""
-    return Path(folder) / f"{dataset}.yaml"
-
-
-def tuned_overrides(path: str | Path, dataset: str, row: str) -> dict[str, Any]:
-    """The tuned TrainConfig overrides of ``row`` on ``dataset`` (nested: ``{"lr": …, "method_kwargs": {…}}``;
-    merge into the row's spec with :func:`dmlstudy.search_space.merged`).
-
-    ``path`` is a tuned-values file or the folder of ``<dataset>.yaml`` files. A missing file or a row absent
-    from it gives ``{}`` (the paper defaults); an unknown row or a value of the wrong type raises
-    :class:`TunedValuesError` naming the file, the key and the expected type.
-    """
-    path = Path(path)
-    file = tuned_file(path, dataset) if path.is_dir() or not path.suffix else path
-    if not file.is_file():
-        return {}
-    content = _read_tuned(file)
-    if content.get("dataset", dataset) != dataset:
-        raise TunedValuesError(f"{file}: key 'dataset' must be {dataset!r}, got {content['dataset']!r}")
-    entry = content["rows"].get(row)
-    return {} if entry is None else search.nested(search.flattened(entry["overrides"]))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -58,8 +58,8 @@ seed_batch: int = 5  # sequential design: seeds added to the rows of undecided c
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from dmlstudy import plots
-from dmlstudy.experiments import claims, compare, figure_index, kit, regime_comparison, rows, tables
+from dmlstudy import plots, rows
+from dmlstudy.experiments import claims, compare, figure_index, kit, regime_comparison, tables
 from dmlstudy.records import seed_everything
 from dmlstudy.study import write_table
 
@@ -70,7 +70,7 @@ print("protocol:", config.protocol.protocol_text(), "on", config.protocol.datase
 print(
     "main methods:", config.methods, "| classic baselines:", config.classic_methods, "with seeds", config.classic_seeds
 )
-display(Markdown(rows.rows_markdown(config)))
+display(Markdown(rows.rows_markdown(config.rows())))
 
 # %% [markdown]
 # ## Runs
@@ -83,7 +83,7 @@ display(Markdown(rows.rows_markdown(config)))
 comparisons = [compare.compare_regime(regime_config) for regime_config in config.regime_configs()]
 for comparison in comparisons:
     print(
-        f"{comparison.config.protocol.regime} regime: {len(comparison.frame)} rows: {len(comparison.main)} main runs, "
+        f"{comparison.protocol.regime} regime: {len(comparison.frame)} rows: {len(comparison.main)} main runs, "
         f"{len(comparison.classic)} classic runs; {len(comparison.claims)} claim rows"
     )
 headline = comparisons[0]  # the figures below are the headline regime's
@@ -103,8 +103,11 @@ main_results, classic_results, frame = headline.main, headline.classic, headline
 # %%
 for comparison in comparisons:
     for dataset in config.protocol.datasets:
-        display(Markdown(tables.comparison_markdown(comparison.table, comparison.config, dataset=dataset)))
-    written = tables.write_comparison(comparison.table, comparison.config)
+        markdown = tables.comparison_markdown(
+            comparison.table, comparison.protocol, dataset=dataset, note=comparison.note
+        )
+        display(Markdown(markdown))
+    written = tables.write_comparison(comparison.table, comparison.protocol, results_folder, note=comparison.note)
     print("written:", *[str(p) for p in written], sep="\n  ")
 
 # %% [markdown]
@@ -136,7 +139,11 @@ else:
 if len(comparisons) > 1:
     regime_table = regime_comparison.regime_differences(comparisons, margin=config.margin)
     display(Markdown(regime_table.drop(columns=["variant", "outcome"]).to_markdown(index=False)))
-    print("written:", *[str(p) for p in regime_comparison.write_regime_differences(regime_table, config)], sep="\n  ")
+    regimes = [comparison.protocol.regime for comparison in comparisons]
+    written = regime_comparison.write_regime_differences(
+        regime_table, results_folder, regimes=regimes, margin=config.margin
+    )
+    print("written:", *[str(p) for p in written], sep="\n  ")
 
 # %% [markdown]
 # ## Did the papers' claims hold on our data?
@@ -165,9 +172,11 @@ if len(comparisons) > 1:
 # %%
 claim_table = regime_comparison.all_claims(comparisons)
 for comparison in comparisons:
-    print(f"protocol ({comparison.config.protocol.regime} regime): {comparison.config.protocol.protocol_text()}")
+    print(f"protocol ({comparison.protocol.regime} regime): {comparison.protocol.protocol_text()}")
 display(Markdown(claim_table[claims.CLAIM_COLUMNS].to_markdown(index=False)))
-claims_written = claims.write_claims(claim_table, config, runs=regime_comparison.all_runs(comparisons))
+claims_written = claims.write_claims(
+    claim_table, config.claims_scope(), results_folder, runs=regime_comparison.all_runs(comparisons)
+)
 print("written:", *[str(p) for p in claims_written], sep="\n  ")
 claim_readings = claims.claim_sentences(claim_table)
 for sentence in claim_readings:

@@ -19,11 +19,12 @@ from dmlstudy.config import load_yaml
 from dmlstudy.experiments import compare, tables
 from dmlstudy.experiments.claims import claims_table, load_claims
 from dmlstudy.experiments.protocol import UntunedRowWarning, resolve_run, results_frame, run_grid
-from dmlstudy.experiments.rows import rows_markdown
 from dmlstudy.methods import METHOD_INFO, METHODS, build_method, method_info
 from dmlstudy.models import build_backbone
+from dmlstudy.rows import rows_markdown
 from dmlstudy.runs import identity_hash
-from dmlstudy.tuning import load_tune_config, run_tune_plan, tuned_overrides
+from dmlstudy.tuned import tuned_overrides
+from dmlstudy.tuning import load_tune_config, run_tune_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "docs" / "adding_a_method.md"
@@ -162,7 +163,7 @@ def test_the_recipes_method_builds_tunes_and_trains_in_the_comparison_with_its_t
 
     table = tables.comparison_table(tables.comparison_frame([], [(row, result)], [], methods=config.methods))
     assert table["method"].tolist() == ["Circle loss"] and table.loc[0, "group"] == "classic"
-    assert "| Circle loss (`circle`) | Pooled features → linear → L2-norm" in rows_markdown(config)
+    assert "| Circle loss (`circle`) | Pooled features → linear → L2-norm" in rows_markdown(config.rows())
 
     claims_file = tmp_path / "claims.yaml"  # the page's claim, as an entry under `claims:` of claims.yaml
     claims_file.write_text(

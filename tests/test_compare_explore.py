@@ -27,8 +27,8 @@ from dmlstudy.experiments.claims import (  # noqa: E402
     forest_figure,
     load_claims,
 )
-from dmlstudy.experiments.rows import classic_rows, main_rows  # noqa: E402
 from dmlstudy.paths import project_root  # noqa: E402
+from dmlstudy.rows import classic_rows, main_rows  # noqa: E402
 from dmlstudy.train import TrainConfig  # noqa: E402
 
 
@@ -90,14 +90,14 @@ def test_the_table_says_when_classic_baselines_ran_with_fewer_seeds():
     assert table.set_index("variant").loc["triplet", "method"] == "triplet †"
     assert table.set_index("variant").loc["triplet", "seeds"] == "0"
     assert table.set_index("variant").loc["ms", "method"] == "MS baseline"
-    markdown = tables.comparison_markdown(table, fewer, dataset="synbirds")
+    markdown = tables.comparison_markdown(table, fewer.protocol, dataset="synbirds", note=fewer.table_note())
     assert "† classic baselines ran with 1 seed(s) (0) only, the main methods with 3 (0, 1, 2)" in markdown
     assert fewer.protocol.protocol_text() in markdown
     assert "**60.0 ± 0.0**" in markdown  # crt's R@1 is the best
     same = compare.CompareStudy(
         protocol={"seeds": [0]}, methods=["ms", "crt"], classic_methods=["triplet"], classic_seeds=[0]
     )
-    assert "†" not in tables.table_note(same)
+    assert "†" not in same.table_note()
     assert "†" not in tables.comparison_table(frame[frame["seed"] == 0], metrics=["R@1"])["method"].str.cat()
 
 
@@ -429,7 +429,7 @@ def test_diml_rerank_rows_keep_recall_at_k_and_the_ms_geometry(tiny_config):
 
     result = run(tiny_config(method="ms", seed=0))
     config = compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2)
-    rows = rerank.rerank_results([("ms", result)], config)
+    rows = rerank.rerank_results([("ms", result)], config.reranking())
     assert len(rows) == 1
     row = rows[0]
     # re-ranking permutes the first K = 8 neighbours only: Recall@8 is the cosine Recall@8
@@ -441,7 +441,7 @@ def test_diml_rerank_rows_keep_recall_at_k_and_the_ms_geometry(tiny_config):
     )
     assert row["variant"] == "diml_rerank" and row["rerank_top_k"] == 8
     assert list(result.run_dir.glob("compare_rerank-*.json"))
-    assert rerank.rerank_results([("ms", result)], config)[0]["R@1"] == row["R@1"]  # from the cache
+    assert rerank.rerank_results([("ms", result)], config.reranking())[0]["R@1"] == row["R@1"]  # from the cache
     frame = tables.comparison_frame([("ms", result)], [], rows, methods=config.methods)
     assert frame["variant"].tolist() == ["ms", "diml_rerank"]
     table = tables.comparison_table(frame)
@@ -482,12 +482,14 @@ def test_diml_rerank_rows_from_parallel_processes_equal_the_serial_ones(tiny_con
     ]
     serial = rerank.rerank_results(
         [("ms", r) for r in serial_runs],
-        compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2),
+        compare.CompareStudy(
+            methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2
+        ).reranking(),
     )
     parallel_config = compare.CompareStudy(
         methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2, protocol={"workers": 2}
     )
-    parallel = rerank.rerank_results([("ms", r) for r in parallel_runs], parallel_config)
+    parallel = rerank.rerank_results([("ms", r) for r in parallel_runs], parallel_config.reranking())
     for one, other in zip(serial, parallel):
         for metric in ("R@1", "R@2", "R@4", "R@8", "RP", "MAP@R"):
             assert one[metric] == pytest.approx(other[metric], abs=1e-6)
@@ -519,7 +521,7 @@ def test_a_compare_config_names_each_regime_once():
     config = compare.CompareStudy(protocol={"regime": "pretrained"}, compared_regimes=["scratch"])
     assert [c.protocol.regime for c in config.regime_configs()] == ["pretrained", "scratch"]
     assert [c.regime for c in config.regime_protocols()] == ["pretrained", "scratch"]
-    assert [c.table_suffix() for c in config.regime_configs()] == ["_pretrained", ""]
+    assert [tables.table_suffix(c.regime) for c in config.regime_protocols()] == ["_pretrained", ""]
     with pytest.raises(ValueError, match="compared_regimes"):
         compare.CompareStudy(protocol={"regime": "scratch"}, compared_regimes=["scratch"])
     with pytest.raises(ValueError, match="unknown regime 'no-such-regime'"):
@@ -557,7 +559,7 @@ def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights
     transfer = regime_comparison.regime_differences([pretrained, scratch])
     assert set(transfer["variant"]) == {"ms", "crt"} and (transfer["seeds"] == 2).all()
     ms = transfer[transfer["variant"] == "ms"].iloc[0]
-    by_regime = {c.config.protocol.regime: c.frame for c in (pretrained, scratch)}
+    by_regime = {c.protocol.regime: c.frame for c in (pretrained, scratch)}
     expected = [
         100
         * (
@@ -702,9 +704,9 @@ def test_an_undecided_claim_gets_more_seeds_for_its_rows_only_and_recomputes_fro
     assert seeds["cross_attention"] == expected
     written = claims_module.write_claims(
         regime_comparison.all_claims([comparison]),
-        config,
+        config.claims_scope(),
+        tmp_path,
         runs=regime_comparison.all_runs([comparison]),
-        folder=tmp_path,
     )
     per_seed = pd.read_csv(tmp_path / "runs_per_seed.csv")
     assert tmp_path / "runs_per_seed.csv" in written

@@ -58,7 +58,7 @@ def test_workers_must_be_positive(tiny_config):
 
 
 def _tuned_folder(tmp_path):
-    from dmlstudy.tuning import RowResult, write_tuned
+    from dmlstudy.tuned import RowResult, write_tuned
 
     folder = tmp_path / "tuned"
     write_tuned(
@@ -105,7 +105,7 @@ def test_tuned_values_reach_rows_variants_and_yield_to_explicit_settings(tmp_pat
 
 def test_a_regime_tuned_on_its_own_reads_its_own_values_and_says_so(tmp_path):
     from dmlstudy.experiments.protocol import ProtocolConfig
-    from dmlstudy.tuning import RowResult, write_tuned
+    from dmlstudy.tuned import RowResult, write_tuned
 
     folder = _tuned_folder(tmp_path)
     pretrained = ProtocolConfig(tuned=str(folder), regime="pretrained")

@@ -10,8 +10,8 @@ import pytest
 
 import dmlstudy.methods as methods
 from dmlstudy.experiments import compare, tables
-from dmlstudy.experiments.rows import classic_rows, main_rows, method_label, rows_markdown
 from dmlstudy.methods import GROUPS, METHOD_INFO, METHODS, list_methods, method_info, register_method
+from dmlstudy.rows import classic_rows, main_rows, method_label, rows_markdown
 
 PLUGIN = textwrap.dedent('''
     """A sixth method in one file: GeM pooling and Proxy-Anchor, registered with its label and group."""
@@ -98,4 +98,4 @@ def test_a_method_in_a_new_module_appears_in_the_comparison_of_a_tiny_run(plugin
     table = tables.comparison_table(frame)
     assert table["method"].tolist() == ["MS baseline", "Proxy-Anchor on GeM (test)"]
     assert table.loc[1, "group"] == "classic" and 0.0 <= table.loc[1, "R@1_mean"] <= 100.0
-    assert "| Proxy-Anchor on GeM (test) (`throwaway_gem`) | Generalised-mean pooling" in rows_markdown(config)
+    assert "| Proxy-Anchor on GeM (test) (`throwaway_gem`) | Generalised-mean pooling" in rows_markdown(config.rows())

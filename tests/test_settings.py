@@ -15,13 +15,13 @@ from dmlstudy.experiments import protocol as protocol_module
 from dmlstudy.experiments.claims import CLAIMS, ablation_grid
 from dmlstudy.experiments.compare import CompareStudy, trained_methods
 from dmlstudy.experiments.protocol import ProtocolConfig, resolve_run, train_on_engine
-from dmlstudy.experiments.rows import SHARED_VARIANTS, method_grid
 from dmlstudy.methods import list_methods
 from dmlstudy.regimes import regime_overrides, run_prefix
+from dmlstudy.rows import SHARED_VARIANTS, method_grid
 from dmlstudy.search_space import merged
 from dmlstudy.study import load_plan
 from dmlstudy.train import TrainConfig
-from dmlstudy.tuning import RowResult, write_tuned
+from dmlstudy.tuned import RowResult, write_tuned
 
 
 def hand_copied_config(protocol, *, dataset, method, seed, name, method_kwargs=None, **overrides) -> TrainConfig:

@@ -18,14 +18,12 @@ from dmlstudy.cli import main
 from dmlstudy.config import load_yaml
 from dmlstudy.methods import search_space
 from dmlstudy.train import TrainConfig, build_model
+from dmlstudy.tuned import RowResult, TunedValuesError, list_rows, tuned_overrides, write_tuned
 from dmlstudy.tuning import (
-    RowResult,
     TuneConfig,
-    TunedValuesError,
     best_so_far,
     finished_trials,
     journal_path,
-    list_rows,
     load_tune_config,
     row_sampler,
     row_spec,
@@ -33,8 +31,6 @@ from dmlstudy.tuning import (
     trials_to_plateau,
     tune,
     tune_row,
-    tuned_overrides,
-    write_tuned,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,7 +266,7 @@ def test_a_tuning_plan_with_a_bad_value_names_the_parameter(name, value, message
 
 
 def test_a_tuning_plans_rows_are_names_the_registry_or_the_rows_of_a_study_plans_comparison(tmp_path):
-    from dmlstudy.experiments.rows import RERANK
+    from dmlstudy.rows import RERANK
     from dmlstudy.study import load_plan
 
     [comparison] = [

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -18,17 +18,14 @@ from dmlstudy import verdicts
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments import papers
 from dmlstudy.experiments.papers import PAPER_DATASET
-from dmlstudy.experiments.protocol import results_frame
-from dmlstudy.experiments.rows import method_grid
+from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
 from dmlstudy.experiments.tables import seed_text
 from dmlstudy.regimes import regime
+from dmlstudy.rows import method_grid
 from dmlstudy.study import write_table
 from dmlstudy.train import RunResult, selection_rule
 
 ABLATION_REGIMES = ("scratch", "imagenet")  # where the published plans' paper notebooks train their ablations
-
-if TYPE_CHECKING:
-    from dmlstudy.experiments.compare import CompareStudy
 
 CLAIMS_SOURCE = Path(__file__).with_name("claims.yaml")
 CLAIM_FIELDS = {
@@ -153,7 +150,7 @@ CLAIMS: tuple[Claim, ...] = load_claims()
 
 def ablation_grid(claims: Sequence[Claim] = CLAIMS) -> dict[str, dict[str, Any]]:
     """``{name: spec}`` of every run the ablation claims compare (both sides; the names of
-    :func:`claim_variants` with their specs, the others as :func:`~dmlstudy.experiments.rows.method_grid` names
+    :func:`claim_variants` with their specs, the others as :func:`~dmlstudy.rows.method_grid` names
     them)."""
     specs = claim_variants()
     names = dict.fromkeys(name for claim in claims if claim.runs == "ablation" for name in (claim.a, claim.b))
@@ -391,7 +388,21 @@ def _design_lines(design: verdicts.SequentialDesign) -> list[str]:
     ]
 
 
-def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
+@dataclass(frozen=True)
+class ClaimsScope:
+    """What ``claims.md`` says the claims were judged on: each regime's protocol (the headline regime's first: its
+    datasets and seeds are the headline claims'), the classic baselines' seeds (empty: none ran), the ablation
+    claims' datasets and seeds, the sequential design and the equivalence margin (R@1 points)."""
+
+    protocols: tuple[ProtocolConfig, ...]
+    classic_seeds: tuple[int, ...]
+    ablation_datasets: tuple[str, ...]
+    ablation_seeds: tuple[int, ...]
+    design: verdicts.SequentialDesign
+    margin: float
+
+
+def claims_markdown(claims: pd.DataFrame, scope: ClaimsScope) -> str:
     """``results/claims.md``: the rule, the protocol, then every claim × dataset."""
     shown = claims[CLAIM_COLUMNS].copy()
     shown["claim"] = [f"{name} ({kind})" for name, kind in zip(shown["claim"], shown["kind"])]
@@ -399,18 +410,19 @@ def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
         "–" if math.isnan(p) else f"{p:.3f}" + (" ✓" if survives else "")
         for p, survives in zip(claims["Holm p"].astype(float), claims[HOLM])
     ]
-    protocols = [f"Protocol ({c.regime} regime): {c.protocol_text()}." for c in config.regime_protocols()]
+    headline = scope.protocols[0]
+    protocols = [f"Protocol ({c.regime} regime): {c.protocol_text()}." for c in scope.protocols]
     lines = [
         "# Every claim, headline and ablation",
         "",
         *protocols,
         "",
-        f"Regimes: {', '.join(c.regime for c in config.regime_protocols())}; headline claims on "
-        f"{', '.join(config.protocol.datasets)} (seeds {seed_text(config.protocol.seeds)}, "
-        f"classic baselines {seed_text(config.classic_seeds) if config.classic_methods else '–'}), ablation claims on "
-        f"{', '.join(config.ablation_datasets) or '–'} (seeds {seed_text(config.ablation_seeds) or '–'}).",
+        f"Regimes: {', '.join(c.regime for c in scope.protocols)}; headline claims on "
+        f"{', '.join(headline.datasets)} (seeds {seed_text(headline.seeds)}, "
+        f"classic baselines {seed_text(scope.classic_seeds) or '–'}), ablation claims on "
+        f"{', '.join(scope.ablation_datasets) or '–'} (seeds {seed_text(scope.ablation_seeds) or '–'}).",
         "",
-        *_design_lines(config.design()),
+        *_design_lines(scope.design),
         "Rule (declared before the runs, `dmlstudy.verdicts`, docs/protocol.md): Δ = mean of the per-seed paired "
         "differences A_s − B_s (same seed: same backbone initialisation and batch sequence; only seeds both sides ran "
         "pair, in seed order), t-interval Δ ± t·sd/√n at the look's level (one look at 95 % unless the row's look says "
@@ -419,7 +431,7 @@ def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
         "equivalent → held (inside ±m, judged first), *not equivalent* → not held (clear of ±m). Otherwise "
         "undecided, with the seeds the observed spread says would decide it, or at the plan's cap the largest "
         "|Δ| the data still allow; fewer than 2 paired seeds: no verdict. Margin m: "
-        f"{config.margin:g} R@1 points unless the row says otherwise. Claims on epochs-to-best: a verdict that "
+        f"{scope.margin:g} R@1 points unless the row says otherwise. Claims on epochs-to-best: a verdict that "
         "the epoch cap's censoring could overturn is undecided (censored). **Holm p**: Holm's step-down adjustment "
         "of the decisions' p-values across each regime's claims (family-wise 5 %). Every row recomputes from "
         "`runs_per_seed.csv` beside this table (columns A, B, metric, scales and confidence of `claims.csv`). "
@@ -433,17 +445,16 @@ def claims_markdown(claims: pd.DataFrame, config: CompareStudy) -> str:
 
 def write_claims(
     claims: pd.DataFrame,
-    config: CompareStudy,
+    scope: ClaimsScope,
+    folder: str | Path,
     *,
     runs: pd.DataFrame | None = None,
-    folder: str | Path | None = None,
 ) -> list[Path]:
     """``claims.csv`` (every column), ``claims.md`` (:func:`claims_markdown`) and, from ``runs`` (the runs the
-    claims read, with their regime), ``runs_per_seed.csv`` (:func:`per_seed_table`) under ``folder`` (default
-    :meth:`~dmlstudy.experiments.compare.CompareStudy.results_folder`)."""
-    folder = Path(folder) if folder else config.results_folder()
+    claims read, with their regime), ``runs_per_seed.csv`` (:func:`per_seed_table`) under ``folder``."""
+    folder = Path(folder)
     csv_path, md_path = write_table(claims[[*CLAIM_COLUMNS, "outcome", HOLM, *RECOMPUTE_COLUMNS]], folder / "claims")
-    md_path.write_text(claims_markdown(claims, config))
+    md_path.write_text(claims_markdown(claims, scope))
     written = [csv_path, md_path]
     if runs is not None:
         per_seed = folder / "runs_per_seed.csv"

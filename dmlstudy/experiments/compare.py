@@ -3,7 +3,7 @@ dataset, plus the embedding geometry, projections, cost, and a reading of the fo
 
 Here: the notebook's parameters (:class:`CompareStudy`), its runs and :func:`compare_regime`, which computes
 everything of one regime. ``notebooks/90_compare.ipynb`` also calls the modules that hold each part:
-:mod:`~dmlstudy.experiments.rows` (what each row is), :mod:`~dmlstudy.experiments.rerank` (DIML re-ranking of the
+:mod:`~dmlstudy.rows` (what each row is), :mod:`~dmlstudy.experiments.rerank` (DIML re-ranking of the
 ``ms`` runs), :mod:`~dmlstudy.experiments.tables` (retrieval, geometry and cost tables),
 :mod:`~dmlstudy.experiments.claims` (the papers' claims and the forest plot),
 :mod:`~dmlstudy.experiments.regime_comparison` (the regimes side by side) and
@@ -27,15 +27,17 @@ Decisions (stated in the notebook too):
   (``compare_rerank-<key>.json``).
 * Best per column: the highest mean over seeds *as displayed* (rounded to the table's decimals), so equal
   displayed numbers are all marked; every row of a dataset competes, classic baselines included.
-* Claims (``claims.yaml``: the 8 headline claims × 2 datasets and the ablation claims the default study
-  runs) are judged by the study's one rule, :func:`dmlstudy.verdicts.judge_sequential`: per-seed paired
-  differences (seed s = the same backbone initialisation and batch sequence for both sides; only seeds both
-  sides ran pair), a t-interval of their mean at the look's level, read by the claim's kind (held / reversed /
-  not held, or undecided with the seeds that would decide it); fewer than 2 paired seeds give no verdict. With
-  ``seed_cap`` above the seeds, the rows of undecided claims get more seeds, look by look (:func:`seeds_needed`). Ablation claims
-  read the paper notebooks' ablation runs by the same names (``ablation_datasets``, ``ablation_seeds``).
-  Claims on epochs-to-best (:data:`verdicts.CENSORED_METRICS`) also pass :func:`verdicts.censor`: a verdict that runs
-  cut short by the epoch cap could overturn is undecided (censored).
+* Claims (``claims.yaml``: the headline claims, each paper's method against its baseline, on the protocol's
+  datasets, and the ablation claims on ``ablation_datasets``, in every regime the comparison runs; the default
+  study, ``plans/default.yaml``, compares on emoji in the imagenet regime) are judged by the study's one rule,
+  :func:`dmlstudy.verdicts.judge_sequential`: per-seed paired differences (seed s = the same backbone
+  initialisation and batch sequence for both sides; only seeds both sides ran pair), a t-interval of their mean at
+  the look's level, read by the claim's kind (held / reversed / not held, or undecided with the seeds that would
+  decide it); fewer than 2 paired seeds give no verdict. With ``seed_cap`` above the seeds, the rows of undecided
+  claims get more seeds, look by look (:func:`seeds_needed`). Ablation claims read the paper notebooks' ablation
+  runs by the same names (``ablation_datasets``, ``ablation_seeds``). Claims on epochs-to-best
+  (:data:`verdicts.CENSORED_METRICS`) also pass :func:`verdicts.censor`: a verdict that runs cut short by the
+  epoch cap could overturn is undecided (censored).
 * ESD and ρ are the runs' own metrics (``metrics.json``: keys ``ESD``, ``rho``), computed on the test
   embeddings with ``drop_first = 0``. Projections (UMAP, t-SNE) use one fixed subset of the first dataset's
   test images (the first ``projection_classes`` classes, all their images, fewer than 4,096 points), the
@@ -54,15 +56,23 @@ from pathlib import Path
 import pandas as pd
 
 from dmlstudy import verdicts
-from dmlstudy.experiments.claims import CLAIMS, Claim, ablation_grid, claim_reranks, claims_frame, claims_table
+from dmlstudy.experiments.claims import (
+    CLAIMS,
+    Claim,
+    ClaimsScope,
+    ablation_grid,
+    claim_reranks,
+    claims_frame,
+    claims_table,
+)
 from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig, run_grid, train_grid
 from dmlstudy.experiments.regime_comparison import RegimeComparison
-from dmlstudy.experiments.rerank import claim_rerank_results, rerank_missing, rerank_results
-from dmlstudy.experiments.rows import EXTRA_ROWS, RERANK, method_grid
-from dmlstudy.experiments.tables import comparison_frame, comparison_table
+from dmlstudy.experiments.rerank import Reranking, claim_rerank_results, rerank_missing, rerank_results
+from dmlstudy.experiments.tables import comparison_frame, comparison_table, table_note
 from dmlstudy.methods import list_methods
 from dmlstudy.paths import study_outputs
 from dmlstudy.regimes import regime
+from dmlstudy.rows import EXTRA_ROWS, RERANK, method_grid
 from dmlstudy.train import RunResult, TrainConfig, class_split_counts
 
 
@@ -162,9 +172,36 @@ class CompareStudy(StudyConfig):
         """The protocol with the classic baselines' seeds."""
         return self.protocol.with_seeds(self.classic_seeds)
 
-    def table_suffix(self) -> str:
-        """``""`` for the scratch regime (the study's first tables keep their names), else ``_<regime>``."""
-        return "" if self.protocol.regime == "scratch" else f"_{self.protocol.regime}"
+    def rows(self) -> list[str]:
+        """Every row of the comparison, in table order: ``methods`` then ``classic_methods``."""
+        return [*self.methods, *self.classic_methods]
+
+    def reranking(self) -> Reranking:
+        """The DIML re-ranking of the ``ms`` runs: the ``diml_rerank`` row's top-K and grid, whether the row is
+        shown, and the protocol's workers."""
+        return Reranking(
+            top_k=self.rerank_top_k, grid=self.rerank_grid, shown=RERANK in self.methods, workers=self.protocol.workers
+        )
+
+    def table_note(self) -> str:
+        """The note beside each retrieval table (:func:`~dmlstudy.experiments.tables.table_note`): classic
+        baselines with fewer seeds, the re-ranked row's settings."""
+        return table_note(
+            seeds=self.protocol.seeds,
+            classic_seeds=self.classic_seeds if self.classic_methods else (),
+            rerank=(self.rerank_top_k, self.rerank_grid) if RERANK in self.methods else None,
+        )
+
+    def claims_scope(self) -> ClaimsScope:
+        """What ``claims.md`` says the claims were judged on (:class:`~dmlstudy.experiments.claims.ClaimsScope`)."""
+        return ClaimsScope(
+            protocols=tuple(self.regime_protocols()),
+            classic_seeds=tuple(self.classic_seeds) if self.classic_methods else (),
+            ablation_datasets=tuple(self.ablation_datasets),
+            ablation_seeds=tuple(self.ablation_seeds),
+            design=self.design(),
+            margin=self.margin,
+        )
 
     def results_folder(self) -> Path:
         """Where the notebook writes its tables (``<project>/results`` for the published study)."""
@@ -235,10 +272,11 @@ def compare_regime(config: CompareStudy) -> RegimeComparison:
     of pretrained runs, they took that grid's low priority, and the paper notebooks waited behind it."""
     train_grid(main_grid(config) + classic_grid(config) + ablations_grid(config), workers=config.protocol.workers)
     main = run_main(config)
-    rerank_missing(main, config)
+    reranking = config.reranking()
+    rerank_missing(main, reranking)
     classic = run_classic(config)
-    frame = comparison_frame(main, classic, rerank_results(main, config), methods=config.methods)
-    extra_runs, extra_rows = run_ablations(config), claim_rerank_results(main, config)
+    frame = comparison_frame(main, classic, rerank_results(main, reranking), methods=config.methods)
+    extra_runs, extra_rows = run_ablations(config), claim_rerank_results(main, reranking)
     runs = claims_frame(frame, extra_runs, extra_rows)
     design = config.design()
     asked = dict.fromkeys(runs["variant"].unique(), len(config.protocol.seeds))
@@ -255,7 +293,9 @@ def compare_regime(config: CompareStudy) -> RegimeComparison:
             break
         asked.update(needs)
         runs = claims_frame(runs, *run_more_seeds(config, needs))
-    return RegimeComparison(config, main, classic, frame, comparison_table(frame), claims, runs)
+    return RegimeComparison(
+        config.protocol, config.table_note(), main, classic, frame, comparison_table(frame), claims, runs
+    )
 
 
 def validation_class_counts(config: CompareStudy) -> dict[str, int]:
@@ -311,8 +351,9 @@ def run_more_seeds(config: CompareStudy, needs: dict[str, int]) -> tuple[list, l
         grid += config.protocol.with_seeds(seed_sequence(config, count)).grid(method_grid([name]))
     results = run_grid(grid, workers=config.protocol.workers)
     ms = [(name, result) for name, result in results if name == "ms"]
-    rerank_missing(ms, config)
-    reranks = [*rerank_results(ms, config), *claim_rerank_results(ms, config)]
+    reranking = config.reranking()
+    rerank_missing(ms, reranking)
+    reranks = [*rerank_results(ms, reranking), *claim_rerank_results(ms, reranking)]
     return results, [row for row in reranks if row["variant"] in needs]
 
 

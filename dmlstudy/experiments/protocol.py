@@ -31,7 +31,7 @@ from dmlstudy.regimes import REGIMES, regime, regime_overrides, run_prefix
 from dmlstudy.search_space import flattened, merged
 from dmlstudy.study import summarize
 from dmlstudy.train import AUTOCAST_MODES, RunResult, TrainConfig, best_epoch_censored, is_complete, load_datasets, run
-from dmlstudy.tuning import list_rows, tuned_file, tuned_overrides
+from dmlstudy.tuned import list_rows, tuned_file, tuned_overrides
 
 
 @dataclass
@@ -117,7 +117,7 @@ class ProtocolConfig(TypedConfig):
 
     def tuned_values(self, *, dataset: str, name: str, method: str) -> dict[str, Any]:
         """The TrainConfig overrides ``make tune`` chose for this run's row on ``dataset`` in this regime
-        (:mod:`dmlstudy.tuning`, :meth:`tuned_folder`): the row named ``name`` (a method or a shared variant such
+        (:mod:`dmlstudy.tuned`, :meth:`tuned_folder`): the row named ``name`` (a method or a shared variant such
         as ``softmax``) when it was tuned, else the row of its method (an ablation variant starts from its
         method's tuned values); {} without ``tuned``.
 

@@ -6,23 +6,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from dmlstudy import verdicts
-from dmlstudy.experiments.rows import method_label
+from dmlstudy.experiments.protocol import ProtocolConfig
+from dmlstudy.rows import method_label
 from dmlstudy.study import write_table
-
-if TYPE_CHECKING:
-    from dmlstudy.experiments.compare import CompareStudy
 
 
 @dataclass
 class RegimeComparison:
-    """What the comparison computes in one regime: its config, runs, run rows, table and judged claims."""
+    """What the comparison computes in one regime: the protocol it ran under (its ``regime``), its runs, run rows,
+    table with the note printed beside it (:func:`~dmlstudy.experiments.tables.table_note`) and judged claims."""
 
-    config: CompareStudy
+    protocol: ProtocolConfig
+    note: str
     main: list
     classic: list
     frame: pd.DataFrame
@@ -34,7 +33,7 @@ class RegimeComparison:
 def all_runs(comparisons: Sequence[RegimeComparison]) -> pd.DataFrame:
     """The runs every regime's claims read, with a ``regime`` column (for :func:`~dmlstudy.experiments.claims.
     per_seed_table`)."""
-    return pd.concat([c.runs.assign(regime=c.config.protocol.regime) for c in comparisons], ignore_index=True)
+    return pd.concat([c.runs.assign(regime=c.protocol.regime) for c in comparisons], ignore_index=True)
 
 
 def all_claims(comparisons: Sequence[RegimeComparison]) -> pd.DataFrame:
@@ -60,9 +59,9 @@ def regime_differences(comparisons: Sequence[RegimeComparison], *, margin: float
     ``ms`` is the transfer check: is the pretraining worth anything on this dataset?"""
     first, rows = comparisons[0], []
     for other in comparisons[1:]:
-        tag = {first.config.protocol.regime: "A", other.config.protocol.regime: "B"}
+        tag = {first.protocol.regime: "A", other.protocol.regime: "B"}
         frame = pd.concat(
-            [c.frame.assign(variant=c.frame["variant"] + "@" + tag[c.config.protocol.regime]) for c in (first, other)],
+            [c.frame.assign(variant=c.frame["variant"] + "@" + tag[c.protocol.regime]) for c in (first, other)],
             ignore_index=True,
         )
         for variant in dict.fromkeys(first.frame["variant"]):
@@ -77,22 +76,27 @@ def regime_differences(comparisons: Sequence[RegimeComparison], *, margin: float
                         "method": method_label(variant),
                         "variant": variant,
                         "dataset": dataset,
-                        "A": first.config.protocol.regime,
-                        "B": other.config.protocol.regime,
+                        "A": first.protocol.regime,
+                        "B": other.protocol.regime,
                         **verdict.columns(),
                     }
                 )
     return pd.DataFrame(rows, columns=REGIME_COLUMNS)
 
 
-def write_regime_differences(table: pd.DataFrame, config: CompareStudy) -> list[Path]:
-    """``results/regimes.csv`` and ``.md`` (Δ R@1 points, headline regime − compared regime, per row and dataset)."""
-    csv_path, md_path = write_table(table, config.results_folder() / "regimes")
+def write_regime_differences(
+    table: pd.DataFrame, folder: str | Path, *, regimes: Sequence[str], margin: float = verdicts.MARGIN
+) -> list[Path]:
+    """``regimes.csv`` and ``.md`` under ``folder`` (Δ R@1 points, headline regime − compared regime, per row and
+    dataset): ``table`` is :func:`regime_differences` of the comparisons in ``regimes`` (the headline first),
+    judged with ``margin``."""
+    csv_path, md_path = write_table(table, Path(folder) / "regimes")
     shown = table.drop(columns=["variant", "outcome"])
+    headline, *compared = regimes
     md_path.write_text(
         "# What the regime changes: Δ R@1 = A − B per row and dataset\n\n"
-        f"A = {config.protocol.regime} regime, B = {', '.join(config.compared_regimes)}; per-seed paired differences (same "
+        f"A = {headline} regime, B = {', '.join(compared)}; per-seed paired differences (same "
         f"batch sequence, the backbone's start differs), {round(100 * verdicts.CONFIDENCE)} % t-interval, verdict by the "
-        f"study's rule (margin ±{config.margin:g}).\n\n" + shown.to_markdown(index=False) + "\n"
+        f"study's rule (margin ±{margin:g}).\n\n" + shown.to_markdown(index=False) + "\n"
     )
     return [csv_path, md_path]

@@ -11,21 +11,36 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dmlstudy.data import evaluation_protocol
 from dmlstudy.experiments import kit
 from dmlstudy.experiments.claims import claim_reranks
 from dmlstudy.experiments.protocol import call_in_processes
-from dmlstudy.experiments.rows import RERANK
 from dmlstudy.records import write_json
 from dmlstudy.reranking import reranked_retrieval_metrics
+from dmlstudy.rows import RERANK
 from dmlstudy.train import RunResult, TrainConfig, run
 from dmlstudy.transport import TransportOptions
 
-if TYPE_CHECKING:
-    from dmlstudy.experiments.compare import CompareStudy
+
+@dataclass(frozen=True)
+class Reranking:
+    """The comparison's DIML re-ranking of the ``ms`` runs: the ``diml_rerank`` row re-ranks each query's cosine
+    top-``top_k`` on ``grid`` × ``grid`` local embeddings (the comparison's ``rerank_top_k`` and ``rerank_grid``);
+    ``shown`` says whether that row is one of the comparison's (without it nothing is re-ranked, the claims'
+    extra re-rankings included), and ``workers`` how many engine workers compute the missing ones."""
+
+    top_k: int
+    grid: int
+    shown: bool = True
+    workers: int = 1
+
+    def at(self, *, top_k: int | None = None, grid: int | None = None) -> tuple[int, int]:
+        """``(top_k, grid)`` of a re-ranking: the given values, else the ``diml_rerank`` row's."""
+        return (self.top_k if top_k is None else top_k, self.grid if grid is None else grid)
 
 
 def _rerank_settings(config: TrainConfig, *, top_k: int, grid: int, options: TransportOptions) -> dict[str, Any]:
@@ -114,31 +129,31 @@ def _rerank_in_processes(missing: list[tuple], *, workers: int) -> None:
         call_in_processes(_rerank_metrics_in_process, missing, workers=workers)
 
 
-def rerank_missing(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> None:
+def rerank_missing(results: Sequence[tuple[str, RunResult]], reranking: Reranking) -> None:
     """Every re-ranking of :func:`rerank_variants` that the ``ms`` runs of ``results`` have not cached yet, as one
     batch of engine tasks (each distinct ``top_k`` / ``grid`` once); with one worker or one re-ranking, nothing:
     :func:`rerank_results` computes it in this process."""
-    settings = dict.fromkeys((top_k, grid) for _, top_k, grid in rerank_variants(config))  # distinct, in order
+    settings = dict.fromkeys((top_k, grid) for _, top_k, grid in rerank_variants(reranking))  # distinct, in order
     missing = [job for top_k, grid in settings for job in _missing_reranks(results, top_k=top_k, grid=grid)]
-    _rerank_in_processes(missing, workers=config.protocol.workers)
+    _rerank_in_processes(missing, workers=reranking.workers)
 
 
 def rerank_results(
     results: Sequence[tuple[str, RunResult]],
-    config: CompareStudy,
+    reranking: Reranking,
     *,
     variant: str = RERANK,
     top_k: int | None = None,
     grid: int | None = None,
 ) -> list[dict[str, Any]]:
     """One ``variant`` row per ``ms`` run: the retrieval metrics re-ranked in the top ``top_k`` on ``grid`` ×
-    ``grid`` cells (default: the config's ``rerank_top_k`` and ``rerank_grid``), and the ``ms`` run's NMI, ESD,
+    ``grid`` cells (default: the ``diml_rerank`` row's, :meth:`Reranking.at`), and the ``ms`` run's NMI, ESD,
     ρ, training time and parameters (re-ranking does not change the embeddings). The default ``diml_rerank``
-    rows only when the config's ``methods`` list it."""
-    if variant == RERANK and RERANK not in config.methods:
+    rows only when the comparison shows that row (``reranking.shown``)."""
+    if variant == RERANK and not reranking.shown:
         return []
-    top_k, grid = reranking(config, top_k=top_k, grid=grid)
-    _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=config.protocol.workers)
+    top_k, grid = reranking.at(top_k=top_k, grid=grid)
+    _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=reranking.workers)
     rows = []
     for name, result in results:
         if name != "ms":
@@ -158,28 +173,22 @@ def rerank_results(
     return rows
 
 
-def reranking(config: CompareStudy, *, top_k: int | None = None, grid: int | None = None) -> tuple[int, int]:
-    """``(top_k, grid)`` of a re-ranking: the given values, else the config's ``rerank_top_k`` and
-    ``rerank_grid`` (the ``diml_rerank`` row's)."""
-    return (config.rerank_top_k if top_k is None else top_k, config.rerank_grid if grid is None else grid)
-
-
-def rerank_variants(config: CompareStudy) -> list[tuple[str, int, int]]:
-    """``(variant, top_k, grid)`` of every re-ranking of the ``ms`` runs the comparison of ``config`` reads: the
-    table's ``diml_rerank`` row, then the claims' extra ones (:func:`~dmlstudy.experiments.claims.claim_reranks`);
-    none unless ``diml_rerank`` is a row of the comparison."""
-    if RERANK not in config.methods:
+def rerank_variants(reranking: Reranking) -> list[tuple[str, int, int]]:
+    """``(variant, top_k, grid)`` of every re-ranking of the ``ms`` runs the comparison reads: the table's
+    ``diml_rerank`` row, then the claims' extra ones (:func:`~dmlstudy.experiments.claims.claim_reranks`); none
+    unless ``diml_rerank`` is a row of the comparison."""
+    if not reranking.shown:
         return []
-    extra = [(name, *reranking(config, **overrides)) for name, overrides in claim_reranks().items()]
-    return [(RERANK, *reranking(config)), *extra]
+    extra = [(name, *reranking.at(**overrides)) for name, overrides in claim_reranks().items()]
+    return [(RERANK, *reranking.at()), *extra]
 
 
-def claim_rerank_results(results: Sequence[tuple[str, RunResult]], config: CompareStudy) -> list[dict[str, Any]]:
+def claim_rerank_results(results: Sequence[tuple[str, RunResult]], reranking: Reranking) -> list[dict[str, Any]]:
     """The extra re-rankings the claims compare (:func:`~dmlstudy.experiments.claims.claim_reranks`:
     ``diml_rerank-G=1``, …) of every ``ms`` run, each row named as in ``claims.yaml``; none unless ``diml_rerank`` is
     a row of the comparison."""
     return [
         row
-        for name, top_k, grid in rerank_variants(config)[1:]
-        for row in rerank_results(results, config, variant=name, top_k=top_k, grid=grid)
+        for name, top_k, grid in rerank_variants(reranking)[1:]
+        for row in rerank_results(results, reranking, variant=name, top_k=top_k, grid=grid)
     ]

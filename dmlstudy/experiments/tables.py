@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -15,14 +15,11 @@ import pandas as pd
 from dmlstudy import plots
 from dmlstudy.experiments import kit
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import results_frame
-from dmlstudy.experiments.rows import RERANK, method_label
+from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
 from dmlstudy.metrics import class_subset_recall
+from dmlstudy.rows import RERANK, method_label
 from dmlstudy.study import summarize, write_table
 from dmlstudy.train import RunResult
-
-if TYPE_CHECKING:
-    from dmlstudy.experiments.compare import CompareStudy
 
 RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K
 DECIMALS = 1  # percent, as displayed
@@ -117,35 +114,39 @@ def bold_best(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     return shown
 
 
-def table_note(config: CompareStudy) -> str:
-    """The note printed beside the table when classic baselines ran with fewer seeds than the main methods
-    ("" otherwise), and the note on the re-ranked row."""
+def table_note(
+    *, seeds: Sequence[int], classic_seeds: Sequence[int] = (), rerank: tuple[int, int] | None = None
+) -> str:
+    """The note printed beside the table: when the classic baselines ran with fewer ``classic_seeds`` than the
+    main methods' ``seeds`` (empty: no classic baselines in the table), and on the re-ranked row when the table
+    has one (``rerank``: its ``(top_k, grid)``); "" when neither."""
     notes = []
-    if config.classic_methods and len(set(config.classic_seeds)) < len(set(config.protocol.seeds)):
+    if classic_seeds and len(set(classic_seeds)) < len(set(seeds)):
         notes.append(
-            f"{FEWER_SEEDS_MARK} classic baselines ran with {len(set(config.classic_seeds))} seed(s) "
-            f"({seed_text(config.classic_seeds)}) only, the main methods with {len(set(config.protocol.seeds))} "
-            f"({seed_text(config.protocol.seeds)}): their mean ± std is over fewer runs."
+            f"{FEWER_SEEDS_MARK} classic baselines ran with {len(set(classic_seeds))} seed(s) "
+            f"({seed_text(classic_seeds)}) only, the main methods with {len(set(seeds))} "
+            f"({seed_text(seeds)}): their mean ± std is over fewer runs."
         )
-    if RERANK in config.methods:
+    if rerank is not None:
+        top_k, grid = rerank
         notes.append(
-            f"MS + DIML re-ranking: the MS runs' cosine top-{config.rerank_top_k} re-ranked by cos + s_struct "
-            f"({config.rerank_grid} × {config.rerank_grid} local embeddings); NMI is the MS embeddings' "
+            f"MS + DIML re-ranking: the MS runs' cosine top-{top_k} re-ranked by cos + s_struct "
+            f"({grid} × {grid} local embeddings); NMI is the MS embeddings' "
             "(re-ranking changes neighbour order, not the embeddings)."
         )
     return " ".join(notes)
 
 
-def comparison_markdown(table: pd.DataFrame, config: CompareStudy, *, dataset: str) -> str:
-    """The Markdown of one dataset's table: title, protocol line, the table (best per column in bold), notes."""
+def comparison_markdown(table: pd.DataFrame, protocol: ProtocolConfig, *, dataset: str, note: str = "") -> str:
+    """The Markdown of one dataset's table: title, the line of the ``protocol`` it ran under, the table (best per
+    column in bold), then ``note`` (:func:`table_note`)."""
     rows = table[table["dataset"] == dataset]
     metrics = [m for m in table_metrics_of(table) if rows[f"{m}_mean"].notna().any()]
     shown = bold_best(rows, metrics)[["method", "seeds", *metrics]]
-    note = table_note(config)
     lines = [
-        f"### {dataset} ({config.protocol.regime} regime): retrieval (%), mean ± std over seeds, best per column in bold",
+        f"### {dataset} ({protocol.regime} regime): retrieval (%), mean ± std over seeds, best per column in bold",
         "",
-        f"Protocol: {config.protocol.protocol_text()}.",
+        f"Protocol: {protocol.protocol_text()}.",
         "",
         shown.to_markdown(index=False),
     ]
@@ -159,17 +160,25 @@ def table_metrics_of(table: pd.DataFrame) -> list[str]:
     return [c[len("best ") :] for c in table.columns if c.startswith("best ")]
 
 
-def write_comparison(table: pd.DataFrame, config: CompareStudy, *, folder: str | Path | None = None) -> list[Path]:
-    """``compare_main_<dataset>[_<regime>].csv`` (all columns, numbers included) and ``.md`` (protocol line, bold
-    best, notes) per dataset under ``folder`` (default
-    :meth:`~dmlstudy.experiments.compare.CompareStudy.results_folder`)."""
-    folder = Path(folder) if folder else config.results_folder()
+def table_suffix(regime: str) -> str:
+    """The end of a regime's table names: ``""`` for the scratch regime (the study's first tables keep their
+    names), else ``_<regime>``."""
+    return "" if regime == "scratch" else f"_{regime}"
+
+
+def write_comparison(
+    table: pd.DataFrame, protocol: ProtocolConfig, folder: str | Path, *, note: str = ""
+) -> list[Path]:
+    """``compare_main_<dataset><suffix>.csv`` (all columns, numbers included) and ``.md``
+    (:func:`comparison_markdown`: protocol line, bold best, ``note``) per dataset under ``folder``; the suffix
+    names the protocol's regime (:func:`table_suffix`)."""
     paths = []
     for dataset in dict.fromkeys(table["dataset"]):
         csv_path, md_path = write_table(
-            table[table["dataset"] == dataset], folder / f"compare_main_{dataset}{config.table_suffix()}"
+            table[table["dataset"] == dataset],
+            Path(folder) / f"compare_main_{dataset}{table_suffix(protocol.regime)}",
         )
-        md_path.write_text(comparison_markdown(table, config, dataset=dataset))
+        md_path.write_text(comparison_markdown(table, protocol, dataset=dataset, note=note))
         paths += [csv_path, md_path]
     return paths
 

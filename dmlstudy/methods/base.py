@@ -174,7 +174,7 @@ def method_info(name: str) -> MethodInfo:
 
 VARIANT_SEARCH_SPACES: dict[
     str, SearchSpace
-] = {}  # shared variants of a method (dmlstudy.experiments.rows.SHARED_VARIANTS) by row name
+] = {}  # shared variants of a method (dmlstudy.rows.SHARED_VARIANTS) by row name
 
 
 def register_variant_search_space(row: str, space: SearchSpace) -> None:

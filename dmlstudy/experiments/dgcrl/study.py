@@ -22,7 +22,7 @@ from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.experiments.kit import variant_name, with_reference
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig
-from dmlstudy.experiments.rows import SHARED_VARIANTS
+from dmlstudy.rows import SHARED_VARIANTS
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
     DGCRL,

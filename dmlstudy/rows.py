@@ -4,19 +4,16 @@ Most rows are registered methods (their :class:`~dmlstudy.methods.MethodInfo` co
 others are :data:`EXTRA_ROWS`: ``diml_rerank`` (the ``ms`` runs re-ranked by DIML at test time) and the shared
 variants (:data:`SHARED_VARIANTS`: runs one notebook trains under a name and another shows, such as ``softmax``).
 The order of :func:`main_rows` then :func:`classic_rows` gives every row its colour and marker in every figure
-(:func:`dmlstudy.plots.method_style`). Only the method registry is imported here, so the figure style and tuning
-read the rows without the comparison.
+(:func:`dmlstudy.plots.method_style`). Only the method registry is imported here, so the figure style, tuning and
+the study notebooks read the rows from below all of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dmlstudy.methods import MethodInfo, list_methods, method_info
-
-if TYPE_CHECKING:
-    from dmlstudy.experiments.compare import CompareStudy
 
 RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
 SHARED_VARIANTS: dict[str, dict] = {  # named runs one notebook trains and another shows (same name, same spec)
@@ -75,10 +72,10 @@ def method_grid(methods: Iterable[str]) -> dict[str, dict[str, Any]]:
     return {name: dict(SHARED_VARIANTS.get(name, {"method": name})) for name in methods}
 
 
-def rows_markdown(config: CompareStudy) -> str:
-    """The notebook's row table for the methods of ``config``: label (name), what it is, paper; from the registry."""
+def rows_markdown(names: Iterable[str]) -> str:
+    """A notebook's table of the rows ``names``, in order: label (name), what it is, paper; from the registry."""
     lines = ["| row | what it is | paper |", "|---|---|---|"]
-    for name in [*config.methods, *config.classic_methods]:
+    for name in names:
         info = row_info(name)
         lines.append(f"| {info.label} (`{name}`) | {info.summary} | {info.paper} |")
     return "\n".join(lines)
