@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLAN ?= plans/default.yaml
 
-.PHONY: study test lint install lab data smoke full clean-runs notebooks tune
+.PHONY: study test lint install lab data smoke full clean-runs notebooks tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-table
 
 $(STAMP): pyproject.toml requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -77,3 +77,25 @@ pretrain: $(STAMP)
 ## rebuild the committed weights into a temporary folder and compare with their card (hash; else accuracy ± 0.02)
 pretrain-check: $(STAMP)
 	$(BIN)/dmlstudy pretrain --verify weights/dml_convnet_shapes.md
+
+## the robustness study (docs/protocol.md): the headline claims under each perturbation of the default study, then
+## results/robustness/ (after `make study`, whose runs the relatives-out column reads). Each perturbation alone:
+## make robustness-partitions (tunes each partition first), robustness-budget, robustness-224, robustness-designers
+ROBUST_PLANS := designers budget partitions 224
+robustness: $(STAMP)
+	@start=$$(date +%s); status=0; \
+	for name in $(ROBUST_PLANS); do $(MAKE) --no-print-directory robustness-$$name || { status=$$?; break; }; done; \
+	[ $$status -ne 0 ] || $(BIN)/dmlstudy study robustness || status=$$?; \
+	echo "robustness finished in $$(( $$(date +%s) - start )) s (status $$status)"; exit $$status
+
+robustness-partitions: $(STAMP)
+	$(BIN)/dmlstudy data generate emoji_p1 emoji_p2
+	$(BIN)/dmlstudy tune plans/tune_partitions.yaml
+	$(BIN)/dmlstudy study run plans/robust_partitions.yaml
+
+robustness-budget robustness-224 robustness-designers: robustness-%: $(STAMP)
+	$(BIN)/dmlstudy data generate --plan plans/robust_$*.yaml
+	$(BIN)/dmlstudy study run plans/robust_$*.yaml
+
+robustness-table: $(STAMP)
+	$(BIN)/dmlstudy study robustness

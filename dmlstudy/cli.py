@@ -245,6 +245,31 @@ def _use_scheduler(address: str) -> None:
         os.environ[engine.SCHEDULER_VARIABLE] = address
 
 
+def _study_robustness(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from dmlstudy.experiments import robustness
+    from dmlstudy.paths import runs_root, study_outputs
+
+    kept = study_outputs(robustness.STUDY, "results") / robustness.RELATIVES_PER_SEED
+    runs = Path(args.runs_root or runs_root()) / "default"
+    if kept.is_file() and not args.recompute_relatives:
+        relatives = pd.read_csv(kept)
+    elif runs.is_dir():
+        print(f"relatives out of the gallery: evaluating the default study's runs in {runs}", flush=True)
+        default_per_seed = pd.read_csv(study_outputs("default", "results") / robustness.PER_SEED)
+        relatives = robustness.relatives_per_seed(default_per_seed, runs)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        relatives.to_csv(kept, index=False)
+    else:
+        print(f"relatives out of the gallery: not computed (no runs in {runs}; run `make study` first)")
+        relatives = None
+    table = robustness.write_robustness(relatives)
+    print(robustness.wide_table(table).to_string(index=False))
+    print(f"written: {study_outputs(robustness.STUDY, 'results')}/claims.md, figures/robustness/claims_forest.png")
+    return 0
+
+
 def _study_table(args: argparse.Namespace) -> int:
     from dmlstudy.paths import study_outputs
     from dmlstudy.study import configuration_columns, configuration_text, gather_runs, summarize, write_table
@@ -451,6 +476,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="output stem [default: results/runs for the default study, runs/<study>/results/runs otherwise]",
     )
     table.set_defaults(handler=_study_table)
+    robustness = study_commands.add_parser(
+        "robustness",
+        help="the headline claims under every perturbation run so far → results/robustness/ (docs/protocol.md)",
+        description="Reads the per-seed tables of the default study and of each robustness study (robust_partitions, "
+        "robust_budget, robust_224, robust_designers; those not run yet are reported as such), computes the "
+        "relatives-out column from the default study's runs (once; kept in results/robustness/), and writes "
+        "results/robustness/claims.{csv,md}, runs_per_seed.csv and figures/robustness/claims_forest.png.",
+    )
+    robustness.add_argument("--runs-root", default=None, help="where run folders are [default: <project>/runs]")
+    robustness.add_argument(
+        "--recompute-relatives", action="store_true", help="compute the relatives-out column again from the runs"
+    )
+    robustness.set_defaults(handler=_study_robustness)
     _add_pretrain_parser(commands, registered.pretrain_options)
     _add_tune_parser(commands)
     return parser

@@ -50,6 +50,11 @@ PUBLISHED_STUDIES = (
     "sequential",
     "confirm",
     "confirm_dgcrl",
+    "robust_partitions",
+    "robust_budget",
+    "robust_224",
+    "robust_designers",
+    "robustness",
 )  # every study whose outputs are committed
 
 

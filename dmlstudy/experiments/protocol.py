@@ -60,6 +60,7 @@ class ProtocolConfig(TypedConfig):
     patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
     autocast: str = "auto"  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
     tuned: str = ""  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; empty: none
+    tuned_dataset: str = ""  # read every dataset's tuned values from this dataset's file (a perturbation of a tuned dataset); empty: each its own
     progress: bool = False  # tqdm bars inside the notebook
     workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
 
@@ -73,6 +74,8 @@ class ProtocolConfig(TypedConfig):
         reported checkpoint was chosen."""
         sizes = "all" if not self.train_classes else f"first {self.train_classes}"
         rates = f"AdamW, tuned values of {self.tuned_folder()}" if self.tuned else f"AdamW lr {self.lr:g}"
+        if self.tuned and self.tuned_dataset:
+            rates += f" (those of {self.tuned_dataset} for every dataset)"
         untuned = self.untuned_rows()
         if untuned:
             listed = ", ".join(f"{row} ({', '.join(datasets)})" for row, datasets in untuned.items())
@@ -113,7 +116,7 @@ class ProtocolConfig(TypedConfig):
     def tuned_path(self, dataset: str) -> Path:
         """The tuned-values file of ``dataset`` as this protocol names it (``plans/tuned/glyphs.yaml``): the
         ``tuned: <file>`` origin of the values read from it."""
-        return tuned_file(self.tuned_folder(), dataset)
+        return tuned_file(self.tuned_folder(), self.tuned_dataset or dataset)
 
     def tuned_values(self, *, dataset: str, name: str, method: str) -> dict[str, Any]:
         """The TrainConfig overrides ``make tune`` chose for this run's row on ``dataset`` in this regime
@@ -133,7 +136,8 @@ class ProtocolConfig(TypedConfig):
                 f"parameter 'tuned': {path} does not exist; run `make tune` to write it, or set tuned to '' "
                 "to train with the paper defaults"
             )
-        values = tuned_overrides(path, dataset, name) or tuned_overrides(path, dataset, method)
+        source = self.tuned_dataset or dataset
+        values = tuned_overrides(path, source, name) or tuned_overrides(path, source, method)
         if not values:
             row = name if name in list_rows() else method  # an ablation variant's values are its method's
             UNTUNED_ROWS.setdefault(str(shown), set()).add(row)
