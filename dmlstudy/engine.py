@@ -24,7 +24,7 @@ Decisions:
 * Progress: a plan that executes notebooks side by side learns about their runs from a small ledger: the study
   runner names a file in ``DMLSTUDY_RUN_EVENTS`` for every notebook kernel it starts, and :func:`run_tasks`
   appends one JSON line per training task the kernel submits (run folder, epochs) and per one that failed
-  (:func:`note_run_event`); the runner reads the file and the run folders (:mod:`dmlstudy.study`).
+  (:func:`note_run_event`); the runner reads the file and the run folders (:mod:`dmlstudy.plan_progress`).
 * Ctrl-C: the worker processes of a local cluster ignore SIGINT (:func:`start_local_cluster`), so a terminal's
   Ctrl-C, which reaches every process of the foreground group, stops the process that owns the cluster
   (which cancels its tasks and closes the cluster) instead of killing the workers mid-step.

@@ -72,8 +72,9 @@ from dmlstudy.experiments.rows import RERANK, SHARED_VARIANTS
 from dmlstudy.methods import VARIANT_SEARCH_SPACES, list_methods, method_info, search_space
 from dmlstudy.paths import project_file
 from dmlstudy.regimes import REGIMES, regime, regime_overrides
+from dmlstudy.run_data import load_datasets
 from dmlstudy.study import load_plan
-from dmlstudy.train import TrainConfig, load_datasets
+from dmlstudy.train import TrainConfig
 
 SearchSpace = Callable[[optuna.trial.BaseTrial], dict[str, Any]]
 OBJECTIVE = "val_R@1"  # best validation R@1 of a run (metrics.json) and its per-epoch column (history.csv)

@@ -60,7 +60,7 @@ from IPython.display import Markdown, display
 from dmlstudy import plots
 from dmlstudy.experiments import claims, compare, figure_index, kit, regime_comparison, rows, tables
 from dmlstudy.records import seed_everything
-from dmlstudy.study import write_table
+from dmlstudy.report import write_table
 
 config = compare.CompareStudy.from_namespace(globals())
 seed_everything(0)

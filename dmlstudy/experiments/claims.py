@@ -22,7 +22,7 @@ from dmlstudy.experiments.protocol import results_frame
 from dmlstudy.experiments.rows import method_grid
 from dmlstudy.experiments.tables import seed_text
 from dmlstudy.regimes import regime
-from dmlstudy.study import write_table
+from dmlstudy.report import write_table
 from dmlstudy.train import RunResult, selection_rule
 
 ABLATION_REGIMES = ("scratch", "imagenet")  # where the published plans' paper notebooks train their ablations

@@ -63,7 +63,8 @@ from dmlstudy.experiments.tables import comparison_frame, comparison_table
 from dmlstudy.methods import list_methods
 from dmlstudy.paths import study_outputs
 from dmlstudy.regimes import regime
-from dmlstudy.train import RunResult, TrainConfig, class_split_counts
+from dmlstudy.run_data import class_split_counts
+from dmlstudy.train import RunResult, TrainConfig
 
 
 @dataclass

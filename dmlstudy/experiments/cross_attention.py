@@ -64,8 +64,9 @@ from dmlstudy.methods.cross_attention import (
     subset_indices,
 )
 from dmlstudy.plots import CORRECT, OVERLAY_CMAP, WRONG, seen_image
-from dmlstudy.study import mean_std_text
-from dmlstudy.train import RunResult, load_datasets
+from dmlstudy.report import mean_std_text
+from dmlstudy.run_data import load_datasets
+from dmlstudy.train import RunResult
 from dmlstudy.verdicts import effect_sentence, paired_differences
 
 # ----------------------------------------------------------------------------------------------
@@ -432,7 +433,7 @@ def initial_gradients(
     initialisation (unit-norm q̂, 1/√d), so the test-time embedding layer may receive almost nothing.
     """
     from dmlstudy.data import ClassBalancedBatchSampler
-    from dmlstudy.train import build_model
+    from dmlstudy.run_model import build_model
 
     train = load_datasets(protocol.train_config(dataset=dataset, seed=seed, name="ms", method="ms"))["train"]
     sampler = ClassBalancedBatchSampler(

@@ -58,8 +58,9 @@ from dmlstudy.methods import build_method
 from dmlstudy.methods.crt import CRT, BranchEmbedder
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
-from dmlstudy.study import mean_std_text
-from dmlstudy.train import RunResult, TrainConfig, embed
+from dmlstudy.report import mean_std_text
+from dmlstudy.run_evaluation import embed
+from dmlstudy.train import RunResult, TrainConfig
 from dmlstudy.verdicts import effect_sentence, judge, paired_differences
 
 # ----------------------------------------------------------------------------------------------

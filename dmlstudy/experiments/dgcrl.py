@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch.utils.data import Subset
 
 from dmlstudy import metrics as metric_functions
+from dmlstudy.checkpoint_selection import best_epoch_censored, evaluation_column, selection_evaluations
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.experiments.kit import (
     first_seed_embeddings,
@@ -68,16 +69,9 @@ from dmlstudy.methods.dgcrl import (
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.records import seed_everything
-from dmlstudy.study import mean_std_text
-from dmlstudy.train import (
-    OPTIMIZERS,
-    RunResult,
-    best_epoch_censored,
-    evaluation_column,
-    load_datasets,
-    selection_evaluations,
-    training_class_count,
-)
+from dmlstudy.report import mean_std_text
+from dmlstudy.run_data import load_datasets, training_class_count
+from dmlstudy.train import OPTIMIZERS, RunResult
 from dmlstudy.verdicts import Verdict, censor, judge, paired_differences
 
 # ----------------------------------------------------------------------------------------------

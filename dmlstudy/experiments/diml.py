@@ -36,8 +36,8 @@ from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import StudyConfig, call_in_processes, run_grid
 from dmlstudy.methods.diml import DEFAULT_GRID_SIZE, GridEmbeddings
 from dmlstudy.records import write_json
+from dmlstudy.report import summarize
 from dmlstudy.reranking import reranked_retrieval_metrics
-from dmlstudy.study import summarize
 from dmlstudy.train import RunResult, TrainConfig, run
 from dmlstudy.transport import DEFAULT_EPSILON, TransportOptions, candidate_structural_similarity, structural_similarity
 from dmlstudy.verdicts import effect_sentence, paired_differences

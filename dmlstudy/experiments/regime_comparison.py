@@ -12,7 +12,7 @@ import pandas as pd
 
 from dmlstudy import verdicts
 from dmlstudy.experiments.rows import method_label
-from dmlstudy.study import write_table
+from dmlstudy.report import write_table
 
 if TYPE_CHECKING:
     from dmlstudy.experiments.compare import CompareStudy

@@ -18,7 +18,7 @@ from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import results_frame
 from dmlstudy.experiments.rows import RERANK, method_label
 from dmlstudy.metrics import class_subset_recall
-from dmlstudy.study import summarize, write_table
+from dmlstudy.report import summarize, write_table
 from dmlstudy.train import RunResult
 
 if TYPE_CHECKING:
