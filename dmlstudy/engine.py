@@ -30,7 +30,7 @@ Decisions:
   (which cancels its tasks and closes the cluster) instead of killing the workers mid-step.
 * GPUs: worker ``i`` of a local cluster on a machine with ``g`` GPUs trains on ``cuda:(i mod g)``
   (:func:`device_for_worker`), so ``workers = k·g`` puts ``k`` runs on each GPU. The device reaches
-  ``train.resolve_device("auto")`` through the ``DMLSTUDY_DEVICE`` environment variable, which a worker
+  ``compute.resolve_device("auto")`` through the ``DMLSTUDY_DEVICE`` environment variable, which a worker
   started by hand may also set (``DMLSTUDY_DEVICE=cuda:1 dask worker ...``).
 """
 

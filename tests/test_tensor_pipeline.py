@@ -173,7 +173,7 @@ def test_evaluation_view_matches_the_test_transform(tiny_data_root):
 
 
 def test_evaluation_batches_read_either_pipeline_in_the_order_asked(tiny_data_root):
-    """The one batching path of every embedding pass (train.embed, DIML's grid embeddings): a Subset of the
+    """The one batching path of every embedding pass (run_evaluation.embed, DIML's grid embeddings): a Subset of the
     tensor view is unwrapped to rows of the cropped tensor, a file split goes through a DataLoader."""
     split = build_dataset("cub200", tiny_data_root / "cub200", "test")
     view = EvaluationImages(
