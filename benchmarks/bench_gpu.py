@@ -31,7 +31,8 @@ import torch
 
 from dmlstudy.methods import build_method
 from dmlstudy.models import build_backbone
-from dmlstudy.train import TrainConfig, load_datasets, run
+from dmlstudy.run_data import load_datasets
+from dmlstudy.train import TrainConfig, run
 
 
 def study_config(device: str, runs_root: str, epochs: int, name: str, method: str = "ms") -> TrainConfig:

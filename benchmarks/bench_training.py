@@ -200,7 +200,10 @@ def augmentation(args: argparse.Namespace) -> None:
 
 def evaluation(args: argparse.Namespace) -> None:
     """Seconds and CPU seconds of one test evaluation: old pipeline, new pipeline, new with retrieval only."""
-    from dmlstudy.train import build_model, evaluate, load_datasets, load_reported_state, place_on_device
+    from dmlstudy.run_data import load_datasets, place_on_device
+    from dmlstudy.run_evaluation import evaluate
+    from dmlstudy.run_model import build_model
+    from dmlstudy.train import load_reported_state
 
     print(f"tensor cache of {args.dataset}: {build_cache(args.dataset):.1f} s (found or built)")
     device = torch.device("cpu")
@@ -258,7 +261,9 @@ def evaluation(args: argparse.Namespace) -> None:
 def embedding(args: argparse.Namespace) -> None:
     """CPU seconds to embed the test split per evaluation batch size, for each study method (fresh weights,
     BatchNorm statistics drawn away from the identity), and whether the embeddings equal those at the largest size."""
-    from dmlstudy.train import build_model, embed, load_datasets, place_on_device
+    from dmlstudy.run_data import load_datasets, place_on_device
+    from dmlstudy.run_evaluation import embed
+    from dmlstudy.run_model import build_model
 
     torch.set_num_threads(args.threads[0])
     sizes = sorted(args.eval_batch_sizes)

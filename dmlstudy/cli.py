@@ -272,7 +272,7 @@ def _study_robustness(args: argparse.Namespace) -> int:
 
 def _study_table(args: argparse.Namespace) -> int:
     from dmlstudy.paths import study_outputs
-    from dmlstudy.study import configuration_columns, configuration_text, gather_runs, summarize, write_table
+    from dmlstudy.report import configuration_columns, configuration_text, gather_runs, summarize, write_table
 
     frame = gather_runs(args.study, root=args.runs_root)
     if frame.empty:

@@ -24,13 +24,13 @@ Decisions:
 * Progress: a plan that executes notebooks side by side learns about their runs from a small ledger: the study
   runner names a file in ``DMLSTUDY_RUN_EVENTS`` for every notebook kernel it starts, and :func:`run_tasks`
   appends one JSON line per training task the kernel submits (run folder, epochs) and per one that failed
-  (:func:`note_run_event`); the runner reads the file and the run folders (:mod:`dmlstudy.study`).
+  (:func:`note_run_event`); the runner reads the file and the run folders (:mod:`dmlstudy.plan_progress`).
 * Ctrl-C: the worker processes of a local cluster ignore SIGINT (:func:`start_local_cluster`), so a terminal's
   Ctrl-C, which reaches every process of the foreground group, stops the process that owns the cluster
   (which cancels its tasks and closes the cluster) instead of killing the workers mid-step.
 * GPUs: worker ``i`` of a local cluster on a machine with ``g`` GPUs trains on ``cuda:(i mod g)``
   (:func:`device_for_worker`), so ``workers = k·g`` puts ``k`` runs on each GPU. The device reaches
-  ``train.resolve_device("auto")`` through the ``DMLSTUDY_DEVICE`` environment variable, which a worker
+  ``compute.resolve_device("auto")`` through the ``DMLSTUDY_DEVICE`` environment variable, which a worker
   started by hand may also set (``DMLSTUDY_DEVICE=cuda:1 dask worker ...``).
 """
 

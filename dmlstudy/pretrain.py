@@ -53,6 +53,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
+from dmlstudy.compute import is_device_name, resolve_device
 from dmlstudy.config import TypedConfig
 from dmlstudy.data import build_dataset
 from dmlstudy.data.tensor_cache import cached_images
@@ -60,7 +61,6 @@ from dmlstudy.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from dmlstudy.models.backbones import build_backbone
 from dmlstudy.models.cards import read_card, sha256_file, write_card
 from dmlstudy.paths import data_root, project_root
-from dmlstudy.train import is_device_name, resolve_device
 
 CROP_AREA = (0.35, 1.0)
 ASPECT_JITTER = 0.25

@@ -243,7 +243,7 @@ def is_complete(run_dir: Path) -> bool:
 
 def chosen_in_warmup(run_dir: Path) -> int | None:
     """The warm-up epoch a finished run reports its checkpoint from, or None. Only the rule before 2026-11-26
-    chose warm-up epochs (:class:`dmlstudy.train.CheckpointSelection`); such a record is trained again, as a
+    chose warm-up epochs (:class:`dmlstudy.checkpoint_selection.CheckpointSelection`); such a record is trained again, as a
     run of the current rule would differ from it. Every other record is what the current rule computes, since
     the two rules agree on a run whose best evaluation came after its warm-up."""
     try:

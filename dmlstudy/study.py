@@ -1,4 +1,4 @@
-"""Study plans: parameterized notebooks executed by papermill, and the tables gathered from their runs.
+"""Study plans: parameterized notebooks executed by papermill (the tables of their runs: :mod:`dmlstudy.report`).
 
 A plan (``plans/*.yaml``)::
 
@@ -39,16 +39,9 @@ finished are loaded, never retrained. ``overwrite`` (``dmlstudy study run --over
 entry again and injects ``overwrite=True`` where declared: the only way a plan replaces finished records.
 Plans are read with :func:`dmlstudy.config.load_yaml` (``lr: 1e-3`` is a float).
 
-What a plan shows (:class:`PlanProgress`): one line per entry (:func:`entry_line`: ``[2/8] crt
-notebooks/10_crt.ipynb  5 seeds × 2 datasets  started``, then ``done in 43 min``) above one bar over the plan's
-runs, ended / known so far, with the time left (:class:`RunProgress`). The runner learns of runs from a ledger
-that the notebooks' kernels append to (``DMLSTUDY_RUN_EVENTS``, a file it names: the engine notes each run a
-kernel submits, with its epoch cap, before any worker starts it, and each run that fails:
-:func:`dmlstudy.engine.note_run_event`) and from the run folders of the study, where a run has finished once
-its records are complete. So the total grows as the notebooks submit their grids, runs already finished when
-the plan starts are done at once, and a run a kernel trains itself counts when it finishes. A ledger rather
-than the scheduler's task stream: it needs no client of the scheduler, knows the run behind each task, and
-works for every scheduler, or none.
+What a plan shows: one line per entry (:func:`entry_line`: ``[2/8] crt  notebooks/10_crt.ipynb  5 seeds × 2
+datasets  started``, then ``done in 43 min``) above one bar over the plan's runs, ended / known so far, with the
+time left, and after a stop the line that says what was kept (:mod:`dmlstudy.plan_progress`).
 
 Ctrl-C (SIGINT) or SIGTERM stops a plan cleanly (:class:`_PlanInterrupts`): the kernels are interrupted as
 Jupyter interrupts them, their grids' tasks stop at the next training step keeping the last epoch's
@@ -67,12 +60,6 @@ entry goes first or after the others. Smaller grids go first (:func:`dmlstudy.en
 notebook's short ablation grids are not queued behind another's hundred runs. An entry with
 ``after_earlier: true`` starts only when every entry before it has ended (one that reads all of the study's
 runs). Each entry's ``seconds`` then overlap: the plan's wall time is what ``make study`` prints.
-
-``study table`` groups runs by configuration: the ``--by`` columns plus every configuration field that
-varies among the gathered runs (:func:`configuration_columns`), so runs of different settings are never
-averaged together as if they were seeds. Each entry's kernel notes the runs it reports in the entry's
-``runs.txt``; a run folder that no entry reported, beside one of the same run name that one did (the run
-under older tuned values), is left out and named (:func:`dmlstudy.runs.superseded_runs`).
 """
 
 from __future__ import annotations
@@ -81,7 +68,6 @@ import contextlib
 import itertools
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -94,11 +80,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from dmlstudy import engine
 from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_root, runs_root
+from dmlstudy.plan_progress import PlanProgress, duration_text, resume_command, run_records, shown_path, stop_line
 from dmlstudy.records import write_json
 from dmlstudy.runs import (
     LEDGER_NAME,
@@ -107,9 +92,7 @@ from dmlstudy.runs import (
     RunInterrupted,
     copy_finished_runs,
     is_complete,
-    superseded_runs,
 )
-from dmlstudy.verdicts import PERCENT_METRICS
 
 
 class PlanError(ValueError):
@@ -299,15 +282,6 @@ def kernel_config():
     return Config({"KernelManager": {"transport_encryption": "auto"}}) if zmq.has("curve") else Config()
 
 
-def duration_text(seconds: float) -> str:
-    """A duration as a person reads it: ``"12 s"``, ``"43 min"``, ``"1 h 05 min"``."""
-    seconds = max(0.0, float(seconds))
-    if seconds < 59.5:
-        return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
-
-
 def entry_summary(parameters: dict[str, Any]) -> str:
     """What an entry covers, in a few words: ``"5 seeds × 2 datasets, 2 regimes"`` for a notebook over grids
     (its protocol's ``seeds`` and ``datasets`` and its ``methods`` lists; ``regime`` with ``compared_regimes``: read
@@ -327,21 +301,13 @@ def entry_summary(parameters: dict[str, Any]) -> str:
     return ", ".join([" × ".join(counted)] * bool(counted) + [f"{len(regimes)} regimes"] * (len(regimes) > 1) + named)
 
 
-def _shown_path(path: Path) -> str:
-    """``path`` relative to the project when it lies inside it (``notebooks/10_crt.ipynb``), else as given."""
-    try:
-        return str(Path(path).resolve().relative_to(project_root()))
-    except ValueError:
-        return str(path)
-
-
 def entry_line(number: int, total: int, entry: PlanEntry, status: str, *, parameters: dict | None = None) -> str:
     """The one line the runner prints about an entry: with ``parameters`` (when it starts, or is skipped) its
     notebook and :func:`entry_summary` too: ``[2/8] crt  notebooks/10_crt.ipynb  5 seeds × 2 datasets  started``;
     without, ``[2/8] crt  done in 43 min``."""
     parts = [f"[{number}/{total}] {entry.run_name}"]
     if parameters is not None:
-        parts += [_shown_path(entry.notebook), entry_summary(parameters)]
+        parts += [shown_path(entry.notebook), entry_summary(parameters)]
     return "  ".join(part for part in [*parts, status] if part)
 
 
@@ -353,235 +319,6 @@ def outcome_status(outcome: EntryOutcome) -> str:
         "skipped": "skipped (up to date)",
         "interrupted": f"interrupted after {took}",
     }.get(outcome.status, f"{outcome.status} after {took}: {outcome.error}".rstrip(": "))
-
-
-class RunProgress:
-    """The runs of a plan as the runner learns of them: ``finished_before`` (finished on disk when the plan
-    starts: done at once), runs the notebooks submit (with their epoch caps), runs that finish or fail. Pure
-    bookkeeping: every event carries its time ``at`` (seconds on any one clock).
-
-    The time left (:meth:`eta`) is the epochs the waiting and running runs may still train (each counts its
-    cap, ``epochs``: early stopping is averaged in) over the rate at which this plan has trained epochs: the
-    caps of the runs it finished over the seconds during which any run was waiting or training, counted down
-    from the last finish. A run that finishes unannounced (one a notebook trained in its own kernel) counts
-    as done, not in the rate."""
-
-    def __init__(self, finished_before: Iterable[str] = ()) -> None:
-        self.finished: set[str] = set(finished_before)
-        self.failed: set[str] = set()
-        self.epochs: dict[str, int] = {}  # run → epoch cap, for every run submitted in this plan
-        self._trained_epochs = 0  # caps of the submitted runs that finished
-        self._busy = 0.0  # seconds with a run waiting or training, before _busy_since
-        self._busy_since: float | None = None  # start of the current stretch with a run waiting or training
-        self._busy_at_last_finish = 0.0
-
-    @property
-    def pending(self) -> set[str]:
-        """Submitted runs that have neither finished nor failed."""
-        return set(self.epochs) - self.finished - self.failed
-
-    @property
-    def total(self) -> int:
-        return len(self.finished | self.failed | set(self.epochs))
-
-    @property
-    def ended(self) -> int:
-        return len(self.finished | self.failed)
-
-    def _busy_until(self, at: float) -> float:
-        return self._busy + (at - self._busy_since if self._busy_since is not None else 0.0)
-
-    def _after_change(self, at: float) -> None:
-        if self.pending and self._busy_since is None:
-            self._busy_since = at
-        elif not self.pending and self._busy_since is not None:
-            self._busy, self._busy_since = self._busy_until(at), None
-
-    def submitted(self, run: str, epochs: int, at: float) -> None:
-        if run in self.finished:
-            return
-        self.failed.discard(run)  # submitted again after a failure: waiting again
-        self.epochs[run] = epochs
-        self._after_change(at)
-
-    def finish(self, run: str, at: float) -> None:
-        if run in self.finished:
-            return
-        if run in self.pending:
-            self._trained_epochs += self.epochs[run]
-            self._busy_at_last_finish = self._busy_until(at)
-        self.finished.add(run)
-        self.failed.discard(run)
-        self._after_change(at)
-
-    def fail(self, run: str, at: float) -> None:
-        if run in self.pending:
-            self.failed.add(run)
-            self._after_change(at)
-
-    def eta(self, now: float) -> float | None:
-        """Seconds until the submitted runs have all ended; None while no submitted run has finished (no rate
-        yet) or none is left."""
-        left = sum(self.epochs[run] for run in self.pending)
-        if not left or not self._trained_epochs or self._busy_at_last_finish <= 0:
-            return None
-        seconds_per_epoch = self._busy_at_last_finish / self._trained_epochs
-        return max(0.0, left * seconds_per_epoch - (self._busy_until(now) - self._busy_at_last_finish))
-
-
-def read_run_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """The JSON lines appended to ``path`` (:func:`dmlstudy.engine.note_run_event`) after byte ``offset``, and
-    the offset after the last whole line (a line still being written is read the next time; one that is not
-    JSON is passed over)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    events = []
-    for line in data[:end].splitlines():
-        with contextlib.suppress(ValueError):
-            events.append(json.loads(line))
-    return [event for event in events if isinstance(event, dict)], offset + end
-
-
-def run_records(study_dir: Path) -> dict[str, int]:
-    """``metrics.json`` modification times (ns) of a study's run folders, by folder name: a run finishes (or,
-    overwritten, finishes again) when its time changes and the folder :func:`dmlstudy.runs.is_complete`."""
-    records: dict[str, int] = {}
-    for path in Path(study_dir).glob("*/metrics.json"):
-        with contextlib.suppress(OSError):  # a folder being replaced
-            records[path.parent.name] = path.stat().st_mtime_ns
-    return records
-
-
-class PlanProgress:
-    """What :func:`run_plan` shows while it works: one tqdm bar over the plan's runs, ``ended/known so far``
-    (the total grows as notebooks submit their grids), its postfix the time left (:class:`RunProgress`), the
-    failed runs and the notebooks done and running; papermill's bar over a notebook's cells beneath it when one
-    entry runs at a time (:meth:`cell_bar`). Lines about the entries go above it (:meth:`write`).
-
-    The runner learns of runs in two ways, both read by a daemon thread every ``heartbeat`` seconds (and so
-    never silent while a notebook's one training cell runs for minutes): the ledger ``events`` that the
-    notebooks' kernels append to when they submit a run to the engine or one fails
-    (:func:`dmlstudy.engine.note_run_event`; the kernel knows the run before any worker starts it, so the total
-    counts runs still queued), and the run folders of ``study_dir``, where a run has finished once its records
-    are complete (:func:`run_records`): runs a kernel trained itself count too, and runs already finished when
-    the plan starts count as done at once (none with ``overwrite``, which trains them again). The notebooks' own
-    bars are not forwarded: plans run them with ``progress: false``, and widget bars have no text form.
-    """
-
-    def __init__(
-        self,
-        entries: int,
-        study_dir: Path,
-        *,
-        events: Path | None = None,
-        overwrite: bool = False,
-        enabled: bool = True,
-        heartbeat: float = 5.0,
-    ) -> None:
-        from tqdm.auto import tqdm
-
-        self._tqdm = tqdm
-        self.study_dir, self.events, self.heartbeat, self.enabled = Path(study_dir), events, heartbeat, enabled
-        self._records = run_records(self.study_dir)
-        finished = set() if overwrite else {name for name in self._records if is_complete(self.study_dir / name)}
-        self.runs = RunProgress(finished)
-        self.entries, self.entries_ended, self.entries_running = entries, 0, 0
-        self._offset = 0
-        self.bar = tqdm(
-            total=self.runs.total,
-            initial=self.runs.ended,
-            desc="runs, ended/known (more as notebooks submit)",
-            unit="run",
-            bar_format="{desc}: {n_fmt}/{total_fmt} |{bar:16}| {elapsed}{postfix}",
-            disable=not enabled,
-            dynamic_ncols=True,
-        )
-        self._stop, self._lock = threading.Event(), threading.Lock()
-        self._thread = threading.Thread(target=self._tick, name="plan-progress", daemon=True)
-        if enabled:
-            self._thread.start()
-
-    def poll(self, now: float) -> None:
-        """Read the ledger's new events and the run folders that changed, as of ``now``."""
-        events, self._offset = read_run_events(self.events, self._offset) if self.events else ([], 0)
-        for event in events:
-            if event.get("event") == "submitted":
-                self.runs.submitted(event["run"], int(event.get("epochs", 1)), now)
-            elif event.get("event") == "failed":
-                self.runs.fail(event["run"], now)
-        for name, modified in run_records(self.study_dir).items():
-            if self._records.get(name) != modified and is_complete(self.study_dir / name):
-                self._records[name] = modified
-                self.runs.finish(name, now)
-
-    def _postfix(self, now: float) -> str:
-        eta = self.runs.eta(now)
-        parts = [
-            f"ETA {duration_text(eta)}"
-            if eta is not None
-            else ("ETA after the first run" if self.runs.pending else ""),
-            f"{len(self.runs.failed)} failed" if self.runs.failed else "",
-            f"notebooks {self.entries_ended}/{self.entries} ended"
-            + (f", {self.entries_running} running" if self.entries_running else ""),
-        ]
-        return ", ".join(part for part in parts if part)
-
-    def _show(self, now: float) -> None:
-        self.bar.total, self.bar.n = self.runs.total, self.runs.ended
-        self.bar.set_postfix_str(self._postfix(now), refresh=True)
-
-    def _tick(self) -> None:
-        while not self._stop.wait(self.heartbeat):
-            with self._lock:
-                now = time.monotonic()
-                self.poll(now)
-                self._show(now)
-
-    def start(self) -> None:
-        """An entry started."""
-        with self._lock:
-            self.entries_running += 1
-            self._show(time.monotonic())
-
-    def done(self, *, started: bool = True) -> None:
-        """An entry ended (``started=False``: a skipped one, which never started)."""
-        with self._lock:
-            self.entries_running -= started
-            self.entries_ended += 1
-            self._show(time.monotonic())
-
-    def write(self, text: str) -> None:
-        self._tqdm.write(text)
-        sys.stdout.flush()
-
-    def cell_bar(self) -> dict[str, Any] | bool:
-        """papermill's ``progress_bar`` argument: a bar over the cells one line below, cleared when done."""
-        return (
-            {"unit": "cell", "desc": "  cells", "position": 1, "leave": False, "dynamic_ncols": True}
-            if self.enabled
-            else False
-        )
-
-    def __enter__(self) -> PlanProgress:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        with self._lock:
-            if self.enabled:
-                self.poll(time.monotonic())
-                self._show(time.monotonic())
-            self.bar.close()
 
 
 def run_plan(
@@ -849,23 +586,6 @@ def _kernel_manager(environment: dict[str, str], interrupts: _PlanInterrupts) ->
     return PlanKernelManager
 
 
-def resume_command(plan: Path, root: Path) -> str:
-    """The command that executes ``plan`` again, and so resumes it: ``make study`` for the default plan."""
-    shown = _shown_path(plan)
-    if Path(root).resolve() != runs_root().resolve():
-        return f"dmlstudy study run {shown} --runs-root {root}"
-    return "make study" if shown == "plans/default.yaml" else f"make study PLAN={shown}"
-
-
-def stop_line(signal_name: str, *, runs: int, notebooks: int, command: str) -> str:
-    """The one line a stopped plan ends with: what was kept (finished runs and notebooks) and how to resume."""
-    return (
-        f"stopped by {signal_name}: kept {runs} finished run{'s' * (runs != 1)} and {notebooks} finished "
-        f"notebook{'s' * (notebooks != 1)} (runs in flight resume from their last epoch checkpoint); "
-        f"run `{command}` again to resume"
-    )
-
-
 class _PlanInterrupts:
     """SIGTERM/SIGINT while a plan runs (main thread only; handlers restored after).
 
@@ -954,119 +674,3 @@ class _PlanInterrupts:
             signal.signal(number, action)
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
-
-
-def configuration_columns(frame: pd.DataFrame, by: Iterable[str]) -> list[str]:
-    """Configuration fields (from ``config.yaml``) that vary among the gathered runs, other than ``by``,
-    ``seed`` and the fields that do not change results: grouping by ``by`` plus these keeps runs of
-    different settings apart. Metric columns, ``run_dir`` and ``config_hash`` are not configuration."""
-    from dmlstudy.runs import NON_IDENTITY_FIELDS
-
-    fields = [c for c in frame.columns if c in getattr(frame, "attrs", {}).get("config_columns", [])]
-    skip = {*by, "seed", *NON_IDENTITY_FIELDS}
-    return [c for c in fields if c.split(".")[0] not in skip and frame[c].astype(str).nunique(dropna=False) > 1]
-
-
-def configuration_text(table: pd.DataFrame, columns: Iterable[str]) -> pd.Series:
-    """One readable cell per row naming its settings among ``columns`` (:func:`configuration_columns`):
-    ``"lr=0.00125, num_blocks=5"``. A field the row's runs do not have (another method's keyword argument) or
-    leave empty is not named; ``method_kwargs.`` is dropped from names, floats keep 3 significant digits and a
-    file path its name. The tables' Markdown shows this instead of one mostly empty column per field."""
-
-    def shown(value: Any) -> str | None:
-        if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
-            return None
-        if isinstance(value, float):
-            return f"{value:.3g}"
-        if isinstance(value, str) and "/" in value:
-            return Path(value).name
-        return str(value)
-
-    columns = list(columns)
-    return pd.Series(
-        [
-            ", ".join(
-                f"{column.removeprefix('method_kwargs.')}={text}"
-                for column in columns
-                if (text := shown(row[column])) is not None
-            )
-            for _, row in table[columns].iterrows()
-        ]
-        if columns
-        else [""] * len(table),
-        index=table.index,
-        dtype=object,
-    )
-
-
-def _flatten(prefix: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return {
-            k: v for key, item in value.items() for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()
-        }
-    return {prefix: json.dumps(value) if isinstance(value, list) else value}
-
-
-def gather_runs(study: str, *, root: str | Path | None = None) -> pd.DataFrame:
-    """One row per finished run of a study: its config fields (``method_kwargs.K1``, …) and metrics.
-
-    Runs a newer configuration of the same run has replaced (:func:`dmlstudy.runs.superseded_runs`: older
-    tuned values, an older protocol) are left out and listed, by folder name, in ``attrs["superseded"]``."""
-    root = Path(root) if root else runs_root()
-    superseded = superseded_runs(root / study)
-    rows, config_columns = [], set()
-    for metrics_file in sorted((root / study).glob("**/metrics.json")):
-        if metrics_file.parent.name in superseded and metrics_file.parent.parent == root / study:
-            continue
-        config_file = metrics_file.parent / "config.yaml"
-        config = (load_yaml(config_file.read_text()) or {}) if config_file.is_file() else {}
-        flat = _flatten("", config)
-        config_columns.update(flat)
-        rows.append({**flat, **json.loads(metrics_file.read_text()), "run_dir": str(metrics_file.parent)})
-    frame = pd.DataFrame(rows)
-    frame.attrs["config_columns"] = sorted(config_columns)
-    frame.attrs["superseded"] = sorted(superseded)
-    return frame
-
-
-def mean_std_text(mean: float, std: float, runs: int, *, decimals: int = 1) -> str:
-    """``"mean ± std"`` over ``runs`` seeds; one run has no spread to show, so just ``"mean"``."""
-    return f"{mean:.{decimals}f} ± {std:.{decimals}f}" if runs > 1 else f"{mean:.{decimals}f}"
-
-
-def summarize(
-    frame: pd.DataFrame, *, by: list[str], metrics: list[str], percent: bool = True, decimals: int = 1
-) -> pd.DataFrame:
-    """Mean ± std over the runs of each group (seeds): a tidy table with a ``runs`` column.
-
-    Retrieval metrics (fractions) are shown in percent when ``percent``; other columns as they are. A
-    group of one run shows its value alone (its ``_std`` column is 0).
-    """
-    missing = [c for c in [*by, *metrics] if c not in frame.columns]
-    if missing:
-        raise KeyError(f"columns {missing} not in the gathered runs; available: {sorted(frame.columns)}")
-    grouped = frame.groupby(by, dropna=False, sort=False)
-    table = grouped.size().rename("runs").to_frame()
-    for metric in metrics:
-        scale = 100.0 if percent and metric in PERCENT_METRICS else 1.0
-        mean, std = grouped[metric].mean() * scale, grouped[metric].std(ddof=1).fillna(0.0) * scale
-        table[metric] = [mean_std_text(m, s, n, decimals=decimals) for m, s, n in zip(mean, std, table["runs"])]
-        table[f"{metric}_mean"], table[f"{metric}_std"] = mean, std
-    return table.reset_index()
-
-
-def write_table(
-    table: pd.DataFrame, path_stem: str | Path, *, display_columns: list[str] | None = None
-) -> tuple[Path, Path]:
-    """Write ``<stem>.csv`` (all columns) and ``<stem>.md`` (the display columns) and return both paths."""
-    stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    csv_path, md_path = stem.with_suffix(".csv"), stem.with_suffix(".md")
-    table.to_csv(csv_path, index=False)
-    shown = (
-        table[display_columns]
-        if display_columns
-        else table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
-    )
-    md_path.write_text(shown.to_markdown(index=False) + "\n")
-    return csv_path, md_path

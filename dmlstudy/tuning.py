@@ -71,8 +71,9 @@ from dmlstudy.methods import method_info, search_space
 from dmlstudy.paths import project_file
 from dmlstudy.regimes import REGIMES, regime, regime_overrides
 from dmlstudy.rows import RERANK, SHARED_VARIANTS
+from dmlstudy.run_data import load_datasets
 from dmlstudy.study import load_plan
-from dmlstudy.train import TrainConfig, load_datasets
+from dmlstudy.train import TrainConfig
 from dmlstudy.tuned import OBJECTIVE, RowResult, list_rows, tuned_file, write_tuned
 
 SearchSpace = Callable[[optuna.trial.BaseTrial], dict[str, Any]]

@@ -79,7 +79,8 @@ compile: bool = False  # torch.compile the training step (see benchmarks/README.
 # %%
 from dmlstudy import plots
 from dmlstudy.records import seed_everything
-from dmlstudy.train import TrainConfig, load_datasets, run
+from dmlstudy.run_data import load_datasets
+from dmlstudy.train import TrainConfig, run
 
 config = TrainConfig.from_namespace(globals())
 seed_everything(config.seed)

@@ -72,7 +72,7 @@ from dmlstudy import plots
 from dmlstudy.experiments import cross_attention as ca_study
 from dmlstudy.experiments import kit
 from dmlstudy.records import seed_everything
-from dmlstudy.train import load_datasets
+from dmlstudy.run_data import load_datasets
 
 config = ca_study.CrossAttentionStudy.from_namespace(globals())
 ablation = config.ablation_protocol()

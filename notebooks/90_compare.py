@@ -61,7 +61,7 @@ from IPython.display import Markdown, display
 from dmlstudy import plots, rows
 from dmlstudy.experiments import claims, compare, figure_index, kit, regime_comparison, tables
 from dmlstudy.records import seed_everything
-from dmlstudy.study import write_table
+from dmlstudy.report import write_table
 
 config = compare.CompareStudy.from_namespace(globals())
 seed_everything(0)

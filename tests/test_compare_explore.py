@@ -591,8 +591,9 @@ def test_a_claim_of_no_difference_reads_an_interval_outside_the_margin_as_not_eq
 def test_rerankings_compute_on_the_runs_device(tiny_config, monkeypatch):
     """The comparison's and the DIML notebook's re-rankings run on the device the run resolves to (on a GPU
     worker, the GPU), not on the CPU where the grid embeddings are kept between the embedding and the ranking."""
+    from dmlstudy.compute import resolve_device
     from dmlstudy.experiments.diml import study as diml_study
-    from dmlstudy.train import resolve_device, run
+    from dmlstudy.train import run
 
     result = run(tiny_config(method="ms", seed=0))
     devices = []

@@ -432,7 +432,7 @@ def test_rerank_top_k_keeps_ties_in_cosine_order_and_checks_arguments():
 def test_grid_of_one_cell_reranks_to_the_cosine_order(tiny_config):
     """G = 1: the single cell is the global embedding, s_struct = cos, so cos + s_struct keeps the order."""
     result = run(tiny_config(method="ms", epochs=1, steps_per_epoch=1))
-    from dmlstudy.train import load_datasets
+    from dmlstudy.run_data import load_datasets
 
     query = load_datasets(result.config)["query"]
     grids = embed_grid_dataset(result.method, query, grid_sizes=(1, 2))

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from dmlstudy import engine, runs
+from dmlstudy.compute import resolve_device
 from dmlstudy.experiments.protocol import run_grid
-from dmlstudy.train import resolve_device
 
 TIMING = ("train_seconds", "seconds_per_epoch", "eval_seconds", "train_cpu_seconds", "eval_cpu_seconds")
 

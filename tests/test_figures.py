@@ -228,7 +228,7 @@ def test_heat_maps_have_a_colourbar_and_a_title():
 
 
 def test_crt_figures_have_colourbars(tiny_config):
-    from dmlstudy.train import load_datasets
+    from dmlstudy.run_data import load_datasets
 
     method = build_method("crt", backbone=build_backbone("dml_convnet"), num_classes=4).eval()
     assert colourbar_axes(plots.crt_correlation_figure(method))
@@ -243,7 +243,7 @@ def test_same_and_other_class_are_not_red_and_green():
 
 
 def test_attention_maps_have_colourbars_and_class_colours(tiny_config):
-    from dmlstudy.train import load_datasets
+    from dmlstudy.run_data import load_datasets
 
     method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2).eval()
     dataset = load_datasets(tiny_config())["query"]

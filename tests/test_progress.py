@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 from dmlstudy.methods import build_method
 from dmlstudy.models import build_backbone
-from dmlstudy.train import embed
+from dmlstudy.run_evaluation import embed
 
 
 def test_embedding_shows_a_bar_over_its_batches_only_when_asked(capsys):
@@ -28,11 +28,11 @@ def test_embedding_shows_a_bar_over_its_batches_only_when_asked(capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the study runner's progress over a plan's runs (dmlstudy.study.RunProgress, PlanProgress) and its entry lines
+# the study runner's progress over a plan's runs (dmlstudy.plan_progress.RunProgress, PlanProgress) and its entry lines
 
 
 def test_run_progress_counts_finished_runs_at_once_and_grows_as_grids_arrive():
-    from dmlstudy.study import RunProgress
+    from dmlstudy.plan_progress import RunProgress
 
     progress = RunProgress(finished_before=["old-1", "old-2"])
     assert (progress.ended, progress.total, progress.eta(0.0)) == (2, 2, None)
@@ -52,7 +52,7 @@ def test_run_progress_eta_is_the_epochs_left_at_the_rate_the_plan_trained_them()
     """Runs a (6 epochs) and b (6) from t=0; a ends at 60 s: 6 epochs in 60 busy seconds, 10 s an epoch, so b
     needs 60 s; with c (3) from t=100, b and c need 90 s, counted down from the last finish. Time with nothing
     waiting or training does not slow the rate down."""
-    from dmlstudy.study import RunProgress
+    from dmlstudy.plan_progress import RunProgress
 
     progress = RunProgress()
     progress.submitted("a", 6, at=0.0)
@@ -73,7 +73,7 @@ def test_run_progress_eta_is_the_epochs_left_at_the_rate_the_plan_trained_them()
 
 
 def test_the_runner_reads_whole_lines_of_the_run_ledger(tmp_path):
-    from dmlstudy.study import read_run_events
+    from dmlstudy.plan_progress import read_run_events
 
     ledger = tmp_path / "runs.jsonl"
     assert read_run_events(ledger, 0) == ([], 0)  # no notebook has submitted anything yet
@@ -98,7 +98,7 @@ def test_plan_progress_learns_runs_from_the_ledger_and_the_run_folders(tmp_path)
     import os
 
     from dmlstudy.engine import note_run_event
-    from dmlstudy.study import PlanProgress
+    from dmlstudy.plan_progress import PlanProgress
 
     study = tmp_path / "s"
     _finished_run(study / "old-1")
@@ -133,7 +133,8 @@ def test_entry_lines_are_one_short_line_each():
     from pathlib import Path
 
     from dmlstudy.paths import project_root
-    from dmlstudy.study import EntryOutcome, PlanEntry, duration_text, entry_line, entry_summary, outcome_status
+    from dmlstudy.plan_progress import duration_text
+    from dmlstudy.study import EntryOutcome, PlanEntry, entry_line, entry_summary, outcome_status
 
     crt = PlanEntry("default", "crt", project_root() / "notebooks" / "10_crt.ipynb")
     protocol = {"datasets": ["synbirds", "glyphs"], "seeds": [0, 1, 2, 3, 4], "epochs": 6, "lr": 0.004}
@@ -168,7 +169,7 @@ def test_entry_lines_are_one_short_line_each():
 
 def test_a_stopped_plan_says_in_one_line_what_it_kept_and_how_to_resume(tmp_path):
     from dmlstudy.paths import project_root, runs_root
-    from dmlstudy.study import resume_command, stop_line
+    from dmlstudy.plan_progress import resume_command, stop_line
 
     default = project_root() / "plans" / "default.yaml"
     assert resume_command(default, runs_root()) == "make study"
@@ -186,7 +187,7 @@ def test_plan_progress_keeps_ticking_during_a_long_entry(tmp_path):
     """The bar is refreshed by its own thread while one notebook's cell runs for minutes."""
     import threading
 
-    from dmlstudy.study import PlanProgress
+    from dmlstudy.plan_progress import PlanProgress
 
     with PlanProgress(2, tmp_path, heartbeat=0.01) as shown:
         shown.start()

@@ -375,7 +375,7 @@ def test_a_run_asked_to_stop_keeps_its_epoch_and_resumes_to_the_uninterrupted_re
 
 
 def test_study_table_groups_by_configuration_not_by_folder_name(tmp_path):
-    from dmlstudy.study import configuration_columns, gather_runs, summarize
+    from dmlstudy.report import configuration_columns, gather_runs, summarize
 
     for lr, values in ((0.001, (0.5, 0.7)), (0.004, (0.1, 0.3))):
         for seed, value in enumerate(values):
@@ -425,8 +425,8 @@ def test_the_table_leaves_out_runs_a_newer_configuration_replaced(tmp_path, caps
     explorer take the one the plan's entries reported, keep runs no entry reports under any configuration, keep
     two configurations entries report under one name, and name what they left out."""
     from dmlstudy.experiments.explore import find_runs
+    from dmlstudy.report import gather_runs
     from dmlstudy.runs import LEDGER_NAME, superseded_runs
-    from dmlstudy.study import gather_runs
 
     study = tmp_path / "s"
 
@@ -469,7 +469,7 @@ def test_the_table_leaves_out_runs_a_newer_configuration_replaced(tmp_path, caps
 def test_the_table_names_each_rows_settings_in_one_readable_cell(tmp_path):
     """results/runs.md: one 'configuration' cell per row with only the fields its runs have (no column of
     another method's keyword arguments full of nan), floats to 3 significant digits, a weights path by name."""
-    from dmlstudy.study import configuration_text
+    from dmlstudy.report import configuration_text
 
     table = pd.DataFrame(
         {

@@ -18,8 +18,11 @@ from dmlstudy.models.trunk_cache import (
     StemCachedBackbone,
     stem_activation_split,
 )
+from dmlstudy.records import seed_everything
 from dmlstudy.regimes import REGIMES, regime_overrides
-from dmlstudy.train import TrainConfig, _stem_backbone, load_datasets, run, seed_everything
+from dmlstudy.run_data import load_datasets
+from dmlstudy.run_model import stem_backbone
+from dmlstudy.train import TrainConfig, run
 
 SIZE = 32
 
@@ -128,7 +131,7 @@ def test_a_run_on_cached_views_trains_only_the_tail_and_reads_back(tiny_config):
     assert 0.0 <= result.metrics["R@1"] <= 1.0
     state = torch.load(config.run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["method"]
     seed_everything(config.seed)  # the backbone is built right after seeding: its start, again
-    start = {f"backbone.{key}": value for key, value in _stem_backbone(config).state_dict().items()}
+    start = {f"backbone.{key}": value for key, value in stem_backbone(config).state_dict().items()}
     stem = [key for key in start if key.startswith(("backbone.model.conv_stem", "backbone.model.blocks.5."))]
     tail = [key for key in start if key.startswith("backbone.model.blocks.6.") and key.endswith("weight")]
     assert stem and tail

@@ -8,18 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dmlstudy.study import (
-    PlanEntry,
-    PlanError,
-    entry_setting,
-    gather_runs,
-    injected_parameters,
-    load_plan,
-    run_plan,
-    stop_line,
-    summarize,
-    write_table,
-)
+from dmlstudy.plan_progress import stop_line
+from dmlstudy.report import gather_runs, summarize, write_table
+from dmlstudy.study import PlanEntry, PlanError, entry_setting, injected_parameters, load_plan, run_plan
 
 
 def write_notebook(path, parameters: str, body: str):

@@ -143,14 +143,14 @@ def test_no_flip_ever_reaches_a_flip_sensitive_dataset(flip_invariant):
 
 
 def test_the_glyphs_training_view_never_flips(tmp_path, tiny_config, monkeypatch):
-    from dmlstudy import train as engine
+    from dmlstudy import run_data
     from dmlstudy.data import DATASETS
 
     def small_glyphs(name, root, split):
         return DATASETS[name](root=root, split=split, num_classes=8, images_per_class=4)
 
-    monkeypatch.setattr(engine, "build_dataset", small_glyphs)
-    train = engine.load_datasets(tiny_config(data_root=str(tmp_path), dataset="glyphs"))["train"]
+    monkeypatch.setattr(run_data, "build_dataset", small_glyphs)
+    train = run_data.load_datasets(tiny_config(data_root=str(tmp_path), dataset="glyphs"))["train"]
     assert isinstance(train, BatchAugmentedTrain) and train.split.flip_invariant is False
     train.split.images = (
         torch.arange(64, dtype=torch.float32).mul(4).to(torch.uint8).expand(len(train), 3, 64, 64).contiguous()
@@ -173,7 +173,7 @@ def test_evaluation_view_matches_the_test_transform(tiny_data_root):
 
 
 def test_evaluation_batches_read_either_pipeline_in_the_order_asked(tiny_data_root):
-    """The one batching path of every embedding pass (train.embed, DIML's grid embeddings): a Subset of the
+    """The one batching path of every embedding pass (run_evaluation.embed, DIML's grid embeddings): a Subset of the
     tensor view is unwrapped to rows of the cropped tensor, a file split goes through a DataLoader."""
     split = build_dataset("cub200", tiny_data_root / "cub200", "test")
     view = EvaluationImages(
@@ -231,9 +231,9 @@ def test_stale_or_corrupt_cache_is_rebuilt_with_a_warning_and_nothing_else_lost(
 
 
 def test_over_budget_dataset_falls_back_to_files_with_a_logged_message(tiny_config, caplog):
-    from dmlstudy.train import SeededAugmentation, load_datasets
+    from dmlstudy.run_data import SeededAugmentation, load_datasets
 
-    with caplog.at_level(logging.INFO, logger="dmlstudy.train"):
+    with caplog.at_level(logging.INFO, logger="dmlstudy.run_data"):
         datasets = load_datasets(tiny_config(tensor_budget_gib=1e-6))
     assert isinstance(datasets["train"], SeededAugmentation)
     assert "over tensor_budget_gib" in caplog.text and "reading image files instead" in caplog.text
@@ -243,13 +243,13 @@ def test_over_budget_dataset_falls_back_to_files_with_a_logged_message(tiny_conf
 
 
 def test_images_of_different_sizes_fall_back_to_files(tiny_data_root, tmp_path, tiny_config, caplog):
-    from dmlstudy.train import SeededAugmentation, load_datasets
+    from dmlstudy.run_data import SeededAugmentation, load_datasets
 
     root = tmp_path / "data" / "cub200"
     shutil.copytree(tiny_data_root / "cub200", root)
     first = build_dataset("cub200", root, "test").paths[0]
     Image.fromarray(smooth_image(50, 70)).save(first)
-    with caplog.at_level(logging.INFO, logger="dmlstudy.train"):
+    with caplog.at_level(logging.INFO, logger="dmlstudy.run_data"):
         datasets = load_datasets(tiny_config(data_root=str(tmp_path / "data")))
     assert isinstance(datasets["train"], SeededAugmentation) and "differ in size" in caplog.text
 
@@ -267,7 +267,7 @@ def test_same_seed_gives_identical_metrics_with_0_and_2_workers(tiny_config, pip
 
 
 def test_autocast_defaults_to_bfloat16_on_cuda_only(tiny_config):
-    from dmlstudy.train import autocast_dtype
+    from dmlstudy.compute import autocast_dtype
 
     assert autocast_dtype(tiny_config(), torch.device("cpu")) is None
     assert autocast_dtype(tiny_config(), torch.device("cuda")) is torch.bfloat16
@@ -285,7 +285,7 @@ def test_embeddings_do_not_depend_on_the_evaluation_batch_size(name):
     is computed on its own, so 64 and 256 images per pass agree (to float rounding on any BLAS)."""
     from dmlstudy.methods import EVAL_BATCH_SIZE, build_method
     from dmlstudy.models import build_backbone
-    from dmlstudy.train import embed
+    from dmlstudy.run_evaluation import embed
 
     torch.manual_seed(0)
     method = build_method(name, backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=4)

@@ -61,7 +61,7 @@ def test_complete_run_is_loaded_not_retrained(tiny_config):
 
 @pytest.mark.parametrize(("train_classes", "validation_folds"), [(0, 0), (0, 4), (5, 0), (6, 3), (1000, 4)])
 def test_the_training_class_count_is_that_of_the_loaded_split(tiny_config, train_classes, validation_folds):
-    from dmlstudy.train import class_split_counts, load_datasets, training_class_count
+    from dmlstudy.run_data import class_split_counts, load_datasets, training_class_count
 
     config = tiny_config(train_classes=train_classes, validation_folds=validation_folds)
     loaded = load_datasets(config)
@@ -153,7 +153,7 @@ def test_resuming_another_configuration_trains_it_in_its_own_folder(tiny_config)
 def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):
     import torch
 
-    from dmlstudy.train import load_datasets
+    from dmlstudy.run_data import load_datasets
 
     config = tiny_config(input_pipeline="files")  # the tensor pipeline's splits are tested in test_tensor_pipeline.py
     memoized, fresh = load_datasets(config)["query"], load_datasets(config)["query"]
@@ -170,7 +170,8 @@ def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):
 
 
 def test_the_backbone_has_its_own_rate_and_stands_still_while_the_heads_warm_up():
-    from dmlstudy.train import TrainConfig, build_model, group_learning_rates
+    from dmlstudy.run_model import build_model
+    from dmlstudy.train import TrainConfig, group_learning_rates
 
     config = TrainConfig(method="proxyanchor", epochs=4, lr=1e-3, head_lr=1e-2, backbone_lr_scale=0.1, warmup_epochs=1)
     method = build_model(config, num_classes=5)

@@ -17,7 +17,8 @@ from dmlstudy import search_space as search
 from dmlstudy.cli import main
 from dmlstudy.config import load_yaml
 from dmlstudy.methods import search_space
-from dmlstudy.train import TrainConfig, build_model
+from dmlstudy.run_model import build_model
+from dmlstudy.train import TrainConfig
 from dmlstudy.tuned import RowResult, TunedValuesError, list_rows, tuned_overrides, write_tuned
 from dmlstudy.tuning import (
     TuneConfig,

@@ -8,12 +8,15 @@ import pandas as pd
 import pytest
 import torch
 
-from dmlstudy import runs
+from dmlstudy import checkpoint_selection, run_data, runs
 from dmlstudy import train as train_module
+from dmlstudy.checkpoint_selection import CheckpointSelection
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.data.base import ImageListDataset
 from dmlstudy.data.folds import class_folds, fold_classes, split_by_classes
-from dmlstudy.train import CheckpointSelection, TrainConfig, build_model, load_datasets, run
+from dmlstudy.run_data import load_datasets
+from dmlstudy.run_model import build_model
+from dmlstudy.train import TrainConfig, run
 
 
 @pytest.mark.parametrize("num_classes,folds", [(100, 4), (12, 4), (13, 4), (7, 2)])
@@ -64,7 +67,7 @@ def test_validation_classes_never_train(tiny_config, pipeline):
 
 def test_tuning_runs_never_read_the_test_classes(tiny_config, monkeypatch):
     built, read = [], []
-    real_build = train_module.build_dataset
+    real_build = run_data.build_dataset
     real_read = ImageListDataset.read_image
 
     def recording_build(name, root, split, *args, **kwargs):
@@ -75,7 +78,7 @@ def test_tuning_runs_never_read_the_test_classes(tiny_config, monkeypatch):
         read.append(self.paths[index])
         return real_read(self, index)
 
-    monkeypatch.setattr(train_module, "build_dataset", recording_build)
+    monkeypatch.setattr(run_data, "build_dataset", recording_build)
     monkeypatch.setattr(ImageListDataset, "read_image", recording_read)
     test_split = real_build("cub200", tiny_config().data_root + "/cub200", "test")
     test_files = set(test_split.paths)
@@ -119,9 +122,7 @@ def test_a_last_epoch_checkpoint_with_a_validation_choice_reports_the_chosen_sta
     chosen = result.method.state_dict()
     last = {name: torch.zeros_like(tensor) for name, tensor in chosen.items()}
     torch.save({"epoch": 1, "method": last, "selection": {"state": chosen}}, tmp_path / "checkpoint.pt")
-    loaded = train_module.load_reported_state(
-        train_module.build_model(result.config, 12), tmp_path, torch.device("cpu")
-    )
+    loaded = train_module.load_reported_state(build_model(result.config, 12), tmp_path, torch.device("cpu"))
     for name, tensor in chosen.items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor)
 
@@ -188,9 +189,9 @@ def test_a_run_is_censored_exactly_when_the_selection_never_stopped_it(patience,
             selection.observe(float(value), epoch=epoch, method=method, trained_seconds=0.0, arrays={})
             rows.append({"epoch": epoch, "val_R@1": float(value)})
         history = pd.DataFrame(rows)
-        censored = train_module.best_epoch_censored(history, patience, warmup)
+        censored = checkpoint_selection.best_epoch_censored(history, patience, warmup)
         assert censored == (not selection.stopped), (values, patience, warmup)
-        assert int(train_module.selection_evaluations(history, warmup).idxmax()) == selection.epoch
+        assert int(checkpoint_selection.selection_evaluations(history, warmup).idxmax()) == selection.epoch
 
 
 def test_a_record_that_reports_a_warm_up_epoch_is_trained_again(tiny_config):
@@ -233,12 +234,12 @@ def test_an_epoch_checkpoint_that_chose_a_warm_up_epoch_starts_the_run_again(tin
 def test_censoring_without_patience_or_validation_looks_at_the_last_evaluation():
     rising = pd.DataFrame({"epoch": [1, 2, 3], "R@1": [0.1, 0.2, 0.3]})  # test classes only: never stops early
     peaked = pd.DataFrame({"epoch": [1, 2, 3], "R@1": [0.1, 0.3, 0.2]})
-    assert train_module.best_epoch_censored(rising, patience=2)
-    assert not train_module.best_epoch_censored(peaked, patience=2)
+    assert checkpoint_selection.best_epoch_censored(rising, patience=2)
+    assert not checkpoint_selection.best_epoch_censored(peaked, patience=2)
     validated = pd.DataFrame({"epoch": [1, 2, 3], "R@1": [np.nan] * 3, "val_R@1": [0.1, 0.3, 0.2]})
-    assert not train_module.best_epoch_censored(validated, patience=0)
-    assert train_module.best_epoch_censored(validated, patience=2)
-    assert not train_module.best_epoch_censored(pd.DataFrame({"epoch": [1], "loss": [1.0]}), patience=2)
+    assert not checkpoint_selection.best_epoch_censored(validated, patience=0)
+    assert checkpoint_selection.best_epoch_censored(validated, patience=2)
+    assert not checkpoint_selection.best_epoch_censored(pd.DataFrame({"epoch": [1], "loss": [1.0]}), patience=2)
 
 
 def test_patience_stops_a_run_early(tiny_config):

@@ -21,8 +21,8 @@ from dmlstudy.experiments.papers import PAPER_DATASET
 from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
 from dmlstudy.experiments.tables import seed_text
 from dmlstudy.regimes import regime
+from dmlstudy.report import write_table
 from dmlstudy.rows import method_grid
-from dmlstudy.study import write_table
 from dmlstudy.train import RunResult, selection_rule
 
 ABLATION_REGIMES = ("scratch", "imagenet")  # where the published plans' paper notebooks train their ablations

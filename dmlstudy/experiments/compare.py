@@ -73,7 +73,8 @@ from dmlstudy.methods import list_methods
 from dmlstudy.paths import study_outputs
 from dmlstudy.regimes import regime
 from dmlstudy.rows import EXTRA_ROWS, RERANK, method_grid
-from dmlstudy.train import RunResult, TrainConfig, class_split_counts
+from dmlstudy.run_data import class_split_counts
+from dmlstudy.train import RunResult, TrainConfig
 
 
 @dataclass

@@ -40,13 +40,16 @@ import pandas as pd
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
+from dmlstudy.compute import resolve_device
 from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.experiments.kit import evaluation_sets
 from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
 from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
+from dmlstudy.run_data import load_datasets
+from dmlstudy.run_model import build_model
 from dmlstudy.runs import superseded_runs
-from dmlstudy.train import RunResult, TrainConfig, build_model, load_datasets, load_reported_state, resolve_device
+from dmlstudy.train import RunResult, TrainConfig, load_reported_state
 
 RUN_RECORDS = ("metrics.json", "config.yaml", "embeddings.npz", "checkpoint.pt")
 NO_EXPLANATION = "no explanation for this method"

@@ -24,10 +24,12 @@ import pandas as pd
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
+from dmlstudy.compute import autocast_context, autocast_dtype, resolve_device
 from dmlstudy.experiments.papers import PAPER_DATASET
 from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
-from dmlstudy.study import mean_std_text
-from dmlstudy.train import RunResult, TrainConfig, autocast_context, autocast_dtype, load_datasets, resolve_device
+from dmlstudy.report import mean_std_text
+from dmlstudy.run_data import load_datasets
+from dmlstudy.train import RunResult, TrainConfig
 
 Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
 BASELINE: Variant = ("ms", {"method": "ms"})  # the MS baseline every paper compares with

@@ -19,8 +19,9 @@ import time
 from typing import Any
 
 from dmlstudy.experiments.protocol import ProtocolConfig
+from dmlstudy.run_data import load_datasets
 from dmlstudy.study import PROTOCOL_PARAMETER, PlanEntry, load_plan, notebook_parameters
-from dmlstudy.train import TrainConfig, load_datasets
+from dmlstudy.train import TrainConfig
 
 DATASET_PARAMETERS = ("dataset", "datasets", "ablation_datasets")  # entry parameters that name datasets
 REGIMES_PARAMETER = "compared_regimes"  # the comparison's further regimes, beside the protocol's

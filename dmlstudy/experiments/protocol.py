@@ -24,13 +24,15 @@ from typing import Any
 import pandas as pd
 
 from dmlstudy import distributed, engine, runs
+from dmlstudy.checkpoint_selection import best_epoch_censored
 from dmlstudy.config import TypedConfig
 from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
 from dmlstudy.paths import project_root
 from dmlstudy.regimes import REGIMES, regime, regime_overrides, run_prefix
+from dmlstudy.report import summarize
+from dmlstudy.run_data import load_datasets
 from dmlstudy.search_space import flattened, merged
-from dmlstudy.study import summarize
-from dmlstudy.train import AUTOCAST_MODES, RunResult, TrainConfig, best_epoch_censored, is_complete, load_datasets, run
+from dmlstudy.train import AUTOCAST_MODES, RunResult, TrainConfig, is_complete, run
 from dmlstudy.tuned import list_rows, tuned_file, tuned_overrides
 
 

@@ -11,8 +11,8 @@ import pandas as pd
 
 from dmlstudy import verdicts
 from dmlstudy.experiments.protocol import ProtocolConfig
+from dmlstudy.report import write_table
 from dmlstudy.rows import method_label
-from dmlstudy.study import write_table
 
 
 @dataclass

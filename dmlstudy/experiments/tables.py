@@ -17,8 +17,8 @@ from dmlstudy.experiments import kit
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
 from dmlstudy.metrics import class_subset_recall
+from dmlstudy.report import summarize, write_table
 from dmlstudy.rows import RERANK, method_label
-from dmlstudy.study import summarize, write_table
 from dmlstudy.train import RunResult
 
 RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K

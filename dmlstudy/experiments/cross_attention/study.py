@@ -23,7 +23,8 @@ from dmlstudy.methods.cross_attention import (
     feature_maps,
     subset_indices,
 )
-from dmlstudy.train import RunResult, load_datasets
+from dmlstudy.run_data import load_datasets
+from dmlstudy.train import RunResult
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Kotovenko et al., CVPR 2023), from papers.yaml, in %.
@@ -229,7 +230,7 @@ def initial_gradients(
     initialisation (unit-norm q̂, 1/√d), so the test-time embedding layer may receive almost nothing.
     """
     from dmlstudy.data import ClassBalancedBatchSampler
-    from dmlstudy.train import build_model
+    from dmlstudy.run_model import build_model
 
     train = load_datasets(protocol.train_config(dataset=dataset, seed=seed, name="ms", method="ms"))["train"]
     sampler = ClassBalancedBatchSampler(

@@ -10,7 +10,8 @@ from torch.utils.data import Subset
 from dmlstudy.experiments.crt.study import evaluation_split
 from dmlstudy.experiments.kit import box, device_of, link, projection_figure
 from dmlstudy.methods.crt import CRT, BranchEmbedder
-from dmlstudy.train import RunResult, embed
+from dmlstudy.run_evaluation import embed
+from dmlstudy.train import RunResult
 
 
 def transform_figure(method: CRT, *, image_size: int = 64) -> plt.Figure:

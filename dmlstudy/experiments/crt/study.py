@@ -23,7 +23,8 @@ from dmlstudy.methods import build_method
 from dmlstudy.methods.crt import CRT, BranchEmbedder
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
-from dmlstudy.train import RunResult, TrainConfig, embed
+from dmlstudy.run_evaluation import embed
+from dmlstudy.train import RunResult, TrainConfig
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Kan et al., NeurIPS 2022), from papers.yaml. Recall@1 in %.

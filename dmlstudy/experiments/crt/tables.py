@@ -28,7 +28,7 @@ from dmlstudy.experiments.crt.study import (
 )
 from dmlstudy.experiments.kit import lookup, paper_column, paper_dataset, summary, without_numbers
 from dmlstudy.experiments.protocol import results_frame
-from dmlstudy.study import mean_std_text
+from dmlstudy.report import mean_std_text
 from dmlstudy.train import RunResult
 from dmlstudy.verdicts import effect_sentence, judge, paired_differences
 

@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch.utils.data import Subset
 
 from dmlstudy import metrics as metric_functions
+from dmlstudy.checkpoint_selection import best_epoch_censored, selection_evaluations
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.experiments.kit import variant_name, with_reference
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig
-from dmlstudy.rows import SHARED_VARIANTS
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
     DGCRL,
@@ -36,14 +36,9 @@ from dmlstudy.methods.dgcrl import (
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.records import seed_everything
-from dmlstudy.train import (
-    OPTIMIZERS,
-    RunResult,
-    best_epoch_censored,
-    load_datasets,
-    selection_evaluations,
-    training_class_count,
-)
+from dmlstudy.rows import SHARED_VARIANTS
+from dmlstudy.run_data import load_datasets, training_class_count
+from dmlstudy.train import OPTIMIZERS, RunResult
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.

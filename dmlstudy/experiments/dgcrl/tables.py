@@ -21,7 +21,7 @@ from dmlstudy.experiments.dgcrl.study import (
 )
 from dmlstudy.experiments.kit import paper_dataset, without_numbers
 from dmlstudy.experiments.protocol import mean_std_table, results_frame
-from dmlstudy.study import mean_std_text
+from dmlstudy.report import mean_std_text
 from dmlstudy.train import RunResult
 from dmlstudy.verdicts import Verdict, censor, judge, paired_differences
 
