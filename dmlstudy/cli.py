@@ -215,8 +215,9 @@ def _list(args: argparse.Namespace) -> int:
     if args.what == "plans":
         print(
             "\nrun a study plan: dmlstudy study run plans/<plan>.yaml; train one paper config: dmlstudy train --config "
-            "plans/papers/<config>.yaml; tune: make tune (dmlstudy tune plans/tune.yaml, then plans/tune_pretrained.yaml: "
-            "writes plans/tuned/<dataset>.yaml and plans/tuned/pretrained/<dataset>.yaml, which the study reads)"
+            "plans/papers/<config>.yaml; tune: make tune PLAN=plans/tune_imagenet.yaml writes "
+            "plans/tuned/imagenet/emoji.yaml, the values the default study reads (make tune alone also tunes the embedded "
+            "study's two regimes: plans/tune.yaml, plans/tune_pretrained.yaml)"
         )
     return 0
 

@@ -196,7 +196,7 @@ def source_image(dataset, index: int) -> np.ndarray:
 
 def training_curves(history: pd.DataFrame, *, metric: str = "R@1", title: str = "") -> plt.Figure:
     """Training loss per epoch and ``metric`` at each evaluation (on the validation classes when the run has
-    them, else the test classes: :func:`dmlstudy.train.evaluation_column`)."""
+    them, else the test classes: :func:`dmlstudy.checkpoint_selection.evaluation_column`)."""
     from dmlstudy.checkpoint_selection import evaluation_column
 
     column, classes = evaluation_column(history, metric)

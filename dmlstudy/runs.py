@@ -91,7 +91,7 @@ HASHED_WHEN_SET = {  # field → the value that reproduces the runs recorded bef
 ACTIONS = ("resume", "overwrite")  # fields that say what to do with a run folder, recorded off in config.yaml
 RECORD_FILES = ("metrics.json", "checkpoint.pt", "history.csv", "embeddings.npz", "environment.json", "config.yaml")
 LOCK_FILE, HOLDER_FILE = ".run.lock", ".run.lock.json"
-# The revision of the rule that chooses a run's reported checkpoint (train.CheckpointSelection); a plan executes
+# The revision of the rule that chooses a run's reported checkpoint (checkpoint_selection.CheckpointSelection); a plan executes
 # its entries again when it changes (study.entry_inputs).
 SELECTION_RULE = "2026-11-26"
 LEDGER_VARIABLE = "DMLSTUDY_RUN_LEDGER"  # set by the study runner for each notebook's kernel: see note_used()

@@ -30,7 +30,7 @@ Decisions:
 * **Pruning**: the median rule by default (:data:`PRUNERS`): a trial whose validation R@1 at an evaluated epoch
   is below the median of earlier trials at that epoch stops (Optuna's rule compares the trial's best value so
   far). A pretrained trial's warm-up epochs are evaluated but not reported: the warm-up state is neither
-  chosen nor counted by the run (:class:`dmlstudy.train.CheckpointSelection`), so it does not shield a trial
+  chosen nor counted by the run (:class:`dmlstudy.checkpoint_selection.CheckpointSelection`), so it does not shield a trial
   from pruning either (2026-11-26; replaying the pretrained searches' journals under both rules,
   ``benchmarks/pruner_replay.py``, finds no decision that changes, so ``plans/tuned/pretrained/`` stands).
   Chosen over successive halving because the budget

@@ -49,8 +49,9 @@
 # Every table trains all its settings under one protocol (printed above it), reports mean ± std over seeds
 # and ends with a sentence computed from the numbers saying whether the paper's direction of effect held
 # here. The paper's numbers (ImageNet-pretrained ResNet-50, CUB-200-2011 / CARS196) are printed beside ours
-# for orientation: a randomly initialised CNN on 64-px synthetic images is a different regime. SynBirds
-# stands beside CUB and Glyphs beside Cars.
+# for orientation: the default study's regime (emoji, EfficientNet-Lite0 with its ImageNet weights, the last
+# stage fine-tuned at 128 px) and the embedded study's (generated sets, a small CNN) both differ from it. In the
+# embedded study SynBirds stands beside CUB and Glyphs beside Cars.
 #
 # The defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
 # `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one

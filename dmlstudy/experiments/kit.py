@@ -108,7 +108,7 @@ def device_of(module: torch.nn.Module) -> torch.device:
 
 
 def embedding_precision(config: TrainConfig) -> dict[str, Any]:
-    """How a run's test embeddings are computed where it is evaluated now, as :func:`dmlstudy.train.evaluate`
+    """How a run's test embeddings are computed where it is evaluated now, as :func:`dmlstudy.run_evaluation.evaluate`
     computes them: under the autocast of its resolved device (bf16 on CUDA by default) and in its memory format.
     Empty for float32 in the default format (every CPU study by default), so the re-ranking caches written before
     this entered their keys stay valid; otherwise it enters them, so a run re-ranked at another precision is

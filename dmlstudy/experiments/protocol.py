@@ -84,7 +84,7 @@ class ProtocolConfig(TypedConfig):
             rates += f"; untuned rows (lr {self.lr:g}, paper defaults): {listed}"
         if self.validation_folds:
             warmup = regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs).get("warmup_epochs")
-            after = " after the warm-up" if warmup else ""  # train.CheckpointSelection: warm-up epochs never count
+            after = " after the warm-up" if warmup else ""  # checkpoint_selection.CheckpointSelection: warm-up epochs never count
             schedule = (
                 f"up to {self.epochs} epochs × {self.steps_per_epoch or 'full'} steps"
                 + (
@@ -350,7 +350,7 @@ def train_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> N
 
 def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
     """One row per run: variant, dataset, seed, run folder, metrics, the method's keyword arguments as JSON, and
-    ``best_epoch_censored`` (:func:`dmlstudy.train.best_epoch_censored`: the cap cut its epochs-to-best short)."""
+    ``best_epoch_censored`` (:func:`dmlstudy.checkpoint_selection.best_epoch_censored`: the cap cut its epochs-to-best short)."""
     rows = []
     for variant, result in results:
         config = result.config

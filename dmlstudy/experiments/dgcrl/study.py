@@ -197,7 +197,7 @@ def recall_at(result: RunResult, ks: Sequence[int]) -> dict[str, float]:
 
 def best_epoch(history: pd.DataFrame, *, metric: str = "R@1", warmup_epochs: int = 0) -> tuple[int, float]:
     """``(epoch, value)`` of the first evaluation with the highest ``metric`` among those the reported checkpoint
-    is chosen from (:func:`dmlstudy.train.selection_evaluations`: validation classes after the warm-up when the
+    is chosen from (:func:`dmlstudy.checkpoint_selection.selection_evaluations`: validation classes after the warm-up when the
     run has them, so the epoch its reported checkpoint comes from)."""
     evaluated = selection_evaluations(history, warmup_epochs, metric)
     if evaluated.empty:
