@@ -1,4 +1,4 @@
-"""Emoji: one emoji per class, drawn by nine independent design families, rendered on this machine.
+"""Emoji: one emoji per class, drawn by nine design families (two of them one lineage), rendered on this machine.
 
 Source. Nine emoji sets published on npm in the Iconify JSON format (SVG bodies inside JSON),
 :data:`EMOJI_SOURCES`, pinned to exact versions and verified against their recorded sha512 integrity.
