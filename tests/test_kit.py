@@ -129,7 +129,7 @@ def test_paper_column_puts_each_dataset_beside_its_stand_in():
 
 
 # ----------------------------------------------------------------------------------------------
-# The papers' numbers: one file, read by the modules, the plans and the README checked against it
+# The papers' numbers: one file, read by the modules, the plans and docs/papers.md checked against it
 # ----------------------------------------------------------------------------------------------
 def test_papers_yaml_gives_every_table_a_source_and_typed_values():
     data = papers.load()
@@ -160,11 +160,13 @@ def test_paper_plans_and_readme_quote_the_file(plan):
     in_plan = yaml.safe_load((ROOT / "plans" / "papers" / f"{plan}.yaml").read_text())["reported"]["metrics"]
     assert in_plan == reported
     rows = [
-        line for line in (ROOT / "README.md").read_text().splitlines() if f"`{plan}`" in line and line.startswith("|")
+        line
+        for line in (ROOT / "docs" / "papers.md").read_text().splitlines()
+        if f"`{plan}`" in line and line.startswith("|")
     ]
-    assert rows, f"README: no row of the papers' numbers for {plan}"
+    assert rows, f"docs/papers.md: no row of the papers' numbers for {plan}"
     shown = {float(x) for x in re.findall(r"\d+\.\d+", rows[0])}
-    assert {float(v) for v in reported.values()} <= shown, f"README row of {plan} differs from papers.yaml"
+    assert {float(v) for v in reported.values()} <= shown, f"docs/papers.md row of {plan} differs from papers.yaml"
 
 
 def test_papers_and_claims_yaml_ship_with_the_package():
