@@ -267,7 +267,7 @@ def _study_robustness(args: argparse.Namespace) -> int:
         relatives = None
     table = robustness.write_robustness(relatives)
     print(robustness.wide_table(table).to_string(index=False))
-    print(f"written: {study_outputs(robustness.STUDY, 'results')}/claims.md, figures/robustness/claims_forest.png")
+    print(f"written: {study_outputs(robustness.STUDY, 'results')}/claims.md, figures/robustness/robustness_forest.png")
     return 0
 
 
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reads the per-seed tables of the default study and of each robustness study (robust_partitions, "
         "robust_budget, robust_224, robust_designers; those not run yet are reported as such), computes the "
         "relatives-out column from the default study's runs (once; kept in results/robustness/), and writes "
-        "results/robustness/claims.{csv,md}, runs_per_seed.csv and figures/robustness/claims_forest.png.",
+        "results/robustness/claims.{csv,md}, runs_per_seed.csv and figures/robustness/robustness_forest.png.",
     )
     robustness.add_argument("--runs-root", default=None, help="where run folders are [default: <project>/runs]")
     robustness.add_argument(

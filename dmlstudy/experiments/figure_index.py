@@ -26,6 +26,7 @@ FIGURE_PREFIXES = {  # file-name prefix → the notebook that writes figures wit
 FIGURE_COMMANDS = {  # figures that no notebook draws → the command that writes them
     "tuning_best_so_far.png": "`make tune` (`dmlstudy tune plans/tune.yaml`)",
     "tuning_best_so_far_pretrained.png": "`make tune` (`dmlstudy tune plans/tune_pretrained.yaml`)",
+    "robustness_forest.png": "`dmlstudy study robustness` (`make robustness`)",
 }
 
 
@@ -65,6 +66,10 @@ FIGURE_CAPTIONS = {  # figure name, or a prefix ending in "_" followed by the da
     "compare_tsne.png": "t-SNE of the first test classes' embeddings, one panel per method (first seed).",
     "compare_umap.png": "UMAP of the first test classes' embeddings, one panel per method (first seed).",
     "compare_recall_vs_time.png": "Each method's R@1 against its training wall-clock time; up and left is better.",
+    "robustness_forest.png": "Each headline claim (one panel, its robustness label in the title) read in every "
+    "column of the robustness study: the default study, each class partition and the pooled partitions (red), the "
+    "30-epoch cap, 224 px, unseen designers and relatives out of the gallery; filled: decided. A claim is robust "
+    "when its decided intervals all sit on one side of 0 (or all inside the grey ±margin band).",
     "tuning_best_so_far": "Best validation R@1 found so far against tuning trials, per method; a flat tail means the "
     "budget sufficed.",
 }

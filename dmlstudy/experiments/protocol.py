@@ -84,7 +84,9 @@ class ProtocolConfig(TypedConfig):
             rates += f"; untuned rows (lr {self.lr:g}, paper defaults): {listed}"
         if self.validation_folds:
             warmup = regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs).get("warmup_epochs")
-            after = " after the warm-up" if warmup else ""  # checkpoint_selection.CheckpointSelection: warm-up epochs never count
+            after = (
+                " after the warm-up" if warmup else ""
+            )  # checkpoint_selection.CheckpointSelection: warm-up epochs never count
             schedule = (
                 f"up to {self.epochs} epochs × {self.steps_per_epoch or 'full'} steps"
                 + (

@@ -366,8 +366,9 @@ STUDY = "robustness"  # its tables go to results/robustness/, its figure to figu
 
 def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
     """``claims.csv``, ``claims.md`` and ``runs_per_seed.csv`` in ``results/robustness/``, the forest figure
-    ``figures/robustness/claims_forest.png``; returns the table."""
+    ``figures/robustness/robustness_forest.png`` and its README; returns the table."""
     from dmlstudy import plots
+    from dmlstudy.experiments.figure_index import write_figures_readme
 
     folder = study_outputs(STUDY, "results")
     folder.mkdir(parents=True, exist_ok=True)
@@ -376,5 +377,6 @@ def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
     per_seed.to_csv(folder / PER_SEED, index=False)
     table.to_csv(folder / "claims.csv", index=False)
     (folder / "claims.md").write_text(robustness_markdown(table), encoding="utf-8")
-    plots.save_figure(forest_figure(table), "claims_forest", study=STUDY)
+    plots.save_figure(forest_figure(table), "robustness_forest", study=STUDY)
+    write_figures_readme(study_outputs(STUDY, "figures"), study=STUDY)
     return table
