@@ -34,9 +34,10 @@ from dmlstudy.data.tensor_cache import (
     DifferentImageSizes,
     EvaluationImages,
     TensorImageSplit,
-    cache_key,
+    TensorLayout,
     cached_images,
-    split_bytes,
+    stored_side,
+    tensor_layout,
 )
 from dmlstudy.models.trunk_cache import (
     CachedViewEvaluation,
@@ -92,10 +93,11 @@ def load_datasets(config: DataConfig) -> dict[str, Any]:
     gallery = (
         build_dataset(config.dataset, root, protocol.gallery_split) if reads_test and protocol.gallery_split else None
     )
-    tensors = _tensor_splits(config, root, {"train": train, "query": query, "gallery": gallery})
+    found = _tensor_splits(config, root, {"train": train, "query": query, "gallery": gallery})
     recall_ks = tuple(config.recall_ks) or protocol.recall_ks
+    tensors = found[0] if found is not None else None
     if config.stem_views:
-        tensors = _stem_activations(config, root, tensors, {"train": train, "query": query, "gallery": gallery})
+        tensors = _stem_activations(config, root, found)
     if tensors is not None:
         training_view, test_view = _tensor_views(config)
         training, validation = _validation_split(
@@ -181,27 +183,45 @@ def _validation_split(config: DataConfig, train):
 
 def _tensor_splits(
     config: DataConfig, root: Path, splits: Mapping[str, ImageListDataset | None]
-) -> dict[str, TensorImageSplit] | None:
-    """The splits as cached uint8 tensors, or None for the file pipeline (``files``, over budget, mixed sizes).
+) -> tuple[dict[str, TensorImageSplit], dict[str, TensorLayout]] | None:
+    """The splits as cached uint8 tensors and their layouts, or None for the file pipeline (``files``, over
+    budget, or images of different sizes under ``auto`` without ``stem_views``).
 
     ``auto`` decides for all the splits of the run together: tensors only when their total size fits
-    ``tensor_budget_gib`` and every split's images share one size; otherwise the reason is logged.
-    ``tensor`` raises instead of falling back.
+    ``tensor_budget_gib``; otherwise the reason is logged. ``tensor`` raises instead of falling back.
+    Images of different sizes are stacked resized to a square of :func:`~dmlstudy.data.tensor_cache.stored_side`
+    (the module docstring of :mod:`dmlstudy.data.tensor_cache` has the rule) when the run needs tensors
+    (``stem_views``, or ``input_pipeline='tensor'``); under ``auto`` otherwise they are read as files, whose
+    training crops range over the whole photo.
     """
     if config.input_pipeline == "files":
         return None
     present = {name: split for name, split in splits.items() if split is not None}
-    total = sum(split_bytes(split) for split in present.values())
+    side = stored_side(config.image_size) if config.stem_views or config.input_pipeline == "tensor" else None
     budget = int(config.tensor_budget_gib * 2**30)
     try:
+        layouts = {name: tensor_layout(split, root, side=side) for name, split in present.items()}
+        total = sum(layout.nbytes for layout in layouts.values())
         if total > budget:
             raise MemoryError(
                 f"{config.dataset}: its splits need {total / 2**30:.2f} GiB as uint8 tensors, over tensor_budget_gib = {config.tensor_budget_gib}"
             )
-        return {
-            name: TensorImageSplit(split, torch.from_numpy(cached_images(split, root)))
+        resized = sorted(name for name, layout in layouts.items() if layout.side is not None)
+        if resized:
+            _logger.info(
+                "%s: images of different sizes, cached with the shorter side resized to %d px and the centre "
+                "%d × %d square cut out (splits %s)",
+                config.dataset,
+                side,
+                side,
+                side,
+                ", ".join(resized),
+            )
+        tensors = {
+            name: TensorImageSplit(split, torch.from_numpy(cached_images(split, root, layouts[name])))
             for name, split in present.items()
         }
+        return tensors, layouts
     except (MemoryError, DifferentImageSizes) as reason:
         if config.input_pipeline == "tensor":
             raise ValueError(f"input_pipeline='tensor' is not possible: {reason}") from reason
@@ -216,24 +236,24 @@ def _tensor_splits(
 def _stem_activations(
     config: DataConfig,
     root: Path,
-    tensors: Mapping[str, TensorImageSplit] | None,
-    sources: Mapping[str, ImageListDataset | None],
+    found: tuple[Mapping[str, TensorImageSplit], Mapping[str, TensorLayout]] | None,
 ) -> dict[str, StemActivationSplit]:
     """The tensor splits as the stem's cached activations (``stem_views`` training views of ``train``, the test
     view of every split); computed once per image and view and shared by every run of the dataset
-    (:func:`dmlstudy.models.trunk_cache.stem_activation_split`)."""
-    if tensors is None:
+    (:func:`dmlstudy.models.trunk_cache.stem_activation_split`, keyed by the pixels' cache key)."""
+    if found is None:
         raise ValueError(
-            f"parameter 'stem_views' needs {config.dataset}'s splits as tensors (one image size, within "
+            f"parameter 'stem_views' needs {config.dataset}'s splits as tensors (within "
             f"tensor_budget_gib = {config.tensor_budget_gib})"
         )
+    tensors, layouts = found
     stem = stem_backbone(config)
     return {
         name: stem_activation_split(
             split,
             stem,
             folder=root / CACHE_FOLDER / "stem",
-            dataset_digest=cache_key(sources[name], root),
+            dataset_digest=layouts[name].key,
             image_size=config.image_size,
             training_views=config.stem_views if name == "train" else 0,
         )

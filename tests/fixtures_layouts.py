@@ -39,9 +39,9 @@ def decoded_class(image: Image.Image) -> int:
     return int(round((red - 10) / 20))
 
 
-def write_image(path: Path, k: int, *, grayscale: bool = False) -> None:
+def write_image(path: Path, k: int, *, grayscale: bool = False, size: tuple[int, int] = IMAGE_SIZE) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    image = Image.new("RGB", IMAGE_SIZE, class_colour(k))
+    image = Image.new("RGB", size, class_colour(k))
     if grayscale:  # CUB has a few single-channel JPEGs; the reader must still give RGB
         image = image.convert("L")
     image.save(path, format="JPEG", quality=95)
@@ -54,11 +54,20 @@ def write_apple_double(path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-def write_cub(parent: Path, *, images_per_class: Sequence[int], stray: bool = True) -> tuple[Path, list[Record]]:
+def mixed_size(image_id: int) -> tuple[int, int]:
+    """W × H of image ``image_id`` in a folder whose images differ in size, as CUB's photos do: landscape and
+    portrait, 36 to 80 px a side, no two neighbours alike."""
+    return 48 + 8 * (image_id % 5), 36 + 11 * (image_id % 4)
+
+
+def write_cub(
+    parent: Path, *, images_per_class: Sequence[int], stray: bool = True, mixed_sizes: bool = False
+) -> tuple[Path, list[Record]]:
     """``parent/CUB_200_2011/`` with ``len(images_per_class)`` classes (ids 1..K, first half train).
 
     Quirks: 1-based ids, a grayscale JPEG, ``._*`` files next to the images and the class folders,
-    ``train_test_split.txt`` that disagrees with the DML split. Returns ``(parent/CUB_200_2011, records)``.
+    ``train_test_split.txt`` that disagrees with the DML split; with ``mixed_sizes``, images of different
+    sizes (:func:`mixed_size`), else all :data:`IMAGE_SIZE`. Returns ``(parent/CUB_200_2011, records)``.
     """
     base = parent / "CUB_200_2011"
     (base / "images").mkdir(parents=True)
@@ -72,7 +81,8 @@ def write_cub(parent: Path, *, images_per_class: Sequence[int], stray: bool = Tr
             image_id += 1
             rel = f"{folder}/Bird_Species_{class_id}_{1000 + image_id}_{k}.jpg"
             path = base / "images" / rel
-            write_image(path, class_id, grayscale=(image_id == 2))
+            size = mixed_size(image_id) if mixed_sizes else IMAGE_SIZE
+            write_image(path, class_id, grayscale=(image_id == 2), size=size)
             if stray:
                 write_apple_double(path.parent / f"._{path.name}")
             images_lines.append(f"{image_id} {rel}")

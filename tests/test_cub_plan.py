@@ -1,6 +1,6 @@
 """plans/cub.yaml and plans/tune_cub.yaml: the default study's headline protocol on cub200, tuned on CUB's own
 validation classes into a folder the plan reads; the plan's notebook path executed at CI size on a small folder in
-the official CUB layout (the fetched layout)."""
+the official CUB layout (the fetched layout), its images of different sizes."""
 
 from __future__ import annotations
 
@@ -59,9 +59,10 @@ def test_the_cub_tuning_plan_tunes_the_compared_rows_with_the_default_budget_whe
 @pytest.fixture(scope="module")
 def cub_root(tmp_path_factory) -> Path:
     """A data root holding ``cub200/CUB_200_2011/``: 16 classes × 5 images in the official layout (the fetched one),
-    and tuned values where plans/tune_cub.yaml writes them (``<tuned>/imagenet/cub200.yaml``), for MS only."""
+    of different sizes as CUB's photos are, and tuned values where plans/tune_cub.yaml writes them
+    (``<tuned>/imagenet/cub200.yaml``), for MS only."""
     root = tmp_path_factory.mktemp("cub_plan")
-    write_cub(root / "data" / "cub200", images_per_class=[5] * 16)
+    write_cub(root / "data" / "cub200", images_per_class=[5] * 16, mixed_sizes=True)
     ms = RowResult("cub200", "ms", {"lr": 0.002, "method_kwargs": {"loss_kwargs": {"alpha": 3.0}}}, 0.5, 6, [], 1.0)
     write_tuned(root / "tuned" / "imagenet" / "cub200.yaml", "cub200", [ms], {"command": "test"}, regime="imagenet")
     return root
@@ -112,6 +113,8 @@ def test_the_cub_plans_comparison_judges_the_8_headline_claims_on_cub200_at_ci_s
     assert sorted(headline["claim"]) == sorted(c.name for c in CLAIMS if c.kind == "headline")
     assert set(headline["dataset"]) == {"cub200"} and set(headline["regime"]) == {"imagenet"}
     assert (headline["seeds"] == 1).all()
+    cache = cub_root / "data" / "cub200" / ".tensor-cache"
+    assert sorted(path.name for path in cache.glob("*.npy")) == ["cub200-test-37px.npy", "cub200-train-37px.npy"]
     configs = {variant: run.config for variant, run in result.main}
     assert configs["ms"].stem_views and configs["ms"].backbone == "dml_efficientnet_lite0"  # the imagenet regime
     assert configs["ms"].lr == 0.002 and configs["crt"].lr == 0.004  # tuned values read from <tuned>/imagenet/

@@ -1,6 +1,7 @@
 """The tensor input pipeline: cached uint8 datasets, per-sample batched augmentation on the device,
 the evaluation geometry, fallbacks to the file pipeline, cache invalidation and the compute fast path."""
 
+import hashlib
 import logging
 import os
 import shutil
@@ -26,10 +27,15 @@ from dmlstudy.data.loading import evaluation_batches
 from dmlstudy.data.tensor_cache import (
     CACHE_FOLDER,
     BatchAugmentedTrain,
+    DifferentImageSizes,
     EvaluationImages,
     TensorImageSplit,
+    cache_key,
     cached_images,
+    stored_side,
+    tensor_layout,
 )
+from tests.fixtures_layouts import mixed_size, write_cub
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -329,3 +335,106 @@ def test_cuda_runs_train_on_both_pipelines_with_default_bfloat16(tiny_config):
     assert np.isfinite(result.metrics["R@1"]) and next(result.method.parameters()).is_cuda
     files = run(tiny_config(run_name="cuda-files", device="cuda", epochs=1, input_pipeline="files", num_workers=2))
     assert np.isfinite(files.metrics["R@1"])
+
+
+# ------------------------------------------------------------------------------------ images of different sizes
+
+
+def _key_as_of_format_1(split, root) -> str:
+    """The tensor cache key written out by hand: format, split name, generator marker, then every file's
+    (relative path, size, mtime); what every cached embedded set on disk is stored under."""
+    digest = hashlib.sha256(f"format 1\n{split.name}\n".encode())
+    digest.update((root / "GENERATED.json").read_bytes())
+    for path in split.paths:
+        stat = path.stat()
+        digest.update(f"\n{path.relative_to(root).as_posix()} {stat.st_size} {stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def test_images_of_one_size_keep_their_cache_key_file_and_bytes_when_a_side_is_asked(tiny_data_root):
+    root = tiny_data_root / "cub200"
+    split = build_dataset("cub200", root, "test")
+    stored = cached_images(split, root)
+    for side in (None, stored_side(32), stored_side(128)):
+        layout = tensor_layout(split, root, side=side)
+        assert layout.side is None and layout.key == cache_key(split, root) == _key_as_of_format_1(split, root)
+        assert (layout.height, layout.width, layout.nbytes) == (64, 64, stored.nbytes)
+        np.testing.assert_array_equal(cached_images(split, root, layout), stored)
+    assert not list((root / CACHE_FOLDER).glob("*px.*"))  # no resized copy beside the stored one
+
+
+def _shifted_difference(image: torch.Tensor, reference: torch.Tensor) -> float:
+    """The least mean absolute difference of two C × S × S images over shifts of at most one pixel each way
+    (centre crops of a centre crop can land one pixel from the centre crop of the whole, by rounding)."""
+    size = image.shape[-1]
+    return min(
+        float((image[:, 1 + dy : size - 1 + dy, 1 + dx : size - 1 + dx] - reference[:, 1:-1, 1:-1]).abs().mean())
+        for dy in (-1, 0, 1)
+        for dx in (-1, 0, 1)
+    )
+
+
+@pytest.fixture(scope="module")
+def mixed_root(tmp_path_factory):
+    """A data root whose ``cub200`` holds 8 classes × 6 images of different sizes in the CUB layout, each a
+    smooth picture (structure at every scale, so a one-pixel shift of a crop shows)."""
+    parent = tmp_path_factory.mktemp("mixed") / "cub200"
+    base, records = write_cub(parent, images_per_class=[6] * 8, mixed_sizes=True)
+    for image_id, record in enumerate(records, start=1):
+        width, height = mixed_size(image_id)
+        Image.fromarray(smooth_image(height, width, seed=image_id)).save(record.path, quality=95)
+    return parent.parent
+
+
+def test_images_of_different_sizes_are_cached_as_the_centre_square_of_the_test_resize(mixed_root, monkeypatch):
+    root = mixed_root / "cub200"
+    split = build_dataset("cub200", root, "test")
+    assert len({Image.open(path).size for path in split.paths}) > 1
+    with pytest.raises(DifferentImageSizes, match="differ in size"):
+        cached_images(split, root)  # without a side, nothing is resized silently
+    side = stored_side(32)
+    layout = tensor_layout(split, root, side=side)
+    assert side == round(32 * 8 / 7) == 37 and (layout.height, layout.width, layout.side) == (37, 37, 37)
+    assert layout.key != cache_key(split, root) and layout.nbytes == len(split) * 3 * 37 * 37
+    images = cached_images(split, root, layout)
+    assert images.shape == (len(split), 3, 37, 37) and images.dtype == np.uint8
+    assert (root / CACHE_FOLDER / "cub200-test-37px.npy").is_file()
+    view = EvaluationImages(TensorImageSplit(split, torch.from_numpy(images)), 32)
+    transform = build_transforms(32, train=False)  # the per-item test transform, on the photo as stored
+    for index in range(len(split)):
+        assert _shifted_difference(view[index][0], transform(split.load_image(index))) < 0.03, index
+    monkeypatch.setattr(type(split), "read_image", lambda self, index: pytest.fail("decoded although cached"))
+    monkeypatch.setattr(Image, "open", lambda *args, **kwargs: pytest.fail("a header read although cached"))
+    again = tensor_layout(split, root, side=side)
+    assert again == layout
+    np.testing.assert_array_equal(cached_images(split, root, again), images)
+
+
+def test_images_of_different_sizes_take_the_tensor_pipeline_when_asked(mixed_root, tiny_config, caplog):
+    from dmlstudy.run_data import SeededAugmentation, load_datasets
+
+    with caplog.at_level(logging.INFO, logger="dmlstudy.run_data"):
+        assert isinstance(load_datasets(tiny_config(data_root=str(mixed_root)))["train"], SeededAugmentation)
+        datasets = load_datasets(tiny_config(data_root=str(mixed_root), input_pipeline="tensor"))
+    assert "differ in size" in caplog.text and "resized to 37 px" in caplog.text
+    assert isinstance(datasets["train"], BatchAugmentedTrain) and datasets["train"].split.images.shape[-2:] == (37, 37)
+    images, _ = datasets["train"].batch([0, 1, 2], "cpu")
+    assert images.shape == (3, 3, 32, 32)
+
+
+def test_an_imagenet_regime_run_trains_on_the_stem_cache_of_images_of_different_sizes(mixed_root, tiny_config):
+    from dmlstudy.models.trunk_cache import CachedViewTrain
+    from dmlstudy.regimes import regime_overrides
+    from dmlstudy.run_data import load_datasets
+    from dmlstudy.train import run
+
+    overrides = regime_overrides("imagenet", backbone="dml_efficientnet_lite0", epochs=1)
+    config = tiny_config(data_root=str(mixed_root), backbone="dml_efficientnet_lite0", epochs=1, **overrides)
+    datasets = load_datasets(config)
+    assert isinstance(datasets["train"], CachedViewTrain)
+    assert datasets["train"].split.training_views == overrides["stem_views"]
+    assert len(list((mixed_root / "cub200" / CACHE_FOLDER / "stem").glob("stem-*.safetensors"))) == (
+        overrides["stem_views"] + 1 + 1  # the training views and the test view of train, the test view of test
+    )
+    result = run(config)
+    assert np.isfinite(result.metrics["R@1"]) and 0.0 <= result.metrics["R@1"] <= 1.0

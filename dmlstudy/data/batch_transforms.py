@@ -11,9 +11,10 @@ same input coordinates as ``torchvision``'s ``resized_crop``). Decision, measure
 (section "Training input pipeline"): this is faster than ``kornia.augmentation.RandomResizedCrop`` on our
 batches and, unlike kornia's sampler (one draw from the global generator per batch), its parameters are a
 pure function of the dataset index, which the determinism contract needs.
-No antialiasing: with the embedded datasets (64 px stored, 64 px crops) every crop is magnified or kept
-1:1; a crop shrunk by more than 2× (a stored resolution far above ``image_size``) would alias where
-torchvision's per-item path low-pass filters first.
+No antialiasing: the embedded datasets are stored at or below the study's ``image_size``, so every crop is
+magnified or kept 1:1, and images of different sizes are cached as squares of side round(``image_size`` · 8/7)
+(:mod:`dmlstudy.data.tensor_cache`), so no crop shrinks by more than 8/7; a crop shrunk by more than 2× (a
+stored resolution far above ``image_size``) would alias where torchvision's per-item path low-pass filters first.
 
 Per-sample parameters (:func:`sample_uniforms`): uniform numbers ``u[k]`` of dataset item ``index`` in
 ``epoch`` are a counter-based hash, ``splitmix64(key(seed, epoch, index) + (k + 1)·γ)``, so they depend on

@@ -2,17 +2,35 @@
 
 Decisions:
 
-* **Which datasets.** Every image of a split must share one stored size to stack into one tensor; the
-  embedded sets do (64 px). Real benchmarks (CUB, Cars, SOP, In-Shop) mix sizes: :func:`stored_size` finds
-  that out from the image headers and :class:`DifferentImageSizes` sends them to the file pipeline (per-item
-  PIL transforms in DataLoader workers). Resizing them to a common size would change what the model sees, so
-  that is not done silently.
-* **Budget.** The caller compares :func:`split_bytes` of all the splits of a run with its budget
+* **Which datasets, at which size.** Every image of a split must share one size to stack into one tensor.
+  :func:`tensor_layout` reads the image headers (nothing decoded): when they share one stored size (the
+  embedded sets, 128 px squares) the images are stacked as stored, bit for bit. When they differ (CUB, Cars,
+  SOP, In-Shop) and the run asks for a square ``side`` (:func:`stored_side`), every image is decoded, its
+  shorter side resized to ``side`` (PIL bilinear, antialiased: the file pipeline's ``Resize``) and the centre
+  ``side × side`` square cut out, so the split stacks as N × 3 × side × side. The rule, with
+  ``side = round(image_size · 8/7)`` (146 px at 128, 256 at 224): the test view
+  (:func:`dmlstudy.data.batch_transforms.evaluation_crop`: shorter side → round(image_size · 8/7), centre crop)
+  then resizes nothing and cuts the same centre as the per-item test transform on the photo (to one pixel of
+  rounding); the random resized crop draws its boxes (area 20–100 %, aspect 3/4–4/3) from that square, as
+  on the embedded sets, whose crops come from the whole stored square, and no crop shrinks by more than
+  8/7, so the batched crop's bilinear resampling (no low-pass filter) does not alias. What differs from the
+  file pipeline: its training crops range over the whole photo, these over the central square (for CUB's
+  photos, mostly 4:3 to 3:2, the square keeps 67–75 % of the longer side). Without a ``side``, images
+  of different sizes raise :class:`DifferentImageSizes`; the resized cache is its own file and key, so a
+  dataset whose images share one size keeps its cache and key unchanged.
+* **Memory.** A resized split holds 3 · side² bytes per image: 63,948 B at 128 px (side 146), so all
+  11,788 CUB images take 753.8 MB (0.70 GiB; 196,608 B and 2.16 GiB at 224 px, over the default
+  ``tensor_budget_gib`` of 2). The imagenet regime's stem activations add 192 × 4 × 4 float16 = 6,144 B per
+  image and view (:mod:`dmlstudy.models.trunk_cache`): 5,864 training images × (4 training views + the test
+  view) + 5,924 test images × 1 view = 35,244 views, 216.5 MB. Decoding holds a split's array and its
+  ``.npy`` bytes twice more while writing (≤ 1.2 GB for CUB's larger split), well inside a 24 GiB machine.
+* **Budget.** The caller compares the :attr:`TensorLayout.nbytes` of all the splits of a run with its budget
   (``TrainConfig.tensor_budget_gib``) before anything is decoded.
 * **Cache files.** ``<dataset root>/.tensor-cache/<split>.npy`` (the array, written with ``np.save``) and
-  ``<split>.json`` (key, shape, CRC-32 of the bytes), each written to a temporary file and renamed, the
+  ``<split>.json`` (key, shape, CRC-32 of the bytes); resized to a square, ``<split>-<side>px.npy`` and
+  ``.json``. Each is written to a temporary file and renamed, the
   JSON last, under a file lock (``<split>.lock``) so that parallel runs decode a split once. The key is a SHA-256
-  over the cache format, the split's name, every file's path (relative to
+  over the cache format, the split's name, the square side when resized, every file's path (relative to
   the root), size and modification time, and the generator marker ``GENERATED.json`` of an embedded set
   (generator name, version, seed, configuration). A key that differs (files or generator changed) or an
   array that cannot be read, has the wrong shape or fails its CRC is rebuilt with a :class:`UserWarning`;
@@ -31,6 +49,7 @@ import logging
 import warnings
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +57,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 from PIL import Image
+from torchvision.transforms.v2 import functional as TF
 from tqdm.auto import tqdm
 
 from dmlstudy.data.base import ImageListDataset
@@ -46,6 +66,7 @@ from dmlstudy.data.batch_transforms import (
     evaluation_crop,
     normalize_batch,
 )
+from dmlstudy.data.transforms import RESIZE_RATIO
 from dmlstudy.records import write_bytes_atomically
 
 CACHE_FORMAT = 1
@@ -73,17 +94,35 @@ def stored_size(dataset: ImageListDataset) -> tuple[int, int]:
     return sizes.pop()
 
 
-def split_bytes(dataset: ImageListDataset) -> int:
-    """Bytes of the uint8 tensor of ``dataset``, estimated from its first image's size (cheap, before any decoding)."""
-    if not len(dataset):
-        return 0
-    with Image.open(dataset.paths[0]) as handle:
-        return len(dataset) * 3 * handle.height * handle.width
+def stored_side(image_size: int) -> int:
+    """The square side images of different sizes are cached at for ``image_size`` crops: the test transform's
+    resize, ``round(image_size · RESIZE_RATIO)`` (146 px for 128, 256 for 224); see the module docstring."""
+    return round(image_size * RESIZE_RATIO)
 
 
-def cache_key(dataset: ImageListDataset, root: Path) -> str:
-    """SHA-256 over the cache format, the split's name, (relative path, size, mtime) of every file, and the generator marker."""
+@dataclass(frozen=True)
+class TensorLayout:
+    """How a split stacks into one tensor: ``count`` images of ``height × width``, as stored (``side`` None) or
+    resized to a ``side`` square; ``key`` identifies those pixels (the cache's key, also the stem cache's)."""
+
+    key: str
+    count: int
+    height: int
+    width: int
+    side: int | None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the uint8 tensor."""
+        return self.count * 3 * self.height * self.width
+
+
+def cache_key(dataset: ImageListDataset, root: Path, *, side: int | None = None) -> str:
+    """SHA-256 over the cache format, the split's name, the square ``side`` (only when resized), (relative path,
+    size, mtime) of every file, and the generator marker."""
     digest = hashlib.sha256(f"format {CACHE_FORMAT}\n{dataset.name}\n".encode())
+    if side is not None:
+        digest.update(f"shorter side resized to {side}, centre {side} x {side}\n".encode())
     marker = root / GENERATOR_MARKER
     digest.update(marker.read_bytes() if marker.is_file() else b"no generator marker")
     for path in dataset.paths:
@@ -96,12 +135,53 @@ def cache_key(dataset: ImageListDataset, root: Path) -> str:
     return digest.hexdigest()
 
 
-def _decode(dataset: ImageListDataset, height: int, width: int) -> np.ndarray:
-    """Every image of ``dataset`` as ``N × 3 × H × W`` uint8, in order; a bar over the images on a terminal (a
-    real benchmark's split takes minutes to decode once)."""
+def _cached_shape(meta_file: Path, key: str) -> list[int] | None:
+    """The shape recorded in ``meta_file`` when it exists and holds ``key`` (the array itself is checked on reading)."""
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    shape = meta.get("shape") if isinstance(meta, dict) and meta.get("key") == key else None
+    return shape if isinstance(shape, list) and len(shape) == 4 else None
+
+
+def tensor_layout(dataset: ImageListDataset, root: str | Path, *, side: int | None = None) -> TensorLayout:
+    """The :class:`TensorLayout` of ``dataset``: as stored when its images share one size, else resized to a
+    ``side`` square. A current cache file answers without opening an image; otherwise the headers are read.
+
+    Raises :class:`DifferentImageSizes` when the sizes differ and ``side`` is None, or the split has no image.
+    """
+    root = Path(root)
+    as_stored = cache_key(dataset, root)
+    shape = _cached_shape(_cache_files(dataset, root)[1], as_stored)
+    if shape is not None:
+        return TensorLayout(as_stored, len(dataset), shape[2], shape[3], None)
+    if side is not None:
+        resized = cache_key(dataset, root, side=side)
+        if _cached_shape(_cache_files(dataset, root, side)[1], resized) is not None:
+            return TensorLayout(resized, len(dataset), side, side, side)
+    try:
+        height, width = stored_size(dataset)
+    except DifferentImageSizes:
+        if side is None or not len(dataset):
+            raise
+        return TensorLayout(cache_key(dataset, root, side=side), len(dataset), side, side, side)
+    return TensorLayout(as_stored, len(dataset), height, width, None)
+
+
+def _square(image: Image.Image, side: int) -> Image.Image:
+    """Shorter side resized to ``side`` (antialiased, as the per-item ``Resize``), then the centre ``side`` square."""
+    return TF.center_crop(TF.resize(image, side, antialias=True), side)
+
+
+def _decode(dataset: ImageListDataset, layout: TensorLayout) -> np.ndarray:
+    """Every image of ``dataset`` as ``N × 3 × H × W`` uint8, in order (resized to the layout's square when it has
+    one); a bar over the images on a terminal (a real benchmark's split takes minutes to decode once)."""
+    height, width = layout.height, layout.width
     array = np.empty((len(dataset), 3, height, width), dtype=np.uint8)
     for index in tqdm(range(len(dataset)), desc=f"decoding {dataset.name}", unit="image", leave=False, disable=None):
-        pixels = np.asarray(dataset.read_image(index))
+        image = dataset.read_image(index)
+        pixels = np.asarray(image if layout.side is None else _square(image, layout.side))
         if pixels.shape != (height, width, 3):
             raise DifferentImageSizes(
                 f"{dataset.name}: {dataset.paths[index]} is {pixels.shape[1]}×{pixels.shape[0]}, the others {width}×{height}"
@@ -114,8 +194,9 @@ def _checksum(array: np.ndarray) -> int:
     return zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
-def _cache_files(dataset: ImageListDataset, root: Path) -> tuple[Path, Path]:
+def _cache_files(dataset: ImageListDataset, root: Path, side: int | None = None) -> tuple[Path, Path]:
     stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in (dataset.name or "split"))
+    stem += "" if side is None else f"-{side}px"
     folder = root / CACHE_FOLDER
     return folder / f"{stem}.npy", folder / f"{stem}.json"
 
@@ -145,14 +226,15 @@ def _read_cache(array_file: Path, meta_file: Path, key: str) -> np.ndarray | Non
         return None
 
 
-def cached_images(dataset: ImageListDataset, root: str | Path) -> np.ndarray:
-    """``uint8`` N × 3 × H × W of ``dataset``, from ``root/.tensor-cache`` or decoded (and cached) now.
+def cached_images(dataset: ImageListDataset, root: str | Path, layout: TensorLayout | None = None) -> np.ndarray:
+    """``uint8`` N × 3 × H × W of ``dataset`` as ``layout`` stacks it (by default :func:`tensor_layout` without a
+    side: as stored), from ``root/.tensor-cache`` or decoded (and cached) now.
 
     Raises :class:`DifferentImageSizes` when the images cannot stack; see the module docstring for the key.
     """
     root = Path(root)
-    key = cache_key(dataset, root)
-    array_file, meta_file = _cache_files(dataset, root)
+    layout = layout or tensor_layout(dataset, root)
+    array_file, meta_file = _cache_files(dataset, root, layout.side)
     lock: FileLock | None = FileLock(array_file.with_suffix(".lock"))
     try:
         array_file.parent.mkdir(parents=True, exist_ok=True)
@@ -160,18 +242,18 @@ def cached_images(dataset: ImageListDataset, root: str | Path) -> np.ndarray:
     except OSError:
         lock = None  # a folder we cannot write: decode into memory (the write below warns)
     try:
-        return _read_or_build(dataset, root, key, array_file, meta_file)
+        return _read_or_build(dataset, layout, array_file, meta_file)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _read_or_build(dataset: ImageListDataset, root: Path, key: str, array_file: Path, meta_file: Path) -> np.ndarray:
+def _read_or_build(dataset: ImageListDataset, layout: TensorLayout, array_file: Path, meta_file: Path) -> np.ndarray:
+    key = layout.key
     array = _read_cache(array_file, meta_file, key)
     if array is not None:
         return array
-    height, width = stored_size(dataset)
-    array = _decode(dataset, height, width)
+    array = _decode(dataset, layout)
     meta = {
         "key": key,
         "shape": list(array.shape),
@@ -179,6 +261,8 @@ def _read_or_build(dataset: ImageListDataset, root: Path, key: str, array_file: 
         "format": CACHE_FORMAT,
         "name": dataset.name,
     }
+    if layout.side is not None:
+        meta["resized"] = f"shorter side to {layout.side}, centre {layout.side} x {layout.side}"
     try:
         buffer = io.BytesIO()
         np.save(buffer, array)
