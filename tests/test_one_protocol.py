@@ -1,0 +1,98 @@
+"""One declaration of the protocol: a tuning plan reads the shared settings from its study plan's ``protocol``
+block, its trials resolve through :func:`dmlstudy.experiments.protocol.resolve_run`, and the default plan's
+``train`` entry names the run it shows. The expected values below are what the plans gave when each tuning plan
+still repeated its study plan's protocol: reading them from one place changes no resolved value and no run's
+identity."""
+
+from pathlib import Path
+
+import pytest
+
+from dmlstudy import search_space as search
+from dmlstudy.methods import search_space
+from dmlstudy.tuning import load_tune_config, row_spec, trial_config
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ["ms", "crt", "diml", "cross_attention", "dgcrl", "softmax", "triplet", "lifted", "normsoftmax"]
+SIZES = {
+    "runs_root": "", "data_root": "", "storage": "", "validation_folds": 4, "validation_fold": 0, "eval_every": 1,
+    "seed": 0, "embedding_dim": 128, "classes_per_batch": 16, "samples_per_class": 4, "steps_per_epoch": 0,
+    "train_classes": 0, "test_classes": 0, "trials": 6, "startup_trials": 3, "sampler_seed": 0, "pruner": "median",
+    "prune_after": 2, "workers": 2, "patience": 2, "rows": ROWS,
+}  # fmt: skip
+EMBEDDED = SIZES | {"trials": 16, "epochs": 6, "backbone": "dml_convnet", "image_size": 64}
+IMAGENET = SIZES | {"epochs": 10, "backbone": "dml_efficientnet_lite0", "image_size": 128, "regime": "imagenet"}
+EXPECTED = {
+    "tune": EMBEDDED | {
+        "name": "tune", "datasets": ["synbirds", "glyphs"], "out_dir": "plans/tuned",
+        "figure": "figures/tuning_best_so_far.png", "regime": "scratch",
+    },
+    "tune_pretrained": EMBEDDED | {
+        "name": "tune_pretrained", "datasets": ["glyphs", "synbirds"], "out_dir": "plans/tuned/pretrained",
+        "figure": "figures/tuning_best_so_far_pretrained.png", "regime": "pretrained",
+    },
+    "tune_imagenet": IMAGENET | {
+        "name": "tune_imagenet", "datasets": ["emoji"], "out_dir": "plans/tuned/imagenet",
+        "figure": "figures/tuning_best_so_far_imagenet.png",
+    },
+    "tune_partitions": IMAGENET | {
+        "name": "tune_partitions", "datasets": ["emoji_p1", "emoji_p2"], "out_dir": "plans/tuned_partitions/imagenet",
+        "figure": "figures/robustness/tuning_best_so_far_partitions.png",
+    },
+    "tune_cub": IMAGENET | {
+        "name": "tune_cub", "datasets": ["cub200"], "out_dir": "runs/tune_cub/tuned/imagenet",
+        "figure": "runs/tune_cub/tuning_best_so_far_imagenet.png",
+    },
+    "tune_smoke": SIZES | {
+        "name": "tune_smoke", "datasets": ["synbirds"], "rows": ["ms", "softmax"], "trials": 3, "startup_trials": 1,
+        "prune_after": 1, "workers": 1, "out_dir": "runs/tune_smoke/tuned",
+        "figure": "runs/tune_smoke/tuning_best_so_far.png", "patience": 1, "epochs": 2, "backbone": "dml_convnet",
+        "image_size": 32, "embedding_dim": 16, "classes_per_batch": 4, "samples_per_class": 3, "steps_per_epoch": 2,
+        "train_classes": 12, "test_classes": 8, "regime": "scratch",
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("plan", sorted(EXPECTED))
+def test_every_tuning_plan_resolves_to_the_values_it_held_when_it_repeated_the_protocol(plan):
+    values = load_tune_config(ROOT / "plans" / f"{plan}.yaml").to_dict()
+    values.pop("protocol", None)
+    assert values == EXPECTED[plan]
+
+
+PAPER_TRIALS = {  # row → run folder of its trial 0 (the paper defaults) on emoji in plans/tune_imagenet.yaml
+    "ms": "emoji-ms-b432b62093-949bce17",
+    "crt": "emoji-crt-962fd2677a-2963b862",
+    "diml": "emoji-diml-ba994c19ca-19db23bd",
+    "cross_attention": "emoji-cross_attention-8e052a0f74-e1c88cf1",
+    "dgcrl": "emoji-dgcrl-c0b7f8e86b-b81add73",
+    "softmax": "emoji-softmax-7cc3d3a20d-1a4f0215",
+    "triplet": "emoji-triplet-51fb5c4682-23049831",
+    "lifted": "emoji-lifted-7e8fc289fe-c159932f",
+    "normsoftmax": "emoji-normsoftmax-13372b17e7-d80ebd91",
+}
+MS_TRIAL = {
+    "lr": 0.0123,
+    "method_kwargs.loss_kwargs.alpha": 3.5,
+    "method_kwargs.loss_kwargs.beta": 40.0,
+    "method_kwargs.loss_kwargs.base": 0.6,
+    "method_kwargs.loss_kwargs.margin": 0.2,
+}
+
+
+def trial(config, dataset: str, row: str, params: dict):
+    return trial_config(
+        config.base_config(dataset), search.merged(row_spec(row), search.nested(params)), f"{dataset}-{row}"
+    )
+
+
+def test_the_trials_of_the_imagenet_tuning_plan_keep_their_run_folders():
+    config = load_tune_config(ROOT / "plans" / "tune_imagenet.yaml")
+    for row, folder in PAPER_TRIALS.items():
+        assert trial(config, "emoji", row, search.paper_values(search_space(row))).run_dir.name == folder, row
+    assert trial(config, "emoji", "ms", MS_TRIAL).run_dir.name == "emoji-ms-04f4004416-6f109208"
+    softmax = trial(config, "emoji", "softmax", {"lr": 0.001, "head_lr": 0.05})
+    assert softmax.run_dir.name == "emoji-softmax-3c089c3e6e-8e73547c"
+    assert softmax.run_dir.parent.name == "tune_imagenet"
+    smoke = load_tune_config(ROOT / "plans" / "tune_smoke.yaml")
+    assert trial(smoke, "synbirds", "ms", {"lr": 0.002}).run_dir.name == "synbirds-ms-7c63ef7669-43614dd4"
