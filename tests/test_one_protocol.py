@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dmlstudy import runs
 from dmlstudy import search_space as search
+from dmlstudy.experiments.protocol import ProtocolConfig, plan_protocol
 from dmlstudy.methods import search_space
 from dmlstudy.tuning import load_tune_config, row_spec, trial_config
 
@@ -96,3 +98,46 @@ def test_the_trials_of_the_imagenet_tuning_plan_keep_their_run_folders():
     assert softmax.run_dir.parent.name == "tune_imagenet"
     smoke = load_tune_config(ROOT / "plans" / "tune_smoke.yaml")
     assert trial(smoke, "synbirds", "ms", {"lr": 0.002}).run_dir.name == "synbirds-ms-7c63ef7669-43614dd4"
+
+
+def test_a_trial_records_where_each_of_its_values_came_from():
+    config = load_tune_config(ROOT / "plans" / "tune_imagenet.yaml")
+    assert config.origins["patience"] == "protocol: plans/default.yaml"
+    assert config.origins["trials"] == config.origins["validation_fold"] == "plan: plans/tune_imagenet.yaml"
+    origins = runs.origins_of(trial(config, "emoji", "ms", MS_TRIAL))
+    assert origins["patience"] == origins["backbone"] == origins["dataset"] == "protocol: plans/default.yaml"
+    assert origins["study"] == origins["validation_fold"] == "plan: plans/tune_imagenet.yaml"
+    assert origins["warmup_epochs"] == origins["stem_views"] == "regime: imagenet"
+    assert origins["lr"] == origins["method"] == origins["method_kwargs.loss_kwargs.alpha"] == "trial"
+    assert origins["final_test"] == "variant" and origins["optimizer"] == "default"
+
+
+def test_a_value_changed_in_the_study_plans_protocol_reaches_its_runs_and_its_tuning_trials(tmp_path):
+    study_plan = tmp_path / "default.yaml"
+    study_plan.write_text((ROOT / "plans" / "default.yaml").read_text().replace("  patience: 2\n", "  patience: 5\n"))
+    tune_plan = tmp_path / "tune.yaml"
+    tune_plan.write_text(
+        (ROOT / "plans" / "tune_imagenet.yaml")
+        .read_text()
+        .replace("protocol: plans/default.yaml", f"protocol: {study_plan}")
+    )
+    protocol = ProtocolConfig(**plan_protocol(study_plan))
+    assert protocol.train_config(dataset="emoji", method="ms", seed=0, name="ms").patience == 5
+    config = load_tune_config(tune_plan)
+    trial_run = trial(config, "emoji", "ms", MS_TRIAL)
+    assert trial_run.patience == 5 and runs.origins_of(trial_run)["patience"] == f"protocol: {study_plan}"
+    assert trial_run.run_dir.name != "emoji-ms-04f4004416-6f109208"  # another protocol, another run
+
+    tune_plan.write_text(tune_plan.read_text() + "patience: 3\n")  # the tuning plan's own value wins, and says so
+    config = load_tune_config(tune_plan)
+    assert config.patience == 3 and config.origins["patience"] == f"plan: {tune_plan}"
+
+
+def test_a_tuning_plan_naming_a_study_plan_without_a_protocol_block_is_refused(tmp_path):
+    tune_plan = tmp_path / "tune.yaml"
+    tune_plan.write_text("protocol: plans/smoke.yaml\nrows: [ms]\n")
+    with pytest.raises(ValueError, match=r"tune.yaml: parameter 'protocol': plans/smoke.yaml: expected a 'protocol:'"):
+        load_tune_config(tune_plan)
+    tune_plan.write_text("protocol: plans/nowhere.yaml\nrows: [ms]\n")
+    with pytest.raises(ValueError, match="study plan plans/nowhere.yaml not found"):
+        load_tune_config(tune_plan)
