@@ -10,8 +10,11 @@ import pytest
 
 from dmlstudy import runs
 from dmlstudy import search_space as search
+from dmlstudy.experiments.one_run import OneRun
 from dmlstudy.experiments.protocol import ProtocolConfig, plan_protocol
 from dmlstudy.methods import search_space
+from dmlstudy.study import load_plan
+from dmlstudy.train import TrainConfig
 from dmlstudy.tuning import load_tune_config, row_spec, trial_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,3 +144,16 @@ def test_a_tuning_plan_naming_a_study_plan_without_a_protocol_block_is_refused(t
     tune_plan.write_text("protocol: plans/nowhere.yaml\nrows: [ms]\n")
     with pytest.raises(ValueError, match="study plan plans/nowhere.yaml not found"):
         load_tune_config(tune_plan)
+
+
+def test_the_default_plans_train_entry_shows_the_compared_ms_run_resolved_from_the_plan():
+    [entry] = [entry for entry in load_plan(ROOT / "plans" / "default.yaml") if entry.run_name == "train"]
+    assert entry.parameters == {"study_plan": "plans/default.yaml", "dataset": "emoji", "method": "ms", "seed": 0}
+    config = OneRun(**entry.parameters, study=entry.study).resolved()
+    assert config.run_dir.name == "imagenet-emoji-ms-seed0-006c64ae"  # the folder the comparison trains
+    compared = ProtocolConfig(**plan_protocol(ROOT / "plans" / "default.yaml"), study="default")
+    assert config == compared.train_config(dataset="emoji", method="ms", seed=0, name="ms")
+    origins = runs.origins_of(config)
+    assert origins["patience"] == "protocol" and origins["warmup_epochs"] == "regime: imagenet"
+    assert origins["lr"] == "tuned: plans/tuned/imagenet/emoji.yaml"
+    assert OneRun(epochs=3).resolved() == TrainConfig(epochs=3)  # without a study plan: the fields as given
