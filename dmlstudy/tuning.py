@@ -64,12 +64,13 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from dmlstudy import engine
+from dmlstudy import engine, runs
 from dmlstudy import search_space as search
 from dmlstudy.config import TypedConfig, load_yaml
+from dmlstudy.experiments.protocol import PROTOCOL, VARIANT, ProtocolConfig, plan_protocol, resolve_run
 from dmlstudy.methods import method_info, search_space
-from dmlstudy.paths import project_file
-from dmlstudy.regimes import REGIMES, regime, regime_overrides
+from dmlstudy.paths import project_file, project_root
+from dmlstudy.regimes import REGIMES, regime
 from dmlstudy.rows import RERANK, SHARED_VARIANTS
 from dmlstudy.run_data import load_datasets
 from dmlstudy.study import load_plan
@@ -98,17 +99,27 @@ def open_storage(storage: str, base: TrainConfig, name: str):
     return JournalStorage(JournalFileBackend(str(path)))
 
 
+TRIAL = "trial"  # origin of the values a trial draws (its row's spec and search-space values) and of its run name
+
+
 def trial_config(base: TrainConfig, overrides: dict[str, Any], name: str) -> TrainConfig:
-    """The run of a trial: ``base`` with the overrides, named by their digest (same parameters, same run)."""
+    """The run of a trial: ``base`` with the overrides, named by their digest (same parameters, same run). It
+    carries ``base``'s origins (:meth:`TuneConfig.base_config`), each overridden value's origin ``trial``."""
     unknown = sorted(set(overrides) - set(TrainConfig.field_names()))
     if unknown:
         raise KeyError(
             f"search space returned unknown TrainConfig fields {unknown}; valid: {TrainConfig.field_names()}"
         )
     digest = hashlib.sha1(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return TrainConfig(
+    config = TrainConfig(
         **{**base.to_dict(), **overrides, "run_name": f"{name}-{digest}", "resume": True, "progress": False}
     )
+    replaced = tuple(f"{key}." for key in overrides)  # a mapping the trial gives replaces the base's
+    origins = {key: origin for key, origin in runs.origins_of(base).items() if not key.startswith(replaced)}
+    origins |= dict.fromkeys(
+        [*overrides, *search.flattened(overrides.get("method_kwargs") or {}, "method_kwargs.")], TRIAL
+    )
+    return runs.with_origins(config, origins | {"run_name": TRIAL})
 
 
 def _recover_interrupted(study: optuna.Study) -> None:
@@ -209,7 +220,11 @@ def tune(
                     raise
                 trial.set_user_attr("run_dir", str(config.run_dir))
                 future = client.submit(
-                    engine.train_task, engine.task_values(config), key=engine.run_task_key(config), pure=False
+                    engine.train_task,
+                    engine.task_values(config),
+                    runs.origins_of(config),
+                    key=engine.run_task_key(config),
+                    pure=False,
                 )
                 in_flight[future] = (trial, config)
             if not in_flight:
@@ -326,13 +341,16 @@ PRUNERS: dict[str, Callable[[TuneConfig], optuna.pruners.BasePruner]] = {
 @dataclass
 class TuneConfig(TypedConfig):
     """A tuning plan (``plans/tune.yaml``): which rows, on which datasets, how many trials, and the trial runs'
-    protocol (the study's sizes; validation classes only)."""
+    protocol (the study's sizes; validation classes only). The protocol is the study's, read from the study plan
+    named in ``protocol`` (its ``protocol:`` block, :func:`load_tune_config`); a value the tuning plan gives
+    itself overrides it. ``origins`` says where each value came from."""
 
     name: str = "tune"  # runs go to <runs_root>/<name>/, journals to <runs_root>/<name>/tuning/
     datasets: list = field(default_factory=lambda: ["synbirds"])  # registered dataset names
     rows: list = field(
         default_factory=lambda: ["ms"]
     )  # row names (dmlstudy list methods; softmax), `registry` (every row) or a study plan (plans/default.yaml: its comparison's rows)
+    protocol: str = ""  # a study plan (plans/default.yaml) whose `protocol:` block gives every shared value this plan leaves out; empty: none
     trials: int = 10  # trials per (dataset, row), the paper defaults first; the same for every row
     startup_trials: int = 3  # random trials before TPE models the results (and before the median pruner acts)
     sampler_seed: int = 0  # seed of the TPE sampler (the same for every row)
@@ -361,6 +379,7 @@ class TuneConfig(TypedConfig):
     regime: str = "scratch"  # scratch or pretrained: how every trial starts and trains (dmlstudy/regimes.py)
 
     def __post_init__(self) -> None:
+        self.origins: dict[str, str] = dict.fromkeys(self.field_names(), DEFAULT)  # load_tune_config names them
         if isinstance(self.rows, (str, list)):
             self.rows = plan_rows(self.rows)  # `rows: registry` or `rows: plans/default.yaml` → row names
         super().__post_init__()
@@ -382,23 +401,51 @@ class TuneConfig(TypedConfig):
                 "rate: register_method(..., search_space={'lr': dmlstudy.search_space.LR, ...}) (docs/adding_a_method.md)"
             )
 
+    def protocol_config(self, dataset: str) -> ProtocolConfig:
+        """The protocol of this plan's trials on ``dataset``: its shared values (:data:`PROTOCOL_FIELDS`), its
+        study (``name``) and seed, untuned (a trial draws its own values)."""
+        shared = {key: getattr(self, key) for key in PROTOCOL_FIELDS if key != "datasets"}
+        return ProtocolConfig(
+            **shared, study=self.name, datasets=[dataset], seeds=[self.seed], tuned="", progress=False
+        )
+
     def base_config(self, dataset: str) -> TrainConfig:
-        """The TrainConfig of a trial on ``dataset`` before the row's overrides."""
-        values = {name: getattr(self, name) for name in TRIAL_FIELDS}
-        values |= {"study": self.name, "dataset": dataset, "final_test": False, "resume": True, "progress": False}
-        values |= regime_overrides(self.regime, backbone=self.backbone, epochs=self.epochs)
-        return TrainConfig(**values)
+        """The TrainConfig of a trial on ``dataset`` before the row's overrides, resolved as a study run is
+        (:func:`~dmlstudy.experiments.protocol.resolve_run`: protocol, then regime), on the validation classes
+        only. It carries each value's origin: a value of this plan names the tuning plan or the study plan it
+        was read from (``origins``)."""
+        resolved = resolve_run(
+            self.protocol_config(dataset),
+            dataset=dataset,
+            method=TrainConfig.method,
+            seed=self.seed,
+            name="base",
+            validation_fold=self.validation_fold,
+            final_test=False,
+            progress=False,
+        )
+        own = {TRAIN_NAMES.get(key, key): origin for key, origin in self.origins.items()} | {
+            "dataset": self.origins["datasets"]
+        }
+        origins = {
+            key: own[key] if origin in (PROTOCOL, VARIANT) and key in own else origin
+            for key, origin in resolved.origins.items()
+        }
+        return runs.with_origins(resolved.config, origins)
 
 
-TRIAL_FIELDS = (
-    "runs_root", "data_root", "validation_folds", "validation_fold", "patience", "epochs", "eval_every", "seed",
-    "backbone", "image_size", "embedding_dim", "classes_per_batch", "samples_per_class", "steps_per_epoch",
-    "train_classes", "test_classes",
-)  # fmt: skip
+DEFAULT = "default"  # origin of a TuneConfig value: the dataclass's default
+TRAIN_NAMES = {"name": "study"}  # a TuneConfig field → the TrainConfig field it sets, where the names differ
+PROTOCOL_FIELDS = tuple(
+    name for name in ProtocolConfig.field_names() if name in TuneConfig.field_names()
+)  # the values a tuning plan shares with its study plan's protocol (read from its `protocol:` block)
 
 
 def load_tune_config(path: str | Path, **overrides: Any) -> TuneConfig:
-    """Read a tuning plan (a mapping of :class:`TuneConfig` fields); unknown keys name the file."""
+    """Read a tuning plan (a mapping of :class:`TuneConfig` fields); unknown keys name the file. With
+    ``protocol: <study plan>``, each of :data:`PROTOCOL_FIELDS` the tuning plan leaves out is that plan's
+    ``protocol:`` value (:func:`~dmlstudy.experiments.protocol.plan_protocol`). The config's ``origins`` name,
+    per field, ``plan: <this file>``, ``protocol: <study plan>``, ``override`` (``overrides``) or ``default``."""
     path = Path(path)
     values = load_yaml(path.read_text()) or {}
     if not isinstance(values, dict):
@@ -406,10 +453,31 @@ def load_tune_config(path: str | Path, **overrides: Any) -> TuneConfig:
     unknown = sorted(set(values) - set(TuneConfig.field_names()))
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}; valid: {TuneConfig.field_names()}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    origins = dict.fromkeys(values, f"plan: {path_label(path)}") | dict.fromkeys(given, "override")
+    study_plan = given.get("protocol", values.get("protocol"))
+    if study_plan:
+        try:
+            protocol = plan_protocol(study_plan)
+        except (FileNotFoundError, ValueError) as error:
+            raise ValueError(f"{path}: parameter 'protocol': {error}") from None
+        inherited = {key: protocol[key] for key in PROTOCOL_FIELDS if key in protocol and key not in values}
+        values = inherited | values
+        origins = dict.fromkeys(inherited, f"protocol: {study_plan}") | origins
     try:
-        return TuneConfig(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+        config = TuneConfig(**{**values, **given})
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None
+    config.origins |= origins
+    return config
+
+
+def path_label(path: Path) -> str:
+    """``path`` relative to the project when it is inside it (``plans/tune.yaml``), else as given."""
+    try:
+        return str(path.resolve().relative_to(project_root().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def trial_values(study: optuna.Study) -> list[float | None]:

@@ -19,8 +19,10 @@
 # CUB-200-2011) every `eval_every` epochs, and a run folder `runs/<study>/<run_name>/` holding
 # `config.yaml`, `history.csv`, `metrics.json`, the test embeddings and a checkpoint.
 #
-# The parameters below mirror `dmlstudy.train.TrainConfig` field by field. Their defaults are a
-# CI-sized run (seconds); the study's plans inject real sizes, e.g.
+# The parameters below mirror `dmlstudy.experiments.one_run.OneRun`: `dmlstudy.train.TrainConfig` field by
+# field, and `study_plan`, which makes the run a study's run of `method` on `dataset` with `seed`, resolved from that
+# plan's protocol and tuned values as its comparison trains it (`plans/default.yaml`'s `train` entry). Their defaults
+# are a CI-sized run (seconds); the plans inject real sizes, e.g.
 #
 # ```
 # papermill notebooks/01_train.ipynb out.ipynb -p method triplet -p epochs 12 -p train_classes 0 -p test_classes 0 -p steps_per_epoch 0
@@ -75,14 +77,16 @@ tensor_budget_gib: float = 2.0  # auto: the tensor pipeline only when all splits
 channels_last: bool = False  # channels_last memory format (faster on CPU, but not bit-identical across resume and ranks)
 autocast: str = 'auto'  # auto (bfloat16 on CUDA, off on CPU), bf16 or off
 compile: bool = False  # torch.compile the training step (see benchmarks/README.md for when it pays)
+study_plan: str = ''  # a study plan (plans/default.yaml): the run is its run of `method` on `dataset` with `seed` as it resolves it; empty: none
 
 # %%
 from dmlstudy import plots
+from dmlstudy.experiments.one_run import OneRun
 from dmlstudy.records import seed_everything
 from dmlstudy.run_data import load_datasets
-from dmlstudy.train import TrainConfig, run
+from dmlstudy.train import run
 
-config = TrainConfig.from_namespace(globals())
+config = OneRun.from_namespace(globals()).resolved()
 seed_everything(config.seed)
 result = run(config)
 {name: round(value, 4) if isinstance(value, float) else value for name, value in result.metrics.items()}

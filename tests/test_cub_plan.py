@@ -44,7 +44,7 @@ def test_the_cub_plan_is_the_default_studys_protocol_and_rows_on_cub200():
 
 def test_the_cub_tuning_plan_tunes_the_compared_rows_with_the_default_budget_where_the_plan_reads_them():
     tune, imagenet = load_tune_config(TUNE), load_tune_config(ROOT / "plans" / "tune_imagenet.yaml")
-    own = {"name", "datasets", "out_dir", "figure"}
+    own = {"name", "protocol", "datasets", "out_dir", "figure"}  # the study plan each reads its protocol from
     assert {k: v for k, v in dataclasses.asdict(tune).items() if k not in own} == {
         k: v for k, v in dataclasses.asdict(imagenet).items() if k not in own
     }

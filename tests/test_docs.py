@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dmlstudy.experiments import compare
-from dmlstudy.experiments.protocol import ProtocolConfig
+from dmlstudy.experiments.protocol import ProtocolConfig, plan_protocol
 from dmlstudy.paths import PUBLISHED_STUDIES
 from dmlstudy.study import PROTOCOL_PARAMETER, load_plan
 
@@ -53,8 +53,13 @@ def tuned_folder(plan: str) -> str:
 
 
 def tuning_plans() -> dict[str, dict]:
-    """``plans/tune*.yaml`` (as the docs name them) → the plan's mapping as written."""
-    return {f"plans/{path.name}": yaml.safe_load(read(path)) for path in sorted((ROOT / "plans").glob("tune*.yaml"))}
+    """``plans/tune*.yaml`` (as the docs name them) → the plan's mapping as written, over the values of the study
+    plan's protocol it reads (``protocol: plans/default.yaml``)."""
+    plans = {f"plans/{path.name}": yaml.safe_load(read(path)) for path in sorted((ROOT / "plans").glob("tune*.yaml"))}
+    return {
+        name: {**(plan_protocol(plan["protocol"]) if "protocol" in plan else {}), **plan}
+        for name, plan in plans.items()
+    }
 
 
 def default_tuning_plan() -> str:

@@ -88,7 +88,7 @@ def test_a_stale_notebook_or_parameters_cell_is_named(tmp_path):
     train_source = tmp_path / "01_train.py"
     train_source.write_text(train_source.read_text().replace("epochs: int = 2", "epochs: int = 3"))
     assert notebook_sources.out_of_date(tmp_path) == [
-        "notebooks/01_train.py: parameters cell differs from TrainConfig (run `make notebooks`)",
+        "notebooks/01_train.py: parameters cell differs from OneRun (run `make notebooks`)",
         "notebooks/01_train.ipynb: differs from notebooks/01_train.py (run `make notebooks`)",
         "notebooks/10_crt.ipynb: differs from notebooks/10_crt.py (run `make notebooks`)",
     ]

@@ -215,14 +215,12 @@ def test_the_default_plans_training_notebook_shows_the_comparisons_ms_run_of_see
     import dataclasses
 
     from dmlstudy import runs
+    from dmlstudy.experiments.one_run import OneRun
     from dmlstudy.experiments.protocol import ProtocolConfig
     from dmlstudy.study import load_plan
-    from dmlstudy.train import TrainConfig
 
     entries = {entry.run_name: entry.parameters for entry in load_plan("plans/default.yaml")}
-    shown = {k: v for k, v in entries["train"].items() if k not in ("resume", "progress")}
     protocol = ProtocolConfig(**{**entries["compare"]["protocol"], "study": "default"})
     compared = protocol.train_config(dataset="emoji", method="ms", seed=0, name="ms")
-    assert runs.folder_name(dataclasses.asdict(TrainConfig(**shown, study="default"))) == runs.folder_name(
-        dataclasses.asdict(compared)
-    )
+    shown = OneRun(**entries["train"], study="default").resolved()
+    assert runs.folder_name(dataclasses.asdict(shown)) == runs.folder_name(dataclasses.asdict(compared))

@@ -25,9 +25,9 @@ import pandas as pd
 
 from dmlstudy import distributed, engine, runs
 from dmlstudy.checkpoint_selection import best_epoch_censored
-from dmlstudy.config import TypedConfig
+from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
-from dmlstudy.paths import project_root
+from dmlstudy.paths import project_file, project_root
 from dmlstudy.regimes import REGIMES, regime, regime_overrides, run_prefix
 from dmlstudy.report import summarize
 from dmlstudy.run_data import load_datasets
@@ -189,6 +189,28 @@ class ProtocolConfig(TypedConfig):
                 for seed in self.seeds:
                     configs.append((variant, self.train_config(dataset=dataset, seed=seed, name=variant, **dict(spec))))
         return configs
+
+
+PROTOCOL_BLOCK = "protocol"  # the top-level key of a study plan holding its protocol (``protocol: &protocol``)
+
+
+def plan_protocol(plan: str | Path) -> dict[str, Any]:
+    """The ``protocol:`` block of the study plan ``plan`` (``plans/default.yaml``): the mapping of
+    :class:`ProtocolConfig` fields its study notebooks share, the one place a study's protocol is written. A
+    tuning plan and the study's one-run notebook read it from there instead of repeating it."""
+    path = project_file(plan)
+    if not path.is_file():
+        raise FileNotFoundError(f"study plan {plan} not found (expected a plan with a '{PROTOCOL_BLOCK}:' block)")
+    plan_values = load_yaml(path.read_text())
+    values = plan_values.get(PROTOCOL_BLOCK) if isinstance(plan_values, dict) else None
+    if not isinstance(values, dict):
+        raise ValueError(f"{plan}: expected a '{PROTOCOL_BLOCK}:' mapping of ProtocolConfig fields, got {values!r}")
+    unknown = sorted(set(values) - set(ProtocolConfig.field_names()))
+    if unknown:
+        raise ValueError(
+            f"{plan}: its {PROTOCOL_BLOCK} has unknown keys {unknown}; valid: {ProtocolConfig.field_names()}"
+        )
+    return values
 
 
 @dataclass
