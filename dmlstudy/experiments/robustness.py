@@ -380,3 +380,23 @@ def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
     plots.save_figure(forest_figure(table), "robustness_forest", study=STUDY)
     write_figures_readme(study_outputs(STUDY, "figures"), study=STUDY)
     return table
+
+
+def readme_markdown(table: pd.DataFrame) -> str:
+    """The front page's robustness table: the columns run so far (a column not run anywhere left out), each
+    claim's cells and label; the README names the columns not run yet below it."""
+    ran = [
+        name
+        for name in dict.fromkeys(table["perturbation"])
+        if (table[table["perturbation"] == name]["outcome"] != "not run").any()
+    ]
+    wide = wide_table(table[table["perturbation"].isin(ran)])
+    return wide.rename(columns={"claim": "claim (A > B)"}).to_markdown(index=False)
+
+
+def columns_not_run(table: pd.DataFrame) -> list[str]:
+    return [
+        name
+        for name in dict.fromkeys(table["perturbation"])
+        if (table[table["perturbation"] == name]["outcome"] == "not run").all()
+    ]
