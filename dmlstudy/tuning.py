@@ -377,6 +377,8 @@ class TuneConfig(TypedConfig):
     train_classes: int = 0  # 0: all training classes
     test_classes: int = 0  # unused by trials (the test split is never loaded); kept for the run identity
     regime: str = "scratch"  # scratch or pretrained: how every trial starts and trains (dmlstudy/regimes.py)
+    lr: float = 4e-3  # the protocol's learning rate: where a row's search starts (trial 0, the paper defaults); later trials draw their own
+    autocast: str = "auto"  # precision of every trial: auto (bf16 on CUDA, float32 on CPU), bf16 or off
 
     def __post_init__(self) -> None:
         self.origins: dict[str, str] = dict.fromkeys(self.field_names(), DEFAULT)  # load_tune_config names them

@@ -62,6 +62,8 @@ EXPECTED = {
 def test_every_tuning_plan_resolves_to_the_values_it_held_when_it_repeated_the_protocol(plan):
     values = load_tune_config(ROOT / "plans" / f"{plan}.yaml").to_dict()
     values.pop("protocol", None)
+    # lr and autocast joined the shared fields later: every plan's protocol holds the values trials trained at
+    assert (values.pop("lr"), values.pop("autocast")) == (TrainConfig.lr, TrainConfig.autocast)
     assert values == EXPECTED[plan]
 
 
@@ -130,6 +132,16 @@ def test_a_value_changed_in_the_study_plans_protocol_reaches_its_runs_and_its_tu
     trial_run = trial(config, "emoji", "ms", MS_TRIAL)
     assert trial_run.patience == 5 and runs.origins_of(trial_run)["patience"] == f"protocol: {study_plan}"
     assert trial_run.run_dir.name != "emoji-ms-04f4004416-6f109208"  # another protocol, another run
+
+    lr_plan = tmp_path / "default_lr.yaml"  # lr, declared once in the study plan, reaches a trial at the paper defaults
+    lr_plan.write_text((ROOT / "plans" / "default.yaml").read_text().replace("  lr: 0.004\n", "  lr: 0.002\n"))
+    lr_tune = tmp_path / "tune_lr.yaml"
+    lr_tune.write_text(tune_plan.read_text().replace(f"protocol: {study_plan}", f"protocol: {lr_plan}"))
+    untuned = ProtocolConfig(**(plan_protocol(lr_plan) | {"tuned": ""}))  # a tuned row's lr is its tuned value
+    assert untuned.train_config(dataset="emoji", method="ms", seed=0, name="ms").lr == 0.002
+    lr_config = load_tune_config(lr_tune)
+    assert lr_config.lr == 0.002 and lr_config.origins["lr"] == f"protocol: {lr_plan}"
+    assert lr_config.base_config("emoji").lr == 0.002
 
     tune_plan.write_text(tune_plan.read_text() + "patience: 3\n")  # the tuning plan's own value wins, and says so
     config = load_tune_config(tune_plan)
