@@ -334,7 +334,9 @@ def relatives_per_seed(
     families = test_families("emoji")
     records = []
     for entry in here.to_dict("records"):
-        [run_dir] = sorted(Path(runs_folder).glob(f"*-{entry['digest']}")) or [None]
+        found = sorted(Path(runs_folder).glob(f"*-{entry['digest']}"))  # one configuration may carry two labels
+        named = "ms" if entry["row"] == "diml_rerank" else entry["row"]
+        run_dir = next((d for d in found if f"-{named}-seed{entry['seed']}-" in d.name), found[0] if found else None)
         if run_dir is None:
             raise FileNotFoundError(
                 f"no run folder *-{entry['digest']} in {runs_folder} ({entry['row']}, seed {entry['seed']})"
