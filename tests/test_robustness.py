@@ -138,3 +138,14 @@ def test_reranked_recall_with_one_candidate_is_the_cosine_recall_and_never_picks
     robustness.relatives_out_reranked_recall(embeddings, local, labels, families, top_k=10)
     mask = robustness.relative_mask(families)
     assert not np.take_along_axis(mask, chosen["candidates"], axis=1).any()
+
+
+def test_the_front_page_shows_the_committed_robustness_table():
+    """The README's robustness table is the one `dmlstudy study robustness` writes, not a hand copy."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    table = pd.read_csv(root / "results" / "robustness" / "claims.csv")
+    assert robustness.readme_markdown(table) in (root / "README.md").read_text()
+    for name in robustness.columns_not_run(table):
+        assert name in (root / "README.md").read_text().split("## Two commands")[0] or name.startswith("partition")
