@@ -120,6 +120,7 @@ def _cell(claim: Claim, perturbation: Perturbation, values: np.ndarray, *, margi
     ran = len(values) > 0
     return {
         "claim": claim.name,
+        "claimed": claim.claimed,
         "perturbation": perturbation.name,
         "dataset": perturbation.dataset,
         "regime": REGIME,
