@@ -11,14 +11,13 @@ family (noto ↔ noto-v1, emojione ↔ emojione-v1) in the gallery.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from dmlstudy.data import build_dataset
-from dmlstudy.experiments.robustness import RELATIVES, relative_mask
+from dmlstudy.experiments.robustness import RELATIVES, relative_mask, test_families
 
 
 def main() -> None:
@@ -28,8 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(args.data_root) / args.dataset
     split = build_dataset(args.dataset, root, "test")
-    family_of = {r["image"]: r["family"] for r in json.loads((root / "designs.json").read_text())}
-    families = np.asarray([family_of[str(Path(p).relative_to(root / "images"))] for p in split.paths])
+    families = np.asarray(test_families(args.dataset, args.data_root))
     labels = np.asarray(split.labels)
     pixels = np.stack(
         [
