@@ -40,7 +40,6 @@ from tqdm.auto import tqdm
 from dmlstudy import distributed, runs
 from dmlstudy.checkpoint_selection import CheckpointSelection
 from dmlstudy.compute import autocast_context, autocast_dtype, is_device_name, resolve_device, training_step
-from dmlstudy.config import TypedConfig
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.methods import EVAL_BATCH_SIZE, Method
 from dmlstudy.paths import runs_root
@@ -63,52 +62,42 @@ from dmlstudy.run_data import (
 )
 from dmlstudy.run_evaluation import evaluate
 from dmlstudy.run_model import build_model
+from dmlstudy.run_settings import AUTOCAST_MODES, RunSettings
 from dmlstudy.training_watch import TrainingWatch
 
 
 @dataclass
-class TrainConfig(TypedConfig):
+class TrainConfig(RunSettings):
     """Everything one training run depends on. Field names match the notebook's ``parameters`` cell.
 
     The defaults are a CI-sized run, what ``dmlstudy train`` with no options does: MS on the first 16 SynBirds
     classes, 2 epochs of 6 batches, evaluated on the first 16 test classes (seconds on 2 CPU cores, after the
     one-time dataset generation). Plans and paper configs set the real sizes; a full run sets
     ``steps_per_epoch``, ``train_classes`` and ``test_classes`` to 0.
+
+    The settings a run shares with its study's protocol and with the tuning plan of its row (sizes, budget,
+    ``lr``, validation folds, precision) are declared in :class:`~dmlstudy.run_settings.RunSettings`; the fields
+    below are the run's own.
     """
 
     study: str = "scratch"  # runs are written to <runs_root>/<study>/<run folder>/ (see run_name)
     run_name: str = ""  # folder label, default <dataset>-<method>-seed<seed>; the config hash is appended
-    runs_root: str = ""  # default: <project>/runs
-    data_root: str = ""  # default: <project>/data; a dataset lives in <data_root>/<dataset>
     dataset: str = "synbirds"  # a registered dataset name (dmlstudy list datasets)
     method: str = "ms"  # a registered method name (dmlstudy list methods)
     method_kwargs: dict = field(default_factory=dict)  # keyword arguments of the method (e.g. {"K1": 16})
-    backbone: str = "dml_convnet"  # any timm model name (dmlstudy list backbones)
     pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
     checkpoint_path: str = ""  # local backbone weights file, loaded after construction (relative: from the working directory, else the project root)
     freeze_bn: bool = False  # freeze BatchNorm statistics and affine parameters of the backbone
     conv_head: bool = True  # with stem_views: end with EfficientNet's 1 × 1 conv_head (False: the last block's output is the feature map)
     stem_views: int = 0  # n ≥ 1: an EfficientNet trained from its last stage on cached activations of its frozen stem, n training views
     output_stride: int = 0  # 0: the backbone's own; 8/16 for dilated ResNets (larger feature grid)
-    embedding_dim: int = 128  # d, the inference embedding size
-    image_size: int = 64  # training crop and test centre-crop size in pixels
-    classes_per_batch: int = 16  # P of a P × M class-balanced batch
-    samples_per_class: int = 4  # M of a P × M class-balanced batch
-    epochs: int = 2  # training epochs
-    steps_per_epoch: int = 6  # 0: len(train) // (P·M) batches per epoch
-    train_classes: int = 16  # 0: all training classes; n: only the first n (CI-sized runs)
-    test_classes: int = 16  # 0: all test classes; n: only the first n
     optimizer: str = "adamw"  # adam, adamw or sgd
-    lr: float = 4e-3  # learning rate of the backbone and embedding
     head_lr: float = 1e-2  # learning rate of proxies / class centres
     backbone_lr_scale: float = 1.0  # the backbone trains at lr × this (< 1 when fine-tuning a pretrained backbone)
     warmup_epochs: int = 0  # the first n epochs train only what the method adds to the backbone (backbone frozen)
     weight_decay: float = 1e-4  # weight decay of the backbone and embedding
     lr_schedule: str = "cosine"  # constant or cosine (per epoch, to 1 % of lr)
-    eval_every: int = 1  # evaluate every n epochs (and after the last): validation classes, else the test classes
-    validation_folds: int = 0  # 0: none, test classes evaluated every eval_every epochs; n ≥ 2: the training classes in n class-disjoint folds
     validation_fold: int = 0  # the fold held out of training as validation classes (checkpoint choice, patience)
-    patience: int = 0  # with validation folds: stop after this many evaluations without a better validation R@1 (0: train all epochs)
     final_test: bool = (
         True  # with validation folds: read the test classes once, with the best-validation state (False: never)
     )
@@ -128,7 +117,6 @@ class TrainConfig(TypedConfig):
     channels_last: bool = (
         False  # channels_last memory format (faster on CPU, but not bit-identical across resume and ranks)
     )
-    autocast: str = "auto"  # auto (bfloat16 on CUDA, off on CPU), bf16 or off
     compile: bool = False  # torch.compile the training step (see benchmarks/README.md for when it pays)
 
     def validate(self) -> None:
@@ -236,7 +224,6 @@ class TrainConfig(TypedConfig):
 
 
 INPUT_PIPELINES = ("auto", "tensor", "files")
-AUTOCAST_MODES = ("auto", "bf16", "off")
 
 
 _SELECTION_EPOCHS = re.compile(r":? epoch \d+ of \d+ trained| \(\d+\)(?=; no validation)")

@@ -66,13 +66,14 @@ import pandas as pd
 
 from dmlstudy import engine, runs
 from dmlstudy import search_space as search
-from dmlstudy.config import TypedConfig, load_yaml
+from dmlstudy.config import load_yaml
 from dmlstudy.experiments.protocol import PROTOCOL, VARIANT, ProtocolConfig, plan_protocol, resolve_run
 from dmlstudy.methods import method_info, search_space
 from dmlstudy.paths import project_file, project_root
-from dmlstudy.regimes import REGIMES, regime
+from dmlstudy.regimes import REGIMES
 from dmlstudy.rows import RERANK, SHARED_VARIANTS
 from dmlstudy.run_data import load_datasets
+from dmlstudy.run_settings import StudySettings
 from dmlstudy.study import load_plan
 from dmlstudy.train import TrainConfig
 from dmlstudy.tuned import OBJECTIVE, RowResult, list_rows, tuned_file, write_tuned
@@ -339,14 +340,24 @@ PRUNERS: dict[str, Callable[[TuneConfig], optuna.pruners.BasePruner]] = {
 
 
 @dataclass
-class TuneConfig(TypedConfig):
+class TuneConfig(StudySettings):
     """A tuning plan (``plans/tune.yaml``): which rows, on which datasets, how many trials, and the trial runs'
     protocol (the study's sizes; validation classes only). The protocol is the study's, read from the study plan
     named in ``protocol`` (its ``protocol:`` block, :func:`load_tune_config`); a value the tuning plan gives
-    itself overrides it. ``origins`` says where each value came from."""
+    itself overrides it. ``origins`` says where each value came from.
 
+    The protocol's fields are :class:`~dmlstudy.run_settings.StudySettings`' (declared there); a plan without
+    ``protocol`` starts from full sizes (every training class, full passes, 4 folds, patience 2, a 12-epoch cap).
+    Trials never read the test classes; ``test_classes`` enters their run identity only."""
+
+    epochs: int = 12
+    steps_per_epoch: int = 0
+    train_classes: int = 0
+    test_classes: int = 0
+    validation_folds: int = 4
+    patience: int = 2
+    workers: int = 2
     name: str = "tune"  # runs go to <runs_root>/<name>/, journals to <runs_root>/<name>/tuning/
-    datasets: list = field(default_factory=lambda: ["synbirds"])  # registered dataset names
     rows: list = field(
         default_factory=lambda: ["ms"]
     )  # row names (dmlstudy list methods; softmax), `registry` (every row) or a study plan (plans/default.yaml: its comparison's rows)
@@ -356,29 +367,11 @@ class TuneConfig(TypedConfig):
     sampler_seed: int = 0  # seed of the TPE sampler (the same for every row)
     pruner: str = "median"  # median, halving or none
     prune_after: int = 2  # no pruning before this epoch has been evaluated
-    workers: int = 2  # trials trained side by side on the engine
     out_dir: str = "plans/tuned"  # <out_dir>/<dataset>.yaml: the chosen values (rows tuned here replaced)
     figure: str = "figures/tuning_best_so_far.png"  # best-so-far validation R@1 per trial; empty: none
-    runs_root: str = ""  # default: <project>/runs
-    data_root: str = ""  # default: <project>/data
     storage: str = ""  # empty: Optuna journal files under <runs_root>/<name>/tuning/; or an RDB URL
-    validation_folds: int = 4  # class-disjoint folds of the training classes
     validation_fold: int = 0  # the fold held out as validation classes
-    patience: int = 2  # stop a trial when validation R@1 has not improved for this many evaluations
-    epochs: int = 12  # the cap of a trial's epochs
-    eval_every: int = 1  # evaluate the validation classes every n epochs
     seed: int = 0  # the trial runs' seed (model init, batches)
-    backbone: str = "dml_convnet"  # trial protocol as in plans/default.yaml
-    image_size: int = 64
-    embedding_dim: int = 128
-    classes_per_batch: int = 16
-    samples_per_class: int = 4
-    steps_per_epoch: int = 0  # 0: full passes over the training classes
-    train_classes: int = 0  # 0: all training classes
-    test_classes: int = 0  # unused by trials (the test split is never loaded); kept for the run identity
-    regime: str = "scratch"  # scratch or pretrained: how every trial starts and trains (dmlstudy/regimes.py)
-    lr: float = 4e-3  # the protocol's learning rate: where a row's search starts (trial 0, the paper defaults); later trials draw their own
-    autocast: str = "auto"  # precision of every trial: auto (bf16 on CUDA, float32 on CPU), bf16 or off
 
     def __post_init__(self) -> None:
         self.origins: dict[str, str] = dict.fromkeys(self.field_names(), DEFAULT)  # load_tune_config names them
@@ -386,7 +379,6 @@ class TuneConfig(TypedConfig):
             self.rows = plan_rows(self.rows)  # `rows: registry` or `rows: plans/default.yaml` → row names
         super().__post_init__()
         self.check_choice("pruner", sorted(PRUNERS))
-        regime(self.regime, backbone=self.backbone)  # an unknown regime or a backbone its weights do not fit
         if self.validation_folds < 2:
             raise ValueError(
                 f"parameter 'validation_folds' must be ≥ 2: trials are scored on validation classes, got {self.validation_folds}"
@@ -439,7 +431,7 @@ class TuneConfig(TypedConfig):
 DEFAULT = "default"  # origin of a TuneConfig value: the dataclass's default
 TRAIN_NAMES = {"name": "study"}  # a TuneConfig field → the TrainConfig field it sets, where the names differ
 PROTOCOL_FIELDS = tuple(
-    name for name in ProtocolConfig.field_names() if name in TuneConfig.field_names()
+    StudySettings.field_names()
 )  # the values a tuning plan shares with its study plan's protocol (read from its `protocol:` block)
 
 

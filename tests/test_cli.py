@@ -41,10 +41,11 @@ def help_text(*argv: str) -> str:
 
 
 def source_comment(field_name: str) -> str:
-    """The comment after a TrainConfig field, read from train.py by a plain regular expression."""
-    source = (REPO / "dmlstudy" / "train.py").read_text()
-    match = re.search(rf"^    {field_name}: \w+ = .*?  # (.*)$", source, re.MULTILINE)
-    assert match, field_name
+    """The comment after a TrainConfig field, read by a plain regular expression from train.py (a run's own
+    fields) or run_settings.py (those it shares with the protocol and tuning plans)."""
+    sources = [(REPO / "dmlstudy" / name).read_text() for name in ("train.py", "run_settings.py")]
+    matches = [re.search(rf"^    {field_name}: \w+ = .*?  # (.*)$", source, re.MULTILINE) for source in sources]
+    [match] = [match for match in matches if match]
     return match.group(1).strip()
 
 

@@ -4,6 +4,8 @@ block, its trials resolve through :func:`dmlstudy.experiments.protocol.resolve_r
 still repeated its study plan's protocol: reading them from one place changes no resolved value and no run's
 identity."""
 
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -13,9 +15,10 @@ from dmlstudy import search_space as search
 from dmlstudy.experiments.one_run import OneRun
 from dmlstudy.experiments.protocol import ProtocolConfig, plan_protocol
 from dmlstudy.methods import search_space
+from dmlstudy.run_settings import RunSettings, StudySettings
 from dmlstudy.study import load_plan
 from dmlstudy.train import TrainConfig
-from dmlstudy.tuning import load_tune_config, row_spec, trial_config
+from dmlstudy.tuning import PROTOCOL_FIELDS, TuneConfig, load_tune_config, row_spec, trial_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ["ms", "crt", "diml", "cross_attention", "dgcrl", "softmax", "triplet", "lifted", "normsoftmax"]
@@ -169,3 +172,48 @@ def test_the_default_plans_train_entry_shows_the_compared_ms_run_resolved_from_t
     assert origins["patience"] == "protocol" and origins["warmup_epochs"] == "regime: imagenet"
     assert origins["lr"] == "tuned: plans/tuned/imagenet/emoji.yaml"
     assert OneRun(epochs=3).resolved() == TrainConfig(epochs=3)  # without a study plan: the fields as given
+
+
+OWN_MEANING = {"study", "seed", "validation_fold", "progress"}  # same name, another meaning per config (run_settings)
+
+
+def _declarations(klass) -> dict[str, bool]:
+    """The fields ``klass``'s own body annotates: name → whether the line carries a description comment."""
+    source = inspect.getsource(klass)
+    return {
+        match[1]: bool(match[2])
+        for match in re.finditer(r"^    (\w+): [\w\[\], |]+ = .*?(  # .*)?$", source, re.MULTILINE)
+    }
+
+
+def test_the_settings_the_configs_share_are_declared_once():
+    configs = [TrainConfig, ProtocolConfig, TuneConfig]
+    names = [set(config.field_names()) for config in configs]
+    shared = {
+        name for index, own in enumerate(names) for name in own if any(name in other for other in names[index + 1 :])
+    }
+    assert shared - OWN_MEANING == set(StudySettings.field_names())
+    declared_where = {name: [] for name in shared - OWN_MEANING}
+    for klass in [RunSettings, StudySettings, *configs]:
+        for name, described in _declarations(klass).items():
+            if name in declared_where and described:
+                declared_where[name].append(klass.__name__)
+    assert {name: where for name, where in declared_where.items() if len(where) != 1} == {}, (
+        "a shared setting is described in exactly one class; a config restates only its default"
+    )
+    assert all(issubclass(config, RunSettings) for config in configs)
+    for name in shared - OWN_MEANING:
+        helps = {config.__name__: config.field_help()[name] for config in configs if name in config.field_names()}
+        assert len(set(helps.values())) == 1, (name, helps)
+    assert set(PROTOCOL_FIELDS) == set(ProtocolConfig.field_names()) & set(TuneConfig.field_names())
+
+
+def test_a_restated_default_keeps_the_one_description():
+    assert TuneConfig().epochs == 12 and TrainConfig().epochs == 2 and ProtocolConfig().steps_per_epoch == 4
+    assert (
+        TuneConfig.field_help()["epochs"]
+        == TrainConfig.field_help()["epochs"]
+        == "training epochs; with patience, the cap"
+    )
+    with pytest.raises(ValueError, match=r"^parameter 'autocast' must be one of \['auto', 'bf16', 'off'\], got 'fp8'"):
+        TuneConfig(autocast="fp8")

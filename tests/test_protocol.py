@@ -192,7 +192,7 @@ def test_a_study_config_builds_its_protocol_from_one_mapping_parameter():
     with pytest.raises(ValueError, match=r"^parameter 'protocol\.regime': unknown regime 'no-such-regime'"):
         DGCRLStudy(protocol={"regime": "no-such-regime"})
     with pytest.raises(
-        TypeError, match=r"parameter 'protocol' has no keys \['alphas', 'sedes'\]; valid keys: \['study'"
+        TypeError, match=r"parameter 'protocol' has no keys \['alphas', 'sedes'\]; valid keys: \['runs_root'"
     ):
         DGCRLStudy(protocol={"sedes": [0], "alphas": [1.0]})
     with pytest.raises(

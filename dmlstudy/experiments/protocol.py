@@ -28,48 +28,27 @@ from dmlstudy.checkpoint_selection import best_epoch_censored
 from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
 from dmlstudy.paths import project_file, project_root
-from dmlstudy.regimes import REGIMES, regime, regime_overrides, run_prefix
+from dmlstudy.regimes import REGIMES, regime_overrides, run_prefix
 from dmlstudy.report import summarize
 from dmlstudy.run_data import load_datasets
+from dmlstudy.run_settings import StudySettings
 from dmlstudy.search_space import flattened, merged
-from dmlstudy.train import AUTOCAST_MODES, RunResult, TrainConfig, is_complete, run
+from dmlstudy.train import RunResult, TrainConfig, is_complete, run
 from dmlstudy.tuned import list_rows, tuned_file, tuned_overrides
 
 
 @dataclass
-class ProtocolConfig(TypedConfig):
-    """The protocol every study notebook shares, its parameter ``protocol``. Defaults are CI-sized; plans
-    inject the study's sizes. Each field's comment is its description."""
+class ProtocolConfig(StudySettings):
+    """The protocol every study notebook shares, its parameter ``protocol``: the
+    :class:`~dmlstudy.run_settings.StudySettings` every run of a table shares (declared there) and the study's own
+    fields below. Defaults are CI-sized; plans inject the study's sizes. Each field's comment is its description."""
 
     study: str = "notebooks"  # runs go to <runs_root>/<study>/
-    runs_root: str = ""  # default: <project>/runs
-    data_root: str = ""  # default: <project>/data
-    datasets: list = field(default_factory=lambda: ["synbirds"])  # embedded sets: synbirds, glyphs
     seeds: list = field(default_factory=lambda: [0])  # one run per seed; tables report mean ± std
-    backbone: str = "dml_convnet"  # timm model name, the same for every method of a table
-    regime: str = "scratch"  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
-    image_size: int = 64  # pixels
-    embedding_dim: int = 128  # d of every method
-    classes_per_batch: int = 16  # P
-    samples_per_class: int = 4  # M
-    epochs: int = 2  # training epochs per run
-    steps_per_epoch: int = 4  # 0: a full pass over the training set per epoch
-    train_classes: int = 16  # 0: all training classes
-    test_classes: int = 16  # 0: all test classes
-    lr: float = 4e-3  # backbone/embedding learning rate
-    eval_every: int = 1  # evaluate every n epochs (and after the last): the resolution of learning curves
-    validation_folds: int = 0  # n ≥ 2: the training classes in n class-disjoint folds; fold 0 chooses each run's checkpoint and the test classes are read once
-    patience: int = 0  # with validation folds: a run stops after this many evaluations without a better validation R@1 (epochs is the cap)
-    autocast: str = "auto"  # precision of every run: auto (bf16 on CUDA, float32 on CPU), bf16 or off
+    steps_per_epoch: int = 4
     tuned: str = ""  # tuned values (plans/tuned, `make tune`; a regime tuned on its own: <tuned>/<regime>/): learning rates and hyperparameters; empty: none
     tuned_dataset: str = ""  # read every dataset's tuned values from this dataset's file (a perturbation of a tuned dataset); empty: each its own
     progress: bool = False  # tqdm bars inside the notebook
-    workers: int = 1  # runs trained at once, each in its own process with cores // workers threads
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.check_choice("autocast", AUTOCAST_MODES)
-        regime(self.regime, backbone=self.backbone)  # an unknown regime or a backbone its weights do not fit
 
     def protocol_text(self) -> str:
         """One line describing the protocol, printed above every table: sizes, learning rates, how each run's
