@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dmlstudy.data import build_dataset, emoji
+from dmlstudy.data import build_dataset, emoji, emoji_checks
 from dmlstudy.data.embedded import MARKER, ensure_generated
 from dmlstudy.data.folds import fold_classes
 
@@ -407,12 +407,12 @@ def test_near_identical_pairs_against_a_plain_loop():
         for j in range(i + 1, len(images))
         if labels[i] != labels[j] and np.abs(images[i].astype(int) - images[j].astype(int)).max() <= 32
     ]
-    assert emoji.near_identical_pairs(images, labels, levels=32, block=4) == expected == [(0, 4)]
-    assert emoji.near_identical_pairs(images, labels, levels=255, block=4) == [
+    assert emoji_checks.near_identical_pairs(images, labels, levels=32, block=4) == expected == [(0, 4)]
+    assert emoji_checks.near_identical_pairs(images, labels, levels=255, block=4) == [
         (i, j) for i in range(7) for j in range(i + 1, 7) if labels[i] != labels[j]
     ]
     with pytest.raises(ValueError, match="uint8"):
-        emoji.near_identical_pairs(images.astype(float), labels)
+        emoji_checks.near_identical_pairs(images.astype(float), labels)
 
 
 NEAR_TWIN = {  # a fourth family whose "cat" renders as its "laptop" but a shade lighter: one near-identical pair
@@ -442,15 +442,15 @@ def test_a_build_drops_both_near_identical_designs_and_fingerprints_the_rest(fak
     delta_icons = sorted(d["icon"] for d in designs if d["family"] == "delta")
     assert delta_icons == ["grinning-face", "thumbs-up"]  # both near-identical designs gone, the classes kept
     fingerprint = (root / emoji.FINGERPRINT_FILE).read_text()
-    parsed = emoji.parse_fingerprint(fingerprint)
+    parsed = emoji_checks.parse_fingerprint(fingerprint)
     assert set(parsed) == set(EXPECTED_CLASSES) and "delta" not in parsed["cat"] and "delta" in parsed["thumbs-up"]
     png = next(d for d in designs if d["family"] == "alpha" and d["icon"] == "cat")["image"]
-    assert parsed["cat"]["alpha"] == emoji.digest_of((root / "images" / png).read_bytes())
+    assert parsed["cat"]["alpha"] == emoji_checks.digest_of((root / "images" / png).read_bytes())
 
     published = tmp_path / "published.tsv"
     published.write_text(fingerprint)
     assert "matches the published build" in emoji.fingerprint_report(root, published)
-    published.write_text(fingerprint.replace(parsed["cat"]["alpha"], "0" * emoji.DIGEST_CHARACTERS))
+    published.write_text(fingerprint.replace(parsed["cat"]["alpha"], "0" * emoji_checks.DIGEST_CHARACTERS))
     report = emoji.fingerprint_report(root, published)
     assert "DIFFERS" in report and "1 classes with other images (e.g. cat)" in report
     assert "no published fingerprint" in emoji.fingerprint_report(root, tmp_path / "none.tsv")
