@@ -64,6 +64,7 @@ class DataConfig(ModelConfig, Protocol):
     num_workers: int
     input_pipeline: str
     tensor_budget_gib: float
+    progress: bool
 
     @property
     def validates(self) -> bool: ...
@@ -256,6 +257,7 @@ def _stem_activations(
             dataset_digest=layouts[name].key,
             image_size=config.image_size,
             training_views=config.stem_views if name == "train" else 0,
+            progress=config.progress,
         )
         for name, split in tensors.items()
     }

@@ -267,3 +267,17 @@ def test_the_emoji_download_says_what_it_waits_for_before_npm_answers(tmp_path, 
     with pytest.raises(emoji.EmojiFetchError):
         emoji.fetch_sources(tmp_path / "cache", emoji.EMOJI_SOURCES[:2])
     assert "emoji: downloading 2 of 2 npm packages (npm pack)" in capsys.readouterr().err
+
+
+def test_make_studys_caching_step_asks_for_the_stem_bar_in_a_log_too(monkeypatch):
+    """``make study`` caches the stem before any notebook (minutes): its bar is asked for, not left to whether
+    stderr is a terminal, so a log of a batch run shows it as well; the plan's config is not changed."""
+    from dmlstudy.experiments import plan_inputs
+    from dmlstudy.train import TrainConfig
+
+    asked = []
+    monkeypatch.setattr(plan_inputs, "load_datasets", lambda config: asked.append(config.progress))
+    config = TrainConfig(progress=False)
+    lines = plan_inputs.prepare_stem_caches({"toy (imagenet, 64 px)": config}, echo=lambda *args, **kwargs: None)
+    assert asked == [True] and config.progress is False
+    assert lines[0].startswith("toy (imagenet, 64 px): the frozen stem's activations") and "cached in" in lines[0]

@@ -99,11 +99,12 @@ def stem_configs(plan: str, *, only: str = "") -> dict[str, TrainConfig]:
 def prepare_stem_caches(configs: dict[str, TrainConfig], *, echo: Any = print) -> list[str]:
     """Compute (or find) the cached stem activations of every configuration's dataset, training views and test
     view, before any notebook starts; one line each (``emoji (imagenet, 128 px): … cached in 212 s``);
-    the caches are found, not computed again, once made."""
+    the caches are found, not computed again, once made. Computing one takes minutes on a CPU, so its bar
+    (images × views, with the time left) shows whether or not the output is a terminal."""
     lines = []
     for label, config in configs.items():
         started = time.perf_counter()
-        load_datasets(config)
+        load_datasets(dataclasses.replace(config, progress=True))
         line = (
             f"{label}: the frozen stem's activations ({config.stem_views} training views and the test view) cached "
             f"in {time.perf_counter() - started:.0f} s"
