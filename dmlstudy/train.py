@@ -213,6 +213,17 @@ class TrainConfig(RunSettings):
             + (f", patience {self.patience} evaluations" if self.patience else "")
         )
 
+    @classmethod
+    def of_run_folder(cls, run_dir: str | Path, *, data_root: str = "") -> TrainConfig:
+        """The config a finished run folder recorded (``config.yaml``), pointed at the folder where it was found
+        (``runs_root``, ``study``, ``run_name``), to be loaded again (``resume``) without bars; ``data_root``, when
+        given, replaces the stored one. A key the record has but the config lacks is ignored."""
+        run_dir = Path(run_dir)
+        stored = runs.read_config_record(run_dir) or {}
+        stored |= {"runs_root": str(run_dir.parent.parent), "study": run_dir.parent.name, "run_name": run_dir.name}
+        stored |= {"resume": True, "progress": False} | ({"data_root": data_root} if data_root else {})
+        return cls(**{name: stored[name] for name in cls.field_names() if name in stored})
+
     @property
     def resolved_run_name(self) -> str:
         """The run folder's name: ``<run_name or dataset-method-seed<seed>>-<config hash>`` (:func:`dmlstudy.runs.folder_name`)."""

@@ -209,17 +209,7 @@ def load_run(run_dir: str | Path, *, data_root: str = "") -> LoadedRun:
     missing = [name for name in RUN_RECORDS if not (run_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(f"load_run: {run_dir} is not a complete run folder; missing {missing}")
-    stored = load_yaml((run_dir / "config.yaml").read_text()) or {}
-    stored.update(
-        runs_root=str(run_dir.parent.parent),
-        study=run_dir.parent.name,
-        run_name=run_dir.name,
-        resume=True,
-        progress=False,
-    )
-    if data_root:
-        stored["data_root"] = data_root
-    config = TrainConfig(**{name: stored[name] for name in TrainConfig.field_names() if name in stored})
+    config = TrainConfig.of_run_folder(run_dir, data_root=data_root)
     datasets = load_datasets(config)
     if datasets.get("gallery") is not None:
         raise ValueError(

@@ -32,6 +32,7 @@ import pandas as pd
 
 from dmlstudy import verdicts
 from dmlstudy.experiments.claims import Claim, load_claims
+from dmlstudy.metrics import l2_normalize
 from dmlstudy.paths import study_outputs
 
 REGIME = "imagenet"
@@ -150,7 +151,7 @@ def robustness_table(
         for claim in claims:
             if perturbation.name == POOLED:
                 means = [claim_differences(per_seed, claim, name) for name in PARTITIONS]
-                values = np.asarray([m.mean() for m in means if len(m)]) if all(len(m) for m in means) else np.zeros(0)
+                values = np.asarray([m.mean() for m in means]) if all(len(m) for m in means) else np.zeros(0)
                 rows.append(_cell(claim, perturbation, values, margin=margin, model="partition means"))
             else:
                 values = claim_differences(per_seed, claim, perturbation.name) if len(per_seed) else np.zeros(0)
@@ -193,15 +194,20 @@ def relative_mask(families: Sequence[str], relatives: Mapping[str, str] = RELATI
     return mask
 
 
+def masked_cosine(embeddings: np.ndarray, families: Sequence[str]) -> np.ndarray:
+    """``Q × Q`` cosine similarities of the L2-normalised embeddings, ``-inf`` where :func:`relative_mask` removes
+    the item from the query's gallery."""
+    normed = l2_normalize(embeddings)
+    cosine = normed @ normed.T
+    cosine[relative_mask(families)] = -np.inf
+    return cosine
+
+
 def relatives_out_recall(embeddings: np.ndarray, labels: Sequence[int], families: Sequence[str]) -> float:
     """R@1 in points, all against all (the query excluded), each query's relative family out of its gallery:
     the label of the most cosine-similar remaining item equals the query's."""
-    embeddings = np.asarray(embeddings, dtype=np.float32)
-    embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
-    similarity = embeddings @ embeddings.T
-    similarity[relative_mask(families)] = -np.inf
     labels = np.asarray(labels)
-    return float(100.0 * np.mean(labels[similarity.argmax(axis=1)] == labels))
+    return float(100.0 * np.mean(labels[masked_cosine(embeddings, families).argmax(axis=1)] == labels))
 
 
 def relatives_out_reranked_recall(
@@ -213,23 +219,23 @@ def relatives_out_reranked_recall(
     top_k: int,
     device: Any = None,
 ) -> float:
-    """R@1 in points after DIML's re-ranking of each query's cosine top-``top_k`` among the items left once its
-    relative family is out (the same rule as :func:`dmlstudy.reranking.rerank_top_k`: cos + s_struct)."""
+    """R@1 in points after DIML's re-ranking (:func:`dmlstudy.reranking.rerank_top_k`: cos + s_struct) of each
+    query's cosine top-``top_k`` among the items left once its relative family is out."""
+    from dmlstudy.reranking import rerank_top_k
     from dmlstudy.transport import candidate_structural_similarity
 
     global_embeddings = np.asarray(global_embeddings, dtype=np.float32)
-    normed = global_embeddings / np.maximum(np.linalg.norm(global_embeddings, axis=1, keepdims=True), 1e-12)
-    cosine = normed @ normed.T
-    cosine[relative_mask(families)] = -np.inf
+    cosine = masked_cosine(global_embeddings, families)
     k = min(top_k, len(labels) - 1)
-    candidates = np.argsort(-cosine, axis=1, kind="stable")[:, :k]
+    nearest = np.argpartition(-cosine, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(cosine, nearest, axis=1), axis=1, kind="stable")
+    candidates = np.take_along_axis(nearest, order, axis=1)  # the cosine top-k, best first
     structural = candidate_structural_similarity(
         global_embeddings, local_embeddings, global_embeddings, local_embeddings, candidates, device=device
     )
-    scores = np.take_along_axis(cosine, candidates, axis=1) + structural
-    best = candidates[np.arange(len(candidates)), scores.argmax(axis=1)]
+    reranked = rerank_top_k(candidates, np.take_along_axis(cosine, candidates, axis=1), structural, top_k=k)
     labels = np.asarray(labels)
-    return float(100.0 * np.mean(labels[best] == labels))
+    return float(100.0 * np.mean(labels[reranked[:, 0]] == labels))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -334,7 +340,6 @@ def relatives_per_seed(
     """The relatives-out column's per-seed rows (``regime, dataset, row, seed, R@1``): each headline row's run
     of the default study (found by the digest its per-seed row records) evaluated with each query's relative
     family out of its gallery; DIML's re-ranking row re-ranks its MS run's embeddings the same way."""
-    from dmlstudy.config import load_yaml
     from dmlstudy.experiments.kit import evaluation_sets
     from dmlstudy.train import TrainConfig, run
 
@@ -355,11 +360,7 @@ def relatives_per_seed(
         if len(labels) != len(families):
             raise ValueError(f"{run_dir}: {len(labels)} test embeddings, but the test split has {len(families)} images")
         if entry["row"] == "diml_rerank":
-            stored = load_yaml((run_dir / "config.yaml").read_text()) or {}
-            stored |= {"runs_root": str(run_dir.parent.parent), "study": run_dir.parent.name, "resume": True}
-            stored |= {"run_name": run_dir.name, "progress": False}
-            config = TrainConfig(**{name: stored[name] for name in TrainConfig.field_names() if name in stored})
-            sets = evaluation_sets(run(config), grid_sizes=[rerank_grid])
+            sets = evaluation_sets(run(TrainConfig.of_run_folder(run_dir)), grid_sizes=[rerank_grid])
             query = sets["query"]
             recall = relatives_out_reranked_recall(
                 query.global_, query.local[rerank_grid], labels, families, top_k=rerank_top_k, device=sets["device"]
