@@ -454,3 +454,14 @@ def test_a_build_drops_both_near_identical_designs_and_fingerprints_the_rest(fak
     report = emoji.fingerprint_report(root, published)
     assert "DIFFERS" in report and "1 classes with other images (e.g. cat)" in report
     assert "no published fingerprint" in emoji.fingerprint_report(root, tmp_path / "none.tsv")
+
+
+def test_the_committed_published_fingerprint_reads_as_the_published_build():
+    """The committed fingerprint (gzipped) is the build results/ was computed from: 1,122 classes, 8,385 images,
+    and the fingerprint digest the dataset card quotes."""
+    import hashlib
+
+    text = emoji_checks.read_fingerprint(emoji.PUBLISHED_FINGERPRINT)
+    parsed = emoji_checks.parse_fingerprint(text)
+    assert len(parsed) == 1122 and sum(map(len, parsed.values())) == 8385
+    assert hashlib.sha256(text.encode("utf-8")).hexdigest()[:16] == "2bf6949cd1650f8c"

@@ -17,9 +17,11 @@ that two machines' builds compare image by image (:func:`fingerprint_difference`
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -97,6 +99,13 @@ def build_fingerprint(classes: Mapping[str, Iterable[str]], digests: Mapping[tup
     return "\n".join(lines) + "\n"
 
 
+def read_fingerprint(path: str | Path) -> str:
+    """The text of a fingerprint file, gzipped (``.gz``: the committed published fingerprint) or not."""
+    path = Path(path)
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
+
+
 def parse_fingerprint(text: str) -> dict[str, dict[str, str]]:
     """class name → family → digest, from a fingerprint text (:func:`build_fingerprint`)."""
     parsed = {}
@@ -136,4 +145,5 @@ __all__ = [
     "near_identical_designs",
     "near_identical_pairs",
     "parse_fingerprint",
+    "read_fingerprint",
 ]
