@@ -13,6 +13,7 @@ the method registry and :mod:`dmlstudy.plots`, never a paper module.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -91,6 +92,17 @@ def find_run(results: Sequence[tuple[str, RunResult]], variant: str, *, dataset:
     raise KeyError(
         f"no run of variant {variant!r}{f' on {dataset!r}' if dataset else ''} among {sorted({n for n, _ in results})}"
     )
+
+
+def method_defaults(method_class: type) -> dict[str, Any]:
+    """A method's keyword arguments and their defaults, read from its class signature (the backbone, the
+    embedding size and the class count, which every run sets, left out): what a study's variants differ from."""
+    skip = {"backbone", "embedding_dim", "num_classes"}
+    return {
+        name: spec.default
+        for name, spec in inspect.signature(method_class.__init__).parameters.items()
+        if name not in skip and spec.default is not inspect.Parameter.empty
+    }
 
 
 def kwargs_json(spec: Mapping[str, Any]) -> str:

@@ -3,7 +3,6 @@ and the measurements on trained models (sⁿ re-scoring, gradients at initialisa
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,7 @@ import pandas as pd
 import torch
 
 from dmlstudy import metrics as metric_functions
-from dmlstudy.experiments.kit import as_grid, device_of, run_variants
+from dmlstudy.experiments.kit import as_grid, device_of, method_defaults, run_variants
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig
 from dmlstudy.methods.cross_attention import (
@@ -75,22 +74,12 @@ SHARED_RUNS = ("ms", "cross_attention")  # reused by the comparison notebook: tr
 FINAL_EVALUATION_ONLY = {"eval_every": 1_000_000}  # ablation-only runs: test metrics after the last epoch only
 
 
-def method_defaults() -> dict[str, Any]:
-    """The method's keyword arguments and their defaults (from the class signature)."""
-    skip = {"backbone", "embedding_dim", "num_classes"}
-    return {
-        name: spec.default
-        for name, spec in inspect.signature(CrossAttention.__init__).parameters.items()
-        if name not in skip and spec.default is not inspect.Parameter.empty
-    }
-
-
 def variant(*, explicit: Sequence[str] = (), **method_kwargs: Any) -> tuple[str, dict[str, Any]]:
     """``(name, spec)`` of a cross-attention variant for :meth:`ProtocolConfig.grid`, named from what differs
     from the defaults; ``num_blocks=0`` is the ``ms`` baseline (the same model, see the module docstring).
     Arguments named in ``explicit`` stay in the spec and the name even at their default: a sweep's points
     must say their value, since the plain ``cross_attention`` row takes the study's tuned values."""
-    defaults = method_defaults()
+    defaults = method_defaults(CrossAttention)
     unknown = sorted(set(method_kwargs) - set(defaults))
     if unknown:
         raise KeyError(f"variant: unknown cross-attention arguments {unknown}; valid: {sorted(defaults)}")

@@ -3,7 +3,6 @@ measurements on finished runs (branch scores, evaluation splits, parameters and 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms, evaluation_protocol
-from dmlstudy.experiments.kit import device_of, variant_name, with_reference
+from dmlstudy.experiments.kit import device_of, method_defaults, variant_name, with_reference
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig
 from dmlstudy.methods import build_method
@@ -89,13 +88,8 @@ class CRTStudy(StudyConfig):
 # Variants and their runs
 # ----------------------------------------------------------------------------------------------
 def crt_defaults() -> dict[str, Any]:
-    """CRT's keyword arguments and their defaults (from the class signature)."""
-    skip = {"backbone", "embedding_dim", "num_classes"}
-    return {
-        name: spec.default
-        for name, spec in inspect.signature(CRT.__init__).parameters.items()
-        if name not in skip and spec.default is not inspect.Parameter.empty
-    }
+    """CRT's keyword arguments and their defaults (:func:`~dmlstudy.experiments.kit.method_defaults`)."""
+    return method_defaults(CRT)
 
 
 def crt_variant(*, overrides: Mapping[str, Any] | None = None, **method_kwargs: Any) -> tuple[str, dict[str, Any]]:

@@ -4,7 +4,6 @@ of the training step, and the computations behind the teaching figures (Eq. 8, t
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from torch.utils.data import Subset
 from dmlstudy import metrics as metric_functions
 from dmlstudy.checkpoint_selection import best_epoch_censored, selection_evaluations
 from dmlstudy.data import build_dataset, build_transforms
-from dmlstudy.experiments.kit import variant_name, with_reference
+from dmlstudy.experiments.kit import method_defaults, variant_name, with_reference
 from dmlstudy.experiments.papers import numbers
 from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig
 from dmlstudy.methods import build_method
@@ -118,13 +117,8 @@ class DGCRLStudy(StudyConfig):
 # Variants and their runs
 # ----------------------------------------------------------------------------------------------
 def dgcrl_defaults() -> dict[str, Any]:
-    """DGCRL's keyword arguments and their defaults (from the class signature)."""
-    skip = {"backbone", "embedding_dim", "num_classes"}
-    return {
-        name: spec.default
-        for name, spec in inspect.signature(DGCRL.__init__).parameters.items()
-        if name not in skip and spec.default is not inspect.Parameter.empty
-    }
+    """DGCRL's keyword arguments and their defaults (:func:`~dmlstudy.experiments.kit.method_defaults`)."""
+    return method_defaults(DGCRL)
 
 
 def _format(value: Any) -> str:
