@@ -42,20 +42,17 @@ def main() -> None:
     nearest = similarity.argmax(axis=1)
     names = sorted(set(families))
     print(f"{args.dataset} test split: {len(labels)} images, {len(set(labels))} classes")
-    rates = {}
-    for f in names:
-        for g in names:
-            if f != g:
-                queries = families == f
-                hits = (families[nearest] == g) & (labels[nearest] == labels)
-                rates[f, g] = hits[queries].mean()
+    same_emoji = labels[nearest] == labels
+    rates = {
+        (f, g): (same_emoji & (families[nearest] == g))[families == f].mean() for f in names for g in names if f != g
+    }
     average = np.mean(list(rates.values()))
     print(f"nearest image = the same emoji by family g, average over family pairs: {average:.3f}")
     for (f, g), rate in sorted(rates.items(), key=lambda item: -item[1])[:6]:
         print(f"  {f:>18} query → {g:<18} {rate:.3f} ({rate / average:.1f}× the average pair)")
     for f, g in (("noto-v1", "noto"), ("noto", "noto-v1"), ("emojione", "emojione-v1"), ("emojione-v1", "emojione")):
         print(f"  relatives {f} → {g}: {rates[f, g]:.3f} ({rates[f, g] / average:.1f}×)")
-    recall = 100 * (labels[nearest] == labels)
+    recall = 100 * same_emoji
     masked = similarity.copy()
     masked[relative_mask(families)] = -np.inf
     recall_out = 100 * (labels[masked.argmax(axis=1)] == labels)
