@@ -3,7 +3,7 @@
 For each batch size, the MS baseline and the cross-attention method (same backbone, same initial backbone
 weights, N blocks) are timed on the same random batch in ONE process, steps interleaved (baseline, method,
 baseline, …) so that load from other processes hits both alike. A step is forward + loss + backward +
-AdamW update, as in ``dmlstudy.train``. The table reports the median step time of each and their ratio.
+AdamW update, as in ``dmlstudy.run.train``. The table reports the median step time of each and their ratio.
 
 Usage: ``python benchmarks/bench_cross_attention.py [--batches 32 64 128] [--repeats 15] [--backbone dml_convnet]
 [--image-size 64] [--blocks 6] [--independent] [--threads 0]``

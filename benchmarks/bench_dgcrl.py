@@ -30,10 +30,10 @@ import torch
 
 from dmlstudy.experiments import dgcrl as study
 from dmlstudy.experiments.kit import as_grid
-from dmlstudy.experiments.protocol import ProtocolConfig
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import DGCRL, normalize_scale
 from dmlstudy.models import build_backbone
+from dmlstudy.run.protocol import ProtocolConfig
 
 VARIANTS = ("ms", "softmax", "dgcrl", "dgcrl-decor=code", "dgcrl-decor=none", "gcrl", "triplet-ns", "lifted-ns")
 

@@ -36,9 +36,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dmlstudy import metrics, train, transport  # noqa: E402
+from dmlstudy import metrics, transport  # noqa: E402
 from dmlstudy.methods import build_method  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
+from dmlstudy.run import train
 from dmlstudy.transport import TransportOptions, candidate_structural_similarity  # noqa: E402
 
 TINY = torch.finfo(torch.float32).tiny

@@ -7,7 +7,7 @@ visible) is trained with ``run_grid(configs, workers=2)`` by
 * ``pool``: the code of a base-commit worktree (``--base``, the ``ProcessPoolExecutor`` pool) or, without
   ``--base``, this worktree's ``engine.train_task`` mapped over a ``ProcessPoolExecutor`` of 2 spawned
   one-thread processes — the same training code on both sides, so the difference is the executor alone, and
-* ``dask``: this worktree (``dmlstudy.engine``, a LocalCluster of 2 worker processes, one thread each),
+* ``dask``: this worktree (``dmlstudy.study.engine``, a LocalCluster of 2 worker processes, one thread each),
 
 each in a fresh subprocess and a fresh runs folder, alternating pool/dask ``--repeats`` times, so both see the
 same background load. The time is that of the ``run_grid`` call (cluster or pool start-up, training, loading
@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parents[1]
 
 SETUP = r"""
 import json, os, sys, time
-from dmlstudy.experiments.protocol import ProtocolConfig
+from dmlstudy.run.protocol import ProtocolConfig
 spec = json.loads(sys.argv[1])
 protocol = ProtocolConfig(study="bench", runs_root=spec["runs_root"], data_root=spec["data_root"], datasets=["synbirds"],
                           seeds=list(range(spec["runs"])), epochs=spec["epochs"], steps_per_epoch=spec["steps"],
@@ -55,7 +55,7 @@ print("RESULT " + json.dumps({"seconds": seconds, "R@1": [m["R@1"] for m in metr
 GRID = (
     SETUP
     + r"""
-from dmlstudy.experiments.protocol import run_grid
+from dmlstudy.run.protocol import run_grid
 metrics = [result.metrics for _, result in run_grid(configs, workers=2)]
 """
     + REPORT
@@ -67,7 +67,7 @@ POOL = (
 os.environ["DMLSTUDY_TASK_THREADS"] = "1"  # what the LocalCluster gives each of its 2 workers on 2 cores
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from dmlstudy import engine
+from dmlstudy.study import engine
 with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
     metrics = list(pool.map(engine.train_task, [engine.task_values(config) for _, config in configs]))
 """
@@ -101,7 +101,7 @@ def grid_once(source: Path, spec: dict, script: str = GRID) -> dict:
 def task_overhead(tasks: int) -> float:
     """Seconds per trivial task through the engine (submit, schedule, run, gather, progress bar)."""
     sys.path.insert(0, str(HERE))
-    from dmlstudy import engine
+    from dmlstudy.study import engine
 
     client = engine.get_client(2)
     engine.run_tasks(client, [("warm", abs, (1,), "warm")], what="warm-up", progress=False)

@@ -3,7 +3,7 @@
 Run on a machine with a GPU: ``python benchmarks/bench_gpu.py [--epochs 6] [--cpu-cores 2]``. Three parts:
 
 * ``study run``: the study's MS run (dml_convnet, 64 px, SynBirds, full epochs) trained through
-  ``dmlstudy.train.run`` on CUDA and on ``--cpu-cores`` cores of the same machine (the process's CPU affinity
+  ``dmlstudy.run.train.run`` on CUDA and on ``--cpu-cores`` cores of the same machine (the process's CPU affinity
   is narrowed to them and torch uses that many threads), whole-run wall time including data loading and
   evaluation; the ratio is the "≥ 15× over 2 CPU cores" target.
 * ``resnet18 throughput``: training images/s of the MS baseline on resnet18 at ``--size`` px (random init),
@@ -31,8 +31,8 @@ import torch
 
 from dmlstudy.methods import build_method
 from dmlstudy.models import build_backbone
-from dmlstudy.run_data import load_datasets
-from dmlstudy.train import TrainConfig, run
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.train import TrainConfig, run
 
 
 def study_config(device: str, runs_root: str, epochs: int, name: str, method: str = "ms") -> TrainConfig:
@@ -136,7 +136,7 @@ def runs_per_gpu(args: argparse.Namespace, runs_root: str) -> None:
     base = None
     for k in (1, 2, 4):
         code = (
-            "import sys; from dmlstudy.train import TrainConfig, run; "
+            "import sys; from dmlstudy.run.train import TrainConfig, run; "
             "run(TrainConfig(study='bench-gpu', run_name=sys.argv[1], runs_root=sys.argv[2], dataset='synbirds', "
             f"method='ms', epochs={args.share_epochs}, steps_per_epoch=0, train_classes=0, test_classes=0, "
             f"eval_every={args.share_epochs}, device='cuda', progress=False, overwrite=True, seed=int(sys.argv[3])))"

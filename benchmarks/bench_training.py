@@ -5,7 +5,7 @@ Run: ``.venv/bin/python benchmarks/bench_training.py [--dataset synbirds] [--thr
 ``--quality`` runs the R@1 check instead, see below). Results go to ``benchmarks/README.md``.
 
 Speed: for each device (CPU at every ``--threads`` count, and CUDA when present) the same MS run is trained
-through ``dmlstudy.train.run`` with
+through ``dmlstudy.run.train.run`` with
 
 * ``old``: ``input_pipeline="files"`` (PNG decoding and per-item PIL transforms in the main process,
   ``num_workers=0``), ``channels_last=False``, no compile, 256 images per evaluation pass: the first pipeline;
@@ -39,7 +39,7 @@ the largest size: the measurement behind ``EVAL_BATCH_SIZE``.
 Optimizer (``--optimizer``): one full training step (loss, backward, AdamW step) of each of ``--methods`` on a
 random 64-px batch, with AdamW's multi-tensor (``foreach``) and its fused kernel, interleaved for ``--repeats``
 rounds after one warm-up round, first ``--threads`` count: median milliseconds per step and of the optimizer
-step alone; the measurement behind ``dmlstudy.train.OPTIMIZERS``.
+step alone; the measurement behind ``dmlstudy.run.train.OPTIMIZERS``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.data.batch_transforms import augment_batch
 from dmlstudy.data.tensor_cache import cached_images
 from dmlstudy.paths import data_root
-from dmlstudy.train import TrainConfig, run
+from dmlstudy.run.train import TrainConfig, run
 
 OLD = {"input_pipeline": "files", "channels_last": False, "compile": False, "num_workers": 0, "eval_batch_size": 256}
 NEW = {"input_pipeline": "auto"}
@@ -200,10 +200,10 @@ def augmentation(args: argparse.Namespace) -> None:
 
 def evaluation(args: argparse.Namespace) -> None:
     """Seconds and CPU seconds of one test evaluation: old pipeline, new pipeline, new with retrieval only."""
-    from dmlstudy.run_data import load_datasets, place_on_device
-    from dmlstudy.run_evaluation import evaluate
-    from dmlstudy.run_model import build_model
-    from dmlstudy.train import load_reported_state
+    from dmlstudy.run.data import load_datasets, place_on_device
+    from dmlstudy.run.evaluation import evaluate
+    from dmlstudy.run.model import build_model
+    from dmlstudy.run.train import load_reported_state
 
     print(f"tensor cache of {args.dataset}: {build_cache(args.dataset):.1f} s (found or built)")
     device = torch.device("cpu")
@@ -261,9 +261,9 @@ def evaluation(args: argparse.Namespace) -> None:
 def embedding(args: argparse.Namespace) -> None:
     """CPU seconds to embed the test split per evaluation batch size, for each study method (fresh weights,
     BatchNorm statistics drawn away from the identity), and whether the embeddings equal those at the largest size."""
-    from dmlstudy.run_data import load_datasets, place_on_device
-    from dmlstudy.run_evaluation import embed
-    from dmlstudy.run_model import build_model
+    from dmlstudy.run.data import load_datasets, place_on_device
+    from dmlstudy.run.evaluation import embed
+    from dmlstudy.run.model import build_model
 
     torch.set_num_threads(args.threads[0])
     sizes = sorted(args.eval_batch_sizes)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy.paths import study_outputs
-from dmlstudy.report import gather_runs
+from dmlstudy.study.report import gather_runs
 from dmlstudy.verdicts import judge
 
 IGNORED = {"study", "runs_root", "data_root", "autocast", "device", "channels_last", "compile", "progress"}
@@ -42,7 +42,7 @@ def _plain(value):
 
 def run_records(folder: Path) -> pd.DataFrame:
     """One row per finished run of the study in ``folder`` (``runs/<study>``), as ``dmlstudy study table``
-    gathers them (:func:`dmlstudy.report.gather_runs`): its identity without :data:`IGNORED`, row label, seed,
+    gathers them (:func:`dmlstudy.study.report.gather_runs`): its identity without :data:`IGNORED`, row label, seed,
     test R@1 and the seconds of its ``history.csv``."""
     frame = gather_runs(folder.name, root=folder.parent)
     fields = [c for c in frame.attrs.get("config_columns", []) if c.split(".")[0] not in IGNORED]

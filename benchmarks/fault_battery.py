@@ -97,7 +97,7 @@ def options(fields: dict) -> list[str]:
 
 API_PRELUDE = """
 import json, sys, traceback
-from dmlstudy.train import TrainConfig, run
+from dmlstudy.run.train import TrainConfig, run
 try:
 {body}
 except BaseException as error:
@@ -419,7 +419,7 @@ def plan_float(interface, runs):
         "study: b\nentries:\n  - name: t\n    notebook: notebooks/01_train.ipynb\n    parameters: {lr: 1e-3}\n"
     )
     code = (
-        f"from dmlstudy.study import load_plan\nfrom dmlstudy.train import TrainConfig\n"
+        f"from dmlstudy.study.plan import load_plan\nfrom dmlstudy.run.train import TrainConfig\n"
         f"entry = load_plan({str(plan)!r})[0]\nprint(type(entry.parameters['lr']).__name__)\nTrainConfig(lr=entry.parameters['lr'])"
     )
     outcome = execute([sys.executable, "-c", API_PRELUDE.format(body=textwrap.indent(code, "    "))])

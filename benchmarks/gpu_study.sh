@@ -39,7 +39,7 @@ EOF
 
 progress() {
   local finished entries
-  finished=$(python3 -c 'import pathlib; from dmlstudy.runs import is_complete; print(sum(map(is_complete, pathlib.Path("runs/default").glob("*/"))))' 2>/dev/null)
+  finished=$(python3 -c 'import pathlib; from dmlstudy.run.identity import is_complete; print(sum(map(is_complete, pathlib.Path("runs/default").glob("*/"))))' 2>/dev/null)
   entries=$(grep -l '"complete"' runs/default/*/study_entry.json 2>/dev/null | wc -l)
   gpu=$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits 2>/dev/null | tr -d ' ' | tr ',' '\t')
   printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$finished" "$entries" "$gpu" "$(cut -d' ' -f1 /proc/loadavg)" >>"$WORK/progress.tsv"

@@ -1,5 +1,5 @@
 """Replay a tuning plan's finished Optuna journals through its pruner twice: once with every evaluated epoch
-reported (as the searches ran) and once without the warm-up epochs (as ``dmlstudy.tuning`` reports them now),
+reported (as the searches ran) and once without the warm-up epochs (as ``dmlstudy.study.tuning`` reports them now),
 and list every moment at which the two would have decided differently.
 
 The pruner's inputs change only when an operation is appended to a study's journal (a report, a finished trial),
@@ -22,7 +22,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from dmlstudy.tuning import PRUNERS, journal_path, load_tune_config
+from dmlstudy.study.tuning import PRUNERS, journal_path, load_tune_config
 
 # Optuna's journal operation codes (optuna.storages.journal._storage.JournalOperation)
 CREATE_TRIAL, SET_TRIAL_STATE_VALUES, SET_TRIAL_INTERMEDIATE_VALUE = 4, 6, 7

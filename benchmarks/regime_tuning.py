@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy.config import load_yaml
-from dmlstudy.regimes import run_prefix
+from dmlstudy.run.regimes import run_prefix
+from dmlstudy.run.tuned import OBJECTIVE, tuned_overrides
 from dmlstudy.search_space import flattened
-from dmlstudy.tuned import OBJECTIVE, tuned_overrides
 from dmlstudy.verdicts import judge
 
 FOLDER = re.compile(

@@ -5,7 +5,7 @@ Run: ``.venv/bin/dmlstudy tune benchmarks/tune_plateau.yaml`` first, then
 ``.venv/bin/python benchmarks/tune_plateau.py [--plan benchmarks/tune_plateau.yaml] [--tolerance 0.005]``.
 
 Per dataset × row it prints the best validation R@1 after 4, 8 and all trials (best-so-far in trial-number
-order), the gain of the second half of the budget, the trials to a plateau (:func:`dmlstudy.tuning.
+order), the gain of the second half of the budget, the trials to a plateau (:func:`dmlstudy.study.tuning.
 trials_to_plateau`), complete and pruned trials, the trials' summed training seconds, and the value the committed
 ``plans/tuned/<dataset>.yaml`` chose (scratch) for comparison. It saves the best-so-far figure
 next to the journals (``<runs>/<plan name>/best_so_far.png``, or ``--figure``). Results go to
@@ -40,12 +40,12 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from dmlstudy import engine
 from dmlstudy.config import load_yaml
-from dmlstudy.regimes import run_prefix
+from dmlstudy.run.regimes import run_prefix
+from dmlstudy.run.tuned import OBJECTIVE, tuned_file, tuned_overrides
 from dmlstudy.search_space import merged
-from dmlstudy.tuned import OBJECTIVE, tuned_file, tuned_overrides
-from dmlstudy.tuning import (
+from dmlstudy.study import engine
+from dmlstudy.study.tuning import (
     best_so_far,
     load_tune_config,
     open_storage,

@@ -1,5 +1,5 @@
 """What the command line shows without importing torch: the registered names and their one-line descriptions,
-and the options of :class:`~dmlstudy.train.TrainConfig` and :class:`~dmlstudy.pretrain.PretrainConfig`.
+and the options of :class:`~dmlstudy.run.train.TrainConfig` and :class:`~dmlstudy.run.pretrain.PretrainConfig`.
 
 The registries (``dmlstudy.methods``, ``dmlstudy.data``, ``dmlstudy.models``) and the configs live in modules
 that import torch, torchvision and timm, which takes seconds. :func:`live_catalog` reads them; :func:`catalog`
@@ -105,8 +105,8 @@ def live_catalog() -> Catalog:
     from dmlstudy.data import DATASETS, list_datasets
     from dmlstudy.methods import METHOD_INFO, discover, list_methods
     from dmlstudy.models import list_backbones
-    from dmlstudy.pretrain import PretrainConfig
-    from dmlstudy.train import OPTIMIZERS, SCHEDULES, TrainConfig
+    from dmlstudy.run.pretrain import PretrainConfig
+    from dmlstudy.run.train import OPTIMIZERS, SCHEDULES, TrainConfig
 
     discover()  # plugin modules named in DMLSTUDY_METHOD_MODULES since dmlstudy.methods was imported
     return Catalog(

@@ -2,8 +2,8 @@
 and ``tune``.
 
 ``dmlstudy train --method ms --epochs 8 --steps-per-epoch 0 --train-classes 0 --test-classes 0`` runs
-:func:`dmlstudy.train.run` (with no options: the CI-sized run of TrainConfig's defaults); every field of
-:class:`dmlstudy.train.TrainConfig` is an option (``--method-kwargs '{"K1": 16}'`` for dicts and lists,
+:func:`dmlstudy.run.train.run` (with no options: the CI-sized run of TrainConfig's defaults); every field of
+:class:`dmlstudy.run.train.TrainConfig` is an option (``--method-kwargs '{"K1": 16}'`` for dicts and lists,
 ``--resume/--no-resume`` for booleans), whose help is the field's comment and default. ``dmlstudy list
 methods|datasets|backbones|plans`` prints the valid names with one line each. A finished run is loaded, not
 retrained; ``--overwrite`` replaces it.
@@ -93,7 +93,7 @@ def config_options(fields: Mapping[str, Any]) -> list[str]:
 
 def _train(args: argparse.Namespace) -> int:
     from dmlstudy.distributed import is_main_process
-    from dmlstudy.train import TrainConfig, is_complete, run
+    from dmlstudy.run.train import TrainConfig, is_complete, run
 
     values = _config_file_values(args.config) if args.config else {}
     values.update({k: v for k, v in vars(args).items() if k in TrainConfig.field_names()})
@@ -110,7 +110,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _config_file_values(path: str) -> dict:
     """The TrainConfig fields of a ``--config`` YAML file (its ``parameters`` mapping, or the top level)."""
-    from dmlstudy.train import TrainConfig
+    from dmlstudy.run.train import TrainConfig
 
     file = Path(path)
     if not file.is_file():
@@ -132,7 +132,7 @@ def _generate(args: argparse.Namespace) -> int:
     root = Path(args.data_root) if args.data_root else data_root()
     names = list(args.datasets)
     if args.plan:
-        from dmlstudy.experiments.plan_inputs import plan_datasets
+        from dmlstudy.study.plan_inputs import plan_datasets
 
         names += [name for name in plan_datasets(args.plan) if name not in names]
     for name in names or ["synbirds", "glyphs"]:
@@ -223,10 +223,10 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _study_run(args: argparse.Namespace) -> int:
-    from dmlstudy.study import run_plan
+    from dmlstudy.study.plan import run_plan
 
     _use_scheduler(args.scheduler)
-    from dmlstudy.experiments.plan_inputs import prepare_stem_caches, stem_configs
+    from dmlstudy.study.plan_inputs import prepare_stem_caches, stem_configs
 
     prepare_stem_caches(stem_configs(args.plan, only=args.only))
     outcomes = run_plan(args.plan, root=args.runs_root, only=args.only, overwrite=args.overwrite)
@@ -235,8 +235,8 @@ def _study_run(args: argparse.Namespace) -> int:
 
 def _use_scheduler(address: str) -> None:
     """``--scheduler``: check the address now (a clear error within seconds), then hand it to the notebook
-    kernels through ``DMLSTUDY_SCHEDULER``, which :mod:`dmlstudy.engine` reads."""
-    from dmlstudy import engine
+    kernels through ``DMLSTUDY_SCHEDULER``, which :mod:`dmlstudy.study.engine` reads."""
+    from dmlstudy.study import engine
 
     if address:
         try:
@@ -273,7 +273,7 @@ def _study_robustness(args: argparse.Namespace) -> int:
 
 def _study_table(args: argparse.Namespace) -> int:
     from dmlstudy.paths import study_outputs
-    from dmlstudy.report import configuration_columns, configuration_text, gather_runs, summarize, write_table
+    from dmlstudy.study.report import configuration_columns, configuration_text, gather_runs, summarize, write_table
 
     frame = gather_runs(args.study, root=args.runs_root)
     if frame.empty:
@@ -302,7 +302,7 @@ def _study_table(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from dmlstudy.tuning import run_tune_plan
+    from dmlstudy.study.tuning import run_tune_plan
 
     _use_scheduler(args.scheduler)
     command = (
@@ -320,7 +320,7 @@ def _add_tune_parser(commands: argparse._SubParsersAction) -> None:
         "tune",
         help="tune every row of a tuning plan with Optuna on validation classes; writes plans/tuned/<dataset>.yaml",
         description="Per-row Optuna search (TPE, paper defaults first, median pruning) on validation classes; resumes "
-        "from its journal files. The plan is a mapping of TuneConfig fields (see dmlstudy/tuning.py).",
+        "from its journal files. The plan is a mapping of TuneConfig fields (see dmlstudy/study/tuning.py).",
     )
     tune.add_argument("plan", nargs="?", default="plans/tune.yaml", help="a tuning plan [default: plans/tune.yaml]")
     tune.add_argument("--runs-root", default=None, help="where trial runs and journals go [default: the plan's]")
@@ -347,7 +347,7 @@ valid names: dmlstudy list methods|datasets|backbones|plans"""
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from dmlstudy.pretrain import PretrainConfig, pretrain, verify
+    from dmlstudy.run.pretrain import PretrainConfig, pretrain, verify
 
     if args.verify:
         return 0 if verify(args.verify) else 1
@@ -506,11 +506,13 @@ def _error_text(error: BaseException) -> str:
 
 
 def _show_run_warnings() -> None:
-    """Run warnings (:class:`dmlstudy.runs.RunWarning`) print as ``warning: <message>``; others as usual."""
+    """Run warnings (:class:`dmlstudy.run.identity.RunWarning`) print as ``warning: <message>``; others as usual."""
     default = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        runs = sys.modules.get("dmlstudy.runs")  # loaded by whatever warns; not imported here (it imports torch)
+        runs = sys.modules.get(
+            "dmlstudy.run.identity"
+        )  # loaded by whatever warns; not imported here (it imports torch)
         if runs is not None and issubclass(category, runs.RunWarning):
             print(f"warning: {message}", file=sys.stderr, flush=True)
         else:

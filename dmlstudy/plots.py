@@ -196,8 +196,8 @@ def source_image(dataset, index: int) -> np.ndarray:
 
 def training_curves(history: pd.DataFrame, *, metric: str = "R@1", title: str = "") -> plt.Figure:
     """Training loss per epoch and ``metric`` at each evaluation (on the validation classes when the run has
-    them, else the test classes: :func:`dmlstudy.checkpoint_selection.evaluation_column`)."""
-    from dmlstudy.checkpoint_selection import evaluation_column
+    them, else the test classes: :func:`dmlstudy.run.checkpoint_selection.evaluation_column`)."""
+    from dmlstudy.run.checkpoint_selection import evaluation_column
 
     column, classes = evaluation_column(history, metric)
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
@@ -503,7 +503,7 @@ def diml_transport_figure(
     """
     import torch
 
-    from dmlstudy.run_data import load_datasets
+    from dmlstudy.run.data import load_datasets
     from dmlstudy.transport import pairwise_structural_similarity
 
     query_set = sets["query"]

@@ -1,13 +1,13 @@
 """Search spaces as data: what a method declares it may be tuned over.
 
-A search space maps a *key* to a primitive. A key is a :class:`~dmlstudy.train.TrainConfig` field (``lr``,
+A search space maps a *key* to a primitive. A key is a :class:`~dmlstudy.run.train.TrainConfig` field (``lr``,
 ``head_lr``, ``weight_decay``) or a dotted path into ``method_kwargs`` (``method_kwargs.alpha``,
 ``method_kwargs.loss_kwargs.margin`` for a Baseline loss). Every primitive carries ``paper``, the value the
 study uses untuned (the paper's default; for the learning rates, the protocol's 4e-3 / 1e-2): it is the first
 trial of every search, so a search can only improve on the published setting as measured on validation classes.
 
 Spaces are declared next to each method's code (``register_method(..., search_space=...)``) and are plain
-data: :mod:`dmlstudy.tuning` turns them into Optuna suggestions, and nothing here imports Optuna.
+data: :mod:`dmlstudy.study.tuning` turns them into Optuna suggestions, and nothing here imports Optuna.
 
 Decision: the learning rates span 1e-4 … 1e-2 (log) for a 64-px convnet trained from scratch with AdamW
 (:data:`LR`); the heads (proxies, class centres) 1e-3 … 1e-1 (:data:`HEAD_LR`), since classifier layers

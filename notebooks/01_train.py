@@ -19,7 +19,7 @@
 # CUB-200-2011) every `eval_every` epochs, and a run folder `runs/<study>/<run_name>/` holding
 # `config.yaml`, `history.csv`, `metrics.json`, the test embeddings and a checkpoint.
 #
-# The parameters below mirror `dmlstudy.experiments.one_run.OneRun`: `dmlstudy.train.TrainConfig` field by
+# The parameters below mirror `dmlstudy.experiments.one_run.OneRun`: `dmlstudy.run.train.TrainConfig` field by
 # field, and `study_plan`, which makes the run a study's run of `method` on `dataset` with `seed`, resolved from that
 # plan's protocol and tuned values as its comparison trains it (`plans/default.yaml`'s `train` entry). Their defaults
 # are a CI-sized run (seconds); the plans inject real sizes, e.g.
@@ -83,8 +83,8 @@ study_plan: str = ''  # a study plan (plans/default.yaml): the run is its run of
 from dmlstudy import plots
 from dmlstudy.experiments.one_run import OneRun
 from dmlstudy.records import seed_everything
-from dmlstudy.run_data import load_datasets
-from dmlstudy.train import run
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.train import run
 
 config = OneRun.from_namespace(globals()).resolved()
 seed_everything(config.seed)

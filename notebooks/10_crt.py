@@ -54,7 +54,7 @@
 # Every sweep parameter is a list; an empty list skips that table.
 
 # %% tags=["parameters"]
-protocol: dict = {'study': 'notebook-10_crt'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
+protocol: dict = {'study': 'notebook-10_crt'}  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
 ablation_datasets: list = ['synbirds']  # datasets of the ablation tables
 ablation_seeds: list = [0]  # seeds of the ablation tables
 components: bool = True  # full / −CRT / −CRT−Consistency table

@@ -32,7 +32,7 @@
 # mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 
 # %% tags=["parameters"]
-protocol: dict = {'study': 'notebook-20_diml'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
+protocol: dict = {'study': 'notebook-20_diml'}  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
 base_losses: list = ['ms']  # base losses: a plain run and a DIML-trained run each (ms, margin, proxynca)
 train_diml: bool = True  # also train the DIML variants (False: only re-rank the plain baselines)
 top_ks: list = [0, 10, 50]  # truncation K of the re-ranking sweep (at grid_size)

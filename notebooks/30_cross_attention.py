@@ -52,7 +52,7 @@
 # mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 
 # %% tags=["parameters"]
-protocol: dict = {'study': 'notebook-30_cross_attention'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
+protocol: dict = {'study': 'notebook-30_cross_attention'}  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
 ablation_datasets: list = ['synbirds']  # datasets of the N × n grid, the options and the parameter table
 ablation_seeds: list = [0]  # seeds of the ablations
 block_counts: list = [0, 6]  # trained N, the rows of the grid (N 0: the ms run; N > 0: the cross_attention runs with N blocks)
@@ -72,7 +72,7 @@ from dmlstudy import plots
 from dmlstudy.experiments import cross_attention as ca_study
 from dmlstudy.experiments import kit
 from dmlstudy.records import seed_everything
-from dmlstudy.run_data import load_datasets
+from dmlstudy.run.data import load_datasets
 
 config = ca_study.CrossAttentionStudy.from_namespace(globals())
 ablation = config.ablation_protocol()

@@ -59,7 +59,7 @@
 # Every sweep parameter is a list; an empty list leaves only the default setting in that table.
 
 # %% tags=["parameters"]
-protocol: dict = {'study': 'notebook-40_dgcrl'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
+protocol: dict = {'study': 'notebook-40_dgcrl'}  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
 main_variants: list = ['ms', 'softmax', 'dgcrl']  # main table on every dataset and seed
 ablation_datasets: list = ['synbirds']  # datasets of the ablation tables
 ablation_seeds: list = [0]  # seeds of the ablation tables

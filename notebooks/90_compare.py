@@ -17,7 +17,7 @@
 # Each of the four papers reports its method beside numbers copied from other papers — other backbones,
 # image sizes, embedding sizes, batches, schedules. Here every method is trained under **one protocol**
 # (printed above each table): the same backbone started the same way (the protocol's regime: in the default
-# study an ImageNet-pretrained EfficientNet-Lite0 whose last stage is fine-tuned, `dmlstudy/regimes.py`), image
+# study an ImageNet-pretrained EfficientNet-Lite0 whose last stage is fine-tuned, `dmlstudy/run/regimes.py`), image
 # size, embedding size $d$, P × M batch, epochs and seeds, and every number is a mean ± std over seeds.
 #
 # The rows (the table below lists those of this run, from the method registry, `dmlstudy.methods.method_info`):
@@ -38,7 +38,7 @@
 # mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 
 # %% tags=["parameters"]
-protocol: dict = {'study': 'notebook-90_compare'}  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
+protocol: dict = {'study': 'notebook-90_compare'}  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
 methods: list = ['ms', 'crt', 'diml_rerank']  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
 classic_methods: list = ['triplet']  # classic baselines (registry group 'classic'), with classic_seeds
 classic_seeds: list = [0]  # seeds of the classic baselines (fewer than the protocol's seeds: the table says so)
@@ -50,7 +50,7 @@ tsne: bool = True  # draw the t-SNE panels
 ablation_datasets: list = ['synbirds']  # datasets of the ablation claims (the paper notebooks' ablation_datasets)
 ablation_seeds: list = [0]  # seeds of the ablation claims (the paper notebooks' ablation_seeds; ≥ 2 for a verdict)
 margin: float = 1.0  # equivalence margin of the verdicts, R@1 points (declared in the plan before the runs)
-compared_regimes: list = []  # further regimes beside the protocol's regime (dmlstudy/regimes.py): every row again, the claims judged in each
+compared_regimes: list = []  # further regimes beside the protocol's regime (dmlstudy/run/regimes.py): every row again, the claims judged in each
 seed_cap: int = 0  # sequential design: the most paired seeds a claim may get (0: one look at the seeds given)
 seed_batch: int = 5  # sequential design: seeds added to the rows of undecided claims at each further look
 
@@ -61,7 +61,7 @@ from IPython.display import Markdown, display
 from dmlstudy import plots, rows
 from dmlstudy.experiments import claims, compare, figure_index, kit, regime_comparison, tables
 from dmlstudy.records import seed_everything
-from dmlstudy.report import write_table
+from dmlstudy.study.report import write_table
 
 config = compare.CompareStudy.from_namespace(globals())
 seed_everything(0)

@@ -26,7 +26,7 @@ TINY_RUN = dict(image_size=32, classes_per_batch=4, samples_per_class=3, steps_p
 @pytest.fixture
 def tiny_config(tiny_data_root, tmp_path):
     """A TrainConfig factory for seconds-long runs on the tiny dataset, writing into a temporary runs folder."""
-    from dmlstudy.train import TrainConfig
+    from dmlstudy.run.train import TrainConfig
 
     def make(**overrides):
         values = dict(
@@ -52,7 +52,7 @@ def tiny_comparison(tiny_data_root, tmp_path):
     temporary runs folder. An override named like a protocol field (``seeds``, ``regime``) goes into the
     config's ``protocol``; the others are the comparison's own."""
     from dmlstudy.experiments.compare import CompareStudy
-    from dmlstudy.experiments.protocol import ProtocolConfig
+    from dmlstudy.run.protocol import ProtocolConfig
 
     def make(**overrides):
         protocol = dict(

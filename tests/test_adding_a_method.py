@@ -14,17 +14,17 @@ import torch
 import yaml
 
 import dmlstudy.methods as methods
-from dmlstudy import engine
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments import compare, tables
 from dmlstudy.experiments.claims import claims_table, load_claims
-from dmlstudy.experiments.protocol import UntunedRowWarning, resolve_run, results_frame, run_grid
 from dmlstudy.methods import METHOD_INFO, METHODS, build_method, method_info
 from dmlstudy.models import build_backbone
 from dmlstudy.rows import rows_markdown
-from dmlstudy.runs import identity_hash
-from dmlstudy.tuned import tuned_overrides
-from dmlstudy.tuning import load_tune_config, run_tune_plan
+from dmlstudy.run.identity import identity_hash
+from dmlstudy.run.protocol import UntunedRowWarning, resolve_run, results_frame, run_grid
+from dmlstudy.run.tuned import tuned_overrides
+from dmlstudy.study import engine
+from dmlstudy.study.tuning import load_tune_config, run_tune_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "docs" / "adding_a_method.md"

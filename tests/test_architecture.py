@@ -90,20 +90,20 @@ def test_the_rows_of_the_comparison_sit_below_the_figures_tuning_and_the_experim
     import only the registry, and no helper of the comparison reaches the comparison's own config."""
     graph = import_graph(PACKAGE)
     assert graph["dmlstudy.rows"] == {"dmlstudy.methods"}
-    assert "dmlstudy.rows" in graph["dmlstudy.plots"] & graph["dmlstudy.tuning"]
-    helpers = ("claims", "tables", "rerank", "regime_comparison", "protocol", "kit")
-    for name in helpers:
-        assert "dmlstudy.experiments.compare" not in reachable(graph, f"dmlstudy.experiments.{name}"), name
+    assert "dmlstudy.rows" in graph["dmlstudy.plots"] & graph["dmlstudy.study.tuning"]
+    helpers = ("claims", "tables", "rerank", "regime_comparison", "kit")
+    for name in [*(f"dmlstudy.experiments.{name}" for name in helpers), "dmlstudy.run.protocol"]:
+        assert "dmlstudy.experiments.compare" not in reachable(graph, name), name
 
 
 def test_the_study_reads_tuned_values_without_the_tuning_driver():
-    """The protocol reads ``plans/tuned`` through :mod:`dmlstudy.tuned`, which imports neither Optuna nor the
+    """The protocol reads ``plans/tuned`` through :mod:`dmlstudy.run.tuned`, which imports neither Optuna nor the
     tuning driver; the driver writes the files through it."""
     graph = import_graph(PACKAGE)
-    assert "dmlstudy.tuning" not in reachable(graph, "dmlstudy.experiments.protocol")
-    assert "dmlstudy.tuned" in graph["dmlstudy.experiments.protocol"] & graph["dmlstudy.tuning"]
-    path = PACKAGE / "tuned.py"
-    names = imported_names(ast.parse(path.read_text(encoding="utf-8")), "dmlstudy.tuned", is_package=False)
+    assert "dmlstudy.study.tuning" not in reachable(graph, "dmlstudy.run.protocol")
+    assert "dmlstudy.run.tuned" in graph["dmlstudy.run.protocol"] & graph["dmlstudy.study.tuning"]
+    path = PACKAGE / "run" / "tuned.py"
+    names = imported_names(ast.parse(path.read_text(encoding="utf-8")), "dmlstudy.run.tuned", is_package=False)
     assert not {name for name in names if name.split(".")[0] == "optuna"}
 
 

@@ -41,9 +41,9 @@ def help_text(*argv: str) -> str:
 
 
 def source_comment(field_name: str) -> str:
-    """The comment after a TrainConfig field, read by a plain regular expression from train.py (a run's own
-    fields) or run_settings.py (those it shares with the protocol and tuning plans)."""
-    sources = [(REPO / "dmlstudy" / name).read_text() for name in ("train.py", "run_settings.py")]
+    """The comment after a TrainConfig field, read by a plain regular expression from run/train.py (a run's own
+    fields) or run/settings.py (those it shares with the protocol and tuning plans)."""
+    sources = [(REPO / "dmlstudy" / "run" / name).read_text() for name in ("train.py", "settings.py")]
     matches = [re.search(rf"^    {field_name}: \w+ = .*?  # (.*)$", source, re.MULTILINE) for source in sources]
     [match] = [match for match in matches if match]
     return match.group(1).strip()
@@ -82,7 +82,7 @@ def test_choice_options_list_the_registered_names():
 def test_an_unknown_name_is_refused_with_the_valid_names(capsys, option, registry):
     from dmlstudy.data import list_datasets
     from dmlstudy.methods import list_methods
-    from dmlstudy.train import OPTIMIZERS
+    from dmlstudy.run.train import OPTIMIZERS
 
     valid = {"methods": list_methods(), "datasets": list_datasets(), "optimizers": list(OPTIMIZERS)}[registry]
     with pytest.raises(SystemExit) as exit_info:
@@ -200,7 +200,7 @@ def test_listing_imports_no_heavy_module_and_shows_the_registries():
 def test_an_unknown_name_is_refused_before_any_heavy_import(argv, valid):
     from dmlstudy.data import list_datasets
     from dmlstudy.methods import list_methods
-    from dmlstudy.train import SCHEDULES
+    from dmlstudy.run.train import SCHEDULES
 
     names = {"methods": list_methods(), "datasets": list_datasets(), "lr_schedules": SCHEDULES, "listable": LISTABLE}
     result = run_light(*argv)
@@ -214,8 +214,8 @@ def test_the_catalogue_equals_the_registries(monkeypatch, tmp_path):
     from dmlstudy.data import DATASETS
     from dmlstudy.methods import METHOD_INFO, list_methods
     from dmlstudy.models import list_backbones
-    from dmlstudy.pretrain import PretrainConfig
-    from dmlstudy.train import OPTIMIZERS, SCHEDULES, TrainConfig
+    from dmlstudy.run.pretrain import PretrainConfig
+    from dmlstudy.run.train import OPTIMIZERS, SCHEDULES, TrainConfig
 
     monkeypatch.delenv(catalog.PLUGIN_VARIABLE, raising=False)
     monkeypatch.setenv(catalog.CACHE_VARIABLE, str(tmp_path))
@@ -286,7 +286,7 @@ def test_a_plugin_method_is_listed_and_accepted(plugin):
 
 def test_run_warnings_print_as_one_line(monkeypatch, capsys):
     from dmlstudy.cli import _show_run_warnings
-    from dmlstudy.runs import RunWarning
+    from dmlstudy.run.identity import RunWarning
 
     shown_before = []
     monkeypatch.setattr(
@@ -355,7 +355,7 @@ def write_notebook(path: Path) -> Path:
 def test_study_runner_shows_progress_without_the_kernel_tcp_warning(tmp_path, capfd):
     import zmq
 
-    from dmlstudy.study import run_plan
+    from dmlstudy.study.plan import run_plan
 
     if not zmq.has("curve"):
         pytest.skip("this pyzmq has no CurveZMQ: the kernel manager cannot encrypt, and the kernel warns")

@@ -29,7 +29,7 @@ from dmlstudy.experiments.claims import (  # noqa: E402
 )
 from dmlstudy.paths import project_root  # noqa: E402
 from dmlstudy.rows import classic_rows, main_rows  # noqa: E402
-from dmlstudy.train import TrainConfig  # noqa: E402
+from dmlstudy.run.train import TrainConfig  # noqa: E402
 
 
 def run_rows(spec):
@@ -363,7 +363,7 @@ def test_explorer_finds_the_complete_run_folders(tmp_path):
 
 @pytest.fixture
 def tiny_runs(tiny_config):
-    from dmlstudy.train import run
+    from dmlstudy.run.train import run
 
     specs = {
         "ms": {},
@@ -425,7 +425,7 @@ def torch_stack(dataset, indices):
 
 
 def test_diml_rerank_rows_keep_recall_at_k_and_the_ms_geometry(tiny_config):
-    from dmlstudy.train import run
+    from dmlstudy.run.train import run
 
     result = run(tiny_config(method="ms", seed=0))
     config = compare.CompareStudy(methods=["ms", "diml_rerank"], classic_methods=[], rerank_top_k=8, rerank_grid=2)
@@ -474,7 +474,7 @@ def test_geometry_tables_and_readings_from_the_numbers():
 
 
 def test_diml_rerank_rows_from_parallel_processes_equal_the_serial_ones(tiny_config):
-    from dmlstudy.train import run
+    from dmlstudy.run.train import run
 
     serial_runs = [run(tiny_config(method="ms", seed=seed, run_name=f"serial-{seed}", resume=True)) for seed in (0, 1)]
     parallel_runs = [
@@ -532,7 +532,7 @@ def test_the_comparison_runs_every_row_in_each_regime_from_the_committed_weights
     import safetensors.torch
     import torch
 
-    from dmlstudy.regimes import BACKBONE_LR_SCALE, PRETRAINED_WEIGHTS
+    from dmlstudy.run.regimes import BACKBONE_LR_SCALE, PRETRAINED_WEIGHTS
 
     config = tiny_comparison(
         seeds=[0, 1],
@@ -591,9 +591,9 @@ def test_a_claim_of_no_difference_reads_an_interval_outside_the_margin_as_not_eq
 def test_rerankings_compute_on_the_runs_device(tiny_config, monkeypatch):
     """The comparison's and the DIML notebook's re-rankings run on the device the run resolves to (on a GPU
     worker, the GPU), not on the CPU where the grid embeddings are kept between the embedding and the ranking."""
-    from dmlstudy.compute import resolve_device
     from dmlstudy.experiments.diml import study as diml_study
-    from dmlstudy.train import run
+    from dmlstudy.run.compute import resolve_device
+    from dmlstudy.run.train import run
 
     result = run(tiny_config(method="ms", seed=0))
     devices = []
@@ -617,7 +617,7 @@ def test_a_regime_waits_once_for_its_runs_and_once_for_its_rerankings(tiny_compa
     """A regime's runs (main rows, classic baselines) go to the engine in one grid and its re-rankings (the
     table's and the claims') in one batch; judging it again reads everything from disk, with the same tables."""
     from dmlstudy.experiments import protocol
-    from dmlstudy.train import is_complete, run
+    from dmlstudy.run.train import is_complete, run
 
     calls = {"train": [], "rerank": []}
 
@@ -663,7 +663,7 @@ def test_grid_embeddings_are_the_runs_own_test_embeddings_at_its_precision(tiny_
     embeddings: under bf16 autocast too (the GPU default), not float32 ones of the same network. A float32 run
     keeps its re-ranking cache key (no precision in it); a bf16 run's key names its precision."""
     from dmlstudy.experiments.diml import study as diml_study
-    from dmlstudy.train import run
+    from dmlstudy.run.train import run
 
     result = run(tiny_config(method="ms", seed=0, autocast=autocast))
     saved = np.load(result.run_dir / "embeddings.npz")["embeddings"]

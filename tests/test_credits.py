@@ -144,7 +144,7 @@ def test_every_function_that_draws_dataset_images_credits_them():
 @pytest.fixture
 def emoji_split(tiny_config):
     """The tiny test split, named as an emoji split so that its images take the emoji credit."""
-    from dmlstudy.train import load_datasets
+    from dmlstudy.run.train import load_datasets
 
     split = load_datasets(tiny_config())["query"]
     split.name = "emoji/test (tiny)"

@@ -19,7 +19,7 @@ from dmlstudy.methods.cross_attention import (
     pair_similarity,
 )
 from dmlstudy.models import build_backbone
-from dmlstudy.train import run
+from dmlstudy.run.train import run
 
 EMBEDDING_DIM = 16
 

@@ -1,5 +1,5 @@
 """CRT (dmlstudy/methods/crt.py) against slow loops and hand computations, plus every ablation switch
-training through ``dmlstudy.train.run``."""
+training through ``dmlstudy.run.train.run``."""
 
 import math
 
@@ -208,7 +208,7 @@ ABLATIONS = {
 
 @pytest.mark.parametrize("name", list(ABLATIONS))
 def test_every_switch_trains_a_step(tiny_config, name):
-    from dmlstudy.train import run
+    from dmlstudy.run.train import run
 
     result = run(
         tiny_config(method="crt", method_kwargs=ABLATIONS[name], epochs=1, steps_per_epoch=1, embedding_dim=32)

@@ -14,9 +14,9 @@ import yaml
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments import compare
 from dmlstudy.experiments.claims import CLAIMS
-from dmlstudy.experiments.protocol import ProtocolConfig
-from dmlstudy.study import load_plan, run_plan
-from dmlstudy.tuning import RowResult, load_tune_config, plan_rows, write_tuned
+from dmlstudy.run.protocol import ProtocolConfig
+from dmlstudy.study.plan import load_plan, run_plan
+from dmlstudy.study.tuning import RowResult, load_tune_config, plan_rows, write_tuned
 from tests.fixtures_layouts import write_cub
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_the_cub_plans_dataset_tour_runs_as_a_notebook_on_the_fetched_layout(cub
     assert "cub200" in outputs and "CUB_200_2011" not in outputs  # a table of the dataset, no layout error
 
 
-@pytest.mark.filterwarnings("ignore::dmlstudy.experiments.protocol.UntunedRowWarning")
+@pytest.mark.filterwarnings("ignore::dmlstudy.run.protocol.UntunedRowWarning")
 def test_the_cub_plans_comparison_judges_the_8_headline_claims_on_cub200_at_ci_size(cub_root, tmp_path):
     """The comparison entry's rows, protocol and regime as the plan gives them, at one seed of one 2-step epoch (the
     notebooks' CI size; the ablation runs left out), trained in this process as the comparison tests do."""

@@ -24,7 +24,7 @@ from dmlstudy.methods.dgcrl import (
     pooled_feature,
 )
 from dmlstudy.models import build_backbone
-from dmlstudy.train import run
+from dmlstudy.run.train import run
 
 
 def small_method(**kwargs) -> DGCRL:

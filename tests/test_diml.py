@@ -25,7 +25,7 @@ from dmlstudy.methods.diml import (
 )
 from dmlstudy.models import build_backbone
 from dmlstudy.reranking import diml_rerank, rerank_top_k, reranked_retrieval_metrics
-from dmlstudy.train import run
+from dmlstudy.run.train import run
 from dmlstudy.transport import (
     TransportOptions,
     candidate_structural_similarity,
@@ -432,7 +432,7 @@ def test_rerank_top_k_keeps_ties_in_cosine_order_and_checks_arguments():
 def test_grid_of_one_cell_reranks_to_the_cosine_order(tiny_config):
     """G = 1: the single cell is the global embedding, s_struct = cos, so cos + s_struct keeps the order."""
     result = run(tiny_config(method="ms", epochs=1, steps_per_epoch=1))
-    from dmlstudy.run_data import load_datasets
+    from dmlstudy.run.data import load_datasets
 
     query = load_datasets(result.config)["query"]
     grids = embed_grid_dataset(result.method, query, grid_sizes=(1, 2))
@@ -555,7 +555,7 @@ def test_every_variant_trains_a_step(tiny_config, method_kwargs):
 
 def test_sweep_frame_in_parallel_processes_equals_the_serial_sweeps(tiny_config):
     from dmlstudy.experiments import diml as diml_study
-    from dmlstudy.train import run
+    from dmlstudy.run.train import run
 
     settings = dict(top_ks=[0, 4], grid_sizes=[1, 2], grid_size=2, top_k=4)
     frames = []

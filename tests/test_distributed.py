@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dmlstudy.cli import config_options
-from dmlstudy.train import run
+from dmlstudy.run.train import run
 
 
 def cli_arguments(config) -> list[str]:

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from dmlstudy.experiments import compare
-from dmlstudy.experiments.protocol import ProtocolConfig, plan_protocol
 from dmlstudy.paths import PUBLISHED_STUDIES
-from dmlstudy.study import PROTOCOL_PARAMETER, load_plan
+from dmlstudy.run.protocol import ProtocolConfig, plan_protocol
+from dmlstudy.study.plan import PROTOCOL_PARAMETER, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
-from dmlstudy import engine, runs
-from dmlstudy.compute import resolve_device
-from dmlstudy.experiments.protocol import run_grid
+from dmlstudy.run import identity as runs
+from dmlstudy.run.compute import resolve_device
+from dmlstudy.run.protocol import run_grid
+from dmlstudy.study import engine
 
 TIMING = ("train_seconds", "seconds_per_epoch", "eval_seconds", "train_cpu_seconds", "eval_cpu_seconds")
 
@@ -176,7 +177,7 @@ def test_stopping_a_running_task_frees_its_run_folder_at_once(tiny_config, one_t
     """What an interrupted grid or search does to its tasks: a cancelled run would otherwise train on in its
     worker thread, and submitting it again from the same client would fail with RunLockedError. The task stops
     itself at its next step, keeps its epoch checkpoint and releases its lock; its worker is not restarted."""
-    from dmlstudy.runs import RunLock
+    from dmlstudy.run.identity import RunLock
 
     long = tiny_config(run_name="long", resume=True, epochs=200, steps_per_epoch=8)
     client = engine.get_client(1)
@@ -287,7 +288,7 @@ def test_a_grid_whose_local_workers_all_exited_stops_with_a_clear_error(one_thre
 def test_a_run_task_waits_for_a_run_folder_another_process_is_writing(tiny_config, one_thread_tasks):
     """A plan's 01_train notebook trains its run in its own kernel; a run task of another notebook asking for
     the same run must wait for it and then load it, not fail with RunLockedError."""
-    from dmlstudy.runs import RunLock
+    from dmlstudy.run.identity import RunLock
 
     config = tiny_config(run_name="held")
     config.run_dir.mkdir(parents=True)
@@ -321,7 +322,7 @@ def test_a_run_task_waits_for_a_run_folder_another_process_is_writing(tiny_confi
 
 
 def test_grids_sharing_a_cluster_run_a_shared_task_once_and_the_smaller_grid_first(tmp_path, one_thread_tasks):
-    """Two notebooks of a plan side by side submit to one cluster (dmlstudy.study, ``concurrent_entries``): a run
+    """Two notebooks of a plan side by side submit to one cluster (dmlstudy.study.plan, ``concurrent_entries``): a run
     both ask for trains once, and the short grid's waiting tasks go before the long one's, whichever came first
     (Dask's own order favours neither: it depends on submission times)."""
     from distributed import Client

@@ -228,7 +228,7 @@ def test_heat_maps_have_a_colourbar_and_a_title():
 
 
 def test_crt_figures_have_colourbars(tiny_config):
-    from dmlstudy.run_data import load_datasets
+    from dmlstudy.run.data import load_datasets
 
     method = build_method("crt", backbone=build_backbone("dml_convnet"), num_classes=4).eval()
     assert colourbar_axes(plots.crt_correlation_figure(method))
@@ -243,7 +243,7 @@ def test_same_and_other_class_are_not_red_and_green():
 
 
 def test_attention_maps_have_colourbars_and_class_colours(tiny_config):
-    from dmlstudy.run_data import load_datasets
+    from dmlstudy.run.data import load_datasets
 
     method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2).eval()
     dataset = load_datasets(tiny_config())["query"]
@@ -267,7 +267,7 @@ def test_cross_attention_image_figures_carry_the_credit_and_keep_bars_and_titles
     """The attention maps and the local parts draw the dataset's images, so both carry its credit; the maps' two
     colour bars (attention, a − b) overlap neither each other nor a panel, and no two panel titles overlap."""
     from dmlstudy.data import base
-    from dmlstudy.train import load_datasets
+    from dmlstudy.run.train import load_datasets
 
     dataset = load_datasets(tiny_config())["query"]
     monkeypatch.setitem(base.IMAGE_CREDITS, "cub200", "Images: test artists, CC BY 4.0, https://example.org/images")

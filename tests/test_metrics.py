@@ -533,7 +533,7 @@ def test_every_name_the_project_takes_from_metrics_exists():
     with warnings.catch_warnings():  # other modules' invalid escape sequences are not this test's concern
         warnings.simplefilter("ignore")
         used = {path: _metrics_names_used(ast.parse(path.read_text(encoding="utf-8"))) for path in files}
-    assert used[PROJECT / "dmlstudy" / "run_evaluation.py"] >= {"evaluate"}  # `metric_functions.evaluate`
+    assert used[PROJECT / "dmlstudy" / "run" / "evaluation.py"] >= {"evaluate"}  # `metric_functions.evaluate`
     assert used[PROJECT / "tests" / "test_large_gallery.py"] >= {"nearest_neighbors", "GPU_MAX_K", "neighbours"}
     missing = {
         f"{path.relative_to(PROJECT)}: {name}" for path, names in used.items() for name in names if not hasattr(M, name)

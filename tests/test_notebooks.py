@@ -17,7 +17,7 @@ from papermill.exceptions import PapermillExecutionError
 from dmlstudy.config import is_typed_config
 from dmlstudy.experiments import NOTEBOOK_CONFIGS
 from dmlstudy.experiments import notebooks as notebook_sources
-from dmlstudy.experiments.protocol import ProtocolConfig
+from dmlstudy.run.protocol import ProtocolConfig
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PRESENT = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))

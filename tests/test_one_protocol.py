@@ -1,5 +1,5 @@
 """One declaration of the protocol: a tuning plan reads the shared settings from its study plan's ``protocol``
-block, its trials resolve through :func:`dmlstudy.experiments.protocol.resolve_run`, and the default plan's
+block, its trials resolve through :func:`dmlstudy.run.protocol.resolve_run`, and the default plan's
 ``train`` entry names the run it shows. The expected values below are what the plans gave when each tuning plan
 still repeated its study plan's protocol: reading them from one place changes no resolved value and no run's
 identity."""
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from dmlstudy import runs
 from dmlstudy import search_space as search
 from dmlstudy.experiments.one_run import OneRun
-from dmlstudy.experiments.protocol import ProtocolConfig, plan_protocol
 from dmlstudy.methods import search_space
-from dmlstudy.run_settings import RunSettings, StudySettings
-from dmlstudy.study import load_plan
-from dmlstudy.train import TrainConfig
-from dmlstudy.tuning import PROTOCOL_FIELDS, TuneConfig, load_tune_config, row_spec, trial_config
+from dmlstudy.run import identity as runs
+from dmlstudy.run.protocol import ProtocolConfig, plan_protocol
+from dmlstudy.run.settings import RunSettings, StudySettings
+from dmlstudy.run.train import TrainConfig
+from dmlstudy.study.plan import load_plan
+from dmlstudy.study.tuning import PROTOCOL_FIELDS, TuneConfig, load_tune_config, row_spec, trial_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ["ms", "crt", "diml", "cross_attention", "dgcrl", "softmax", "triplet", "lifted", "normsoftmax"]

@@ -64,7 +64,7 @@ def test_every_paper_and_benchmark_has_a_config():
 
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.stem)
 def test_config_is_a_valid_train_config_with_the_papers_numbers(path):
-    from dmlstudy.train import TrainConfig
+    from dmlstudy.run.train import TrainConfig
 
     loaded = load(path)
     paper, dataset = next((p, path.stem[len(p) + 1 :]) for p in PAPERS if path.stem.startswith(p + "_"))
@@ -97,7 +97,7 @@ def write_fixture(dataset: str, root: Path) -> None:
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.stem)
 def test_config_trains_one_step_on_a_tiny_fixture(path, tmp_path):
     from dmlstudy.methods import METHODS
-    from dmlstudy.train import TrainConfig, run
+    from dmlstudy.run.train import TrainConfig, run
 
     parameters = load(path)["parameters"]
     if parameters["method"] not in METHODS:

@@ -24,7 +24,7 @@ from dmlstudy.data.embedded import MARKER, GenerationMismatchError, ensure_gener
 from dmlstudy.models.backbones import CheckpointError, build_backbone, load_backbone_checkpoint
 from dmlstudy.models.cards import card_path, read_card, write_card
 from dmlstudy.models.convnet import DMLConvNet
-from dmlstudy.pretrain import PretrainConfig, pretrain
+from dmlstudy.run.pretrain import PretrainConfig, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "weights" / "dml_convnet_shapes.safetensors"

@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 from dmlstudy.methods import build_method
 from dmlstudy.models import build_backbone
-from dmlstudy.run_evaluation import embed
+from dmlstudy.run.evaluation import embed
 
 
 def test_embedding_shows_a_bar_over_its_batches_only_when_asked(capsys):
@@ -28,11 +28,11 @@ def test_embedding_shows_a_bar_over_its_batches_only_when_asked(capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the study runner's progress over a plan's runs (dmlstudy.plan_progress.RunProgress, PlanProgress) and its entry lines
+# the study runner's progress over a plan's runs (dmlstudy.study.progress.RunProgress, PlanProgress) and its entry lines
 
 
 def test_run_progress_counts_finished_runs_at_once_and_grows_as_grids_arrive():
-    from dmlstudy.plan_progress import RunProgress
+    from dmlstudy.study.progress import RunProgress
 
     progress = RunProgress(finished_before=["old-1", "old-2"])
     assert (progress.ended, progress.total, progress.eta(0.0)) == (2, 2, None)
@@ -52,7 +52,7 @@ def test_run_progress_eta_is_the_epochs_left_at_the_rate_the_plan_trained_them()
     """Runs a (6 epochs) and b (6) from t=0; a ends at 60 s: 6 epochs in 60 busy seconds, 10 s an epoch, so b
     needs 60 s; with c (3) from t=100, b and c need 90 s, counted down from the last finish. Time with nothing
     waiting or training does not slow the rate down."""
-    from dmlstudy.plan_progress import RunProgress
+    from dmlstudy.study.progress import RunProgress
 
     progress = RunProgress()
     progress.submitted("a", 6, at=0.0)
@@ -73,7 +73,7 @@ def test_run_progress_eta_is_the_epochs_left_at_the_rate_the_plan_trained_them()
 
 
 def test_the_runner_reads_whole_lines_of_the_run_ledger(tmp_path):
-    from dmlstudy.plan_progress import read_run_events
+    from dmlstudy.study.progress import read_run_events
 
     ledger = tmp_path / "runs.jsonl"
     assert read_run_events(ledger, 0) == ([], 0)  # no notebook has submitted anything yet
@@ -97,8 +97,8 @@ def test_plan_progress_learns_runs_from_the_ledger_and_the_run_folders(tmp_path)
     it and done once its records are complete; an overwritten run counts again when it finishes again."""
     import os
 
-    from dmlstudy.engine import note_run_event
-    from dmlstudy.plan_progress import PlanProgress
+    from dmlstudy.study.engine import note_run_event
+    from dmlstudy.study.progress import PlanProgress
 
     study = tmp_path / "s"
     _finished_run(study / "old-1")
@@ -133,8 +133,8 @@ def test_entry_lines_are_one_short_line_each():
     from pathlib import Path
 
     from dmlstudy.paths import project_root
-    from dmlstudy.plan_progress import duration_text
-    from dmlstudy.study import EntryOutcome, PlanEntry, entry_line, entry_summary, outcome_status
+    from dmlstudy.study.plan import EntryOutcome, PlanEntry, entry_line, entry_summary, outcome_status
+    from dmlstudy.study.progress import duration_text
 
     crt = PlanEntry("default", "crt", project_root() / "notebooks" / "10_crt.ipynb")
     protocol = {"datasets": ["synbirds", "glyphs"], "seeds": [0, 1, 2, 3, 4], "epochs": 6, "lr": 0.004}
@@ -169,7 +169,7 @@ def test_entry_lines_are_one_short_line_each():
 
 def test_a_stopped_plan_says_in_one_line_what_it_kept_and_how_to_resume(tmp_path):
     from dmlstudy.paths import project_root, runs_root
-    from dmlstudy.plan_progress import resume_command, stop_line
+    from dmlstudy.study.progress import resume_command, stop_line
 
     default = project_root() / "plans" / "default.yaml"
     assert resume_command(default, runs_root()) == "make study"
@@ -187,7 +187,7 @@ def test_plan_progress_keeps_ticking_during_a_long_entry(tmp_path):
     """The bar is refreshed by its own thread while one notebook's cell runs for minutes."""
     import threading
 
-    from dmlstudy.plan_progress import PlanProgress
+    from dmlstudy.study.progress import PlanProgress
 
     with PlanProgress(2, tmp_path, heartbeat=0.01) as shown:
         shown.start()
@@ -273,7 +273,7 @@ def test_make_studys_caching_step_asks_for_the_stem_bar_in_a_log_too(monkeypatch
     """``make study`` caches the stem before any notebook (minutes): its bar is asked for, not left to whether
     stderr is a terminal, so a log of a batch run shows it as well; the plan's config is not changed."""
     from dmlstudy.experiments import plan_inputs
-    from dmlstudy.train import TrainConfig
+    from dmlstudy.run.train import TrainConfig
 
     asked = []
     monkeypatch.setattr(plan_inputs, "load_datasets", lambda config: asked.append(config.progress))

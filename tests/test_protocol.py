@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from dmlstudy import engine
-from dmlstudy.experiments.protocol import GridRunError, call_in_processes, is_complete, run_grid
 from dmlstudy.records import write_json
+from dmlstudy.run.protocol import GridRunError, call_in_processes, is_complete, run_grid
+from dmlstudy.study import engine
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +58,7 @@ def test_workers_must_be_positive(tiny_config):
 
 
 def _tuned_folder(tmp_path):
-    from dmlstudy.tuned import RowResult, write_tuned
+    from dmlstudy.run.tuned import RowResult, write_tuned
 
     folder = tmp_path / "tuned"
     write_tuned(
@@ -82,7 +82,7 @@ def _tuned_folder(tmp_path):
 
 
 def test_tuned_values_reach_rows_variants_and_yield_to_explicit_settings(tmp_path):
-    from dmlstudy.experiments.protocol import ProtocolConfig, UntunedRowWarning
+    from dmlstudy.run.protocol import ProtocolConfig, UntunedRowWarning
 
     protocol = ProtocolConfig(tuned=str(_tuned_folder(tmp_path)), lr=0.004)
     ms = protocol.train_config(dataset="synbirds", method="ms", seed=0, name="ms")
@@ -104,8 +104,8 @@ def test_tuned_values_reach_rows_variants_and_yield_to_explicit_settings(tmp_pat
 
 
 def test_a_regime_tuned_on_its_own_reads_its_own_values_and_says_so(tmp_path):
-    from dmlstudy.experiments.protocol import ProtocolConfig
-    from dmlstudy.tuned import RowResult, write_tuned
+    from dmlstudy.run.protocol import ProtocolConfig
+    from dmlstudy.run.tuned import RowResult, write_tuned
 
     folder = _tuned_folder(tmp_path)
     pretrained = ProtocolConfig(tuned=str(folder), regime="pretrained")
@@ -122,7 +122,7 @@ def test_a_regime_tuned_on_its_own_reads_its_own_values_and_says_so(tmp_path):
 
 
 def test_a_missing_tuned_file_is_named(tmp_path):
-    from dmlstudy.experiments.protocol import ProtocolConfig
+    from dmlstudy.run.protocol import ProtocolConfig
 
     protocol = ProtocolConfig(tuned=str(_tuned_folder(tmp_path)))
     with pytest.raises(FileNotFoundError, match=r"glyphs\.yaml does not exist; run `make tune`"):
@@ -130,8 +130,8 @@ def test_a_missing_tuned_file_is_named(tmp_path):
 
 
 def test_a_regime_sets_the_start_and_schedule_of_every_run_and_keeps_scratch_folders():
-    from dmlstudy.experiments.protocol import ProtocolConfig
-    from dmlstudy.regimes import REGIMES
+    from dmlstudy.run.protocol import ProtocolConfig
+    from dmlstudy.run.regimes import REGIMES
 
     scratch = ProtocolConfig(epochs=3).train_config(dataset="synbirds", method="ms", seed=1, name="ms")
     pretrained = ProtocolConfig(epochs=3, regime="pretrained").train_config(
@@ -158,7 +158,7 @@ def test_a_regime_sets_the_start_and_schedule_of_every_run_and_keeps_scratch_fol
 
 
 def test_the_protocol_sets_the_precision_of_every_run_and_refuses_an_unknown_one():
-    from dmlstudy.experiments.protocol import ProtocolConfig
+    from dmlstudy.run.protocol import ProtocolConfig
 
     def config(**protocol):
         return ProtocolConfig(**protocol).train_config(dataset="synbirds", method="ms", seed=0, name="ms")
@@ -176,7 +176,7 @@ def test_a_study_config_builds_its_protocol_from_one_mapping_parameter():
     keep their defaults, ints become floats where a float is declared), names a wrong value by its key and lists
     the valid keys when one is unknown."""
     from dmlstudy.experiments.dgcrl import DGCRLStudy
-    from dmlstudy.experiments.protocol import ProtocolConfig
+    from dmlstudy.run.protocol import ProtocolConfig
 
     config = DGCRLStudy.from_namespace({"protocol": {"seeds": [0, 1], "lr": 1, "regime": "pretrained"}, "alphas": []})
     assert isinstance(config.protocol, ProtocolConfig)

@@ -19,7 +19,7 @@ import yaml
 from dmlstudy import records
 from dmlstudy.cli import build_parser, config_options, main
 from dmlstudy.config import load_yaml
-from dmlstudy.runs import (
+from dmlstudy.run.identity import (
     HOLDER_FILE,
     LEDGER_VARIABLE,
     RunConflictError,
@@ -29,7 +29,7 @@ from dmlstudy.runs import (
     identity_hash,
     stop_when,
 )
-from dmlstudy.train import TrainConfig, run
+from dmlstudy.run.train import TrainConfig, run
 
 
 def cli_arguments(config: TrainConfig) -> list[str]:
@@ -123,7 +123,7 @@ def test_a_finished_run_is_loaded_while_another_process_holds_its_folder(tiny_co
         [
             sys.executable,
             "-c",
-            "import sys, time; from dmlstudy.runs import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); "
+            "import sys, time; from dmlstudy.run.identity import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); "
             "print('held', flush=True); time.sleep(120)",
             str(first.run_dir),
         ],
@@ -150,7 +150,7 @@ def test_a_resumed_run_waits_for_the_live_writer_and_a_new_one_does_not(tiny_con
         [
             sys.executable,
             "-c",
-            "import pathlib, sys, time; from dmlstudy.runs import RunLock; lock = RunLock(sys.argv[1]); "
+            "import pathlib, sys, time; from dmlstudy.run.identity import RunLock; lock = RunLock(sys.argv[1]); "
             "lock.acquire(); print('held', flush=True); time.sleep(3); pathlib.Path(sys.argv[2]).touch(); "
             "lock.release()",
             str(config.run_dir),
@@ -210,7 +210,7 @@ def test_yaml_floats_in_plans_configs_and_method_kwargs(tmp_path, toy_plan_noteb
         "epochs": 10,
         "name": "1e-3",
     }
-    from dmlstudy.study import load_plan
+    from dmlstudy.study.plan import load_plan
 
     plan = tmp_path / "plan.yaml"
     plan.write_text(
@@ -242,7 +242,7 @@ def toy_plan_notebook(tmp_path):
 
 
 def test_plans_resume_by_default_and_overwrite_only_when_asked(tmp_path, toy_plan_notebook):
-    from dmlstudy.study import PlanEntry, injected_parameters
+    from dmlstudy.study.plan import PlanEntry, injected_parameters
 
     entry = PlanEntry("s", "a", toy_plan_notebook, {"lr": 0.5})
     assert injected_parameters(entry, ["lr", "resume", "overwrite"], tmp_path) == {"lr": 0.5, "resume": True}
@@ -375,7 +375,7 @@ def test_a_run_asked_to_stop_keeps_its_epoch_and_resumes_to_the_uninterrupted_re
 
 
 def test_study_table_groups_by_configuration_not_by_folder_name(tmp_path):
-    from dmlstudy.report import configuration_columns, gather_runs, summarize
+    from dmlstudy.study.report import configuration_columns, gather_runs, summarize
 
     for lr, values in ((0.001, (0.5, 0.7)), (0.004, (0.1, 0.3))):
         for seed, value in enumerate(values):
@@ -425,8 +425,8 @@ def test_the_table_leaves_out_runs_a_newer_configuration_replaced(tmp_path, caps
     explorer take the one the plan's entries reported, keep runs no entry reports under any configuration, keep
     two configurations entries report under one name, and name what they left out."""
     from dmlstudy.experiments.explore import find_runs
-    from dmlstudy.report import gather_runs
-    from dmlstudy.runs import LEDGER_NAME, superseded_runs
+    from dmlstudy.run.identity import LEDGER_NAME, superseded_runs
+    from dmlstudy.study.report import gather_runs
 
     study = tmp_path / "s"
 
@@ -469,7 +469,7 @@ def test_the_table_leaves_out_runs_a_newer_configuration_replaced(tmp_path, caps
 def test_the_table_names_each_rows_settings_in_one_readable_cell(tmp_path):
     """results/runs.md: one 'configuration' cell per row with only the fields its runs have (no column of
     another method's keyword arguments full of nan), floats to 3 significant digits, a weights path by name."""
-    from dmlstudy.report import configuration_text
+    from dmlstudy.study.report import configuration_text
 
     table = pd.DataFrame(
         {

@@ -9,19 +9,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dmlstudy import engine, runs
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments import protocol as protocol_module
 from dmlstudy.experiments.claims import CLAIMS, ablation_grid
 from dmlstudy.experiments.compare import CompareStudy, trained_methods
-from dmlstudy.experiments.protocol import ProtocolConfig, resolve_run, train_on_engine
 from dmlstudy.methods import list_methods
-from dmlstudy.regimes import regime_overrides, run_prefix
 from dmlstudy.rows import SHARED_VARIANTS, method_grid
+from dmlstudy.run import identity as runs
+from dmlstudy.run.protocol import ProtocolConfig, resolve_run, train_on_engine
+from dmlstudy.run.regimes import regime_overrides, run_prefix
+from dmlstudy.run.train import TrainConfig
+from dmlstudy.run.tuned import RowResult, write_tuned
 from dmlstudy.search_space import merged
-from dmlstudy.study import load_plan
-from dmlstudy.train import TrainConfig
-from dmlstudy.tuned import RowResult, write_tuned
+from dmlstudy.study import engine
+from dmlstudy.study.plan import load_plan
 
 
 def hand_copied_config(protocol, *, dataset, method, seed, name, method_kwargs=None, **overrides) -> TrainConfig:
@@ -81,7 +82,7 @@ def default_plan_variants(config: CompareStudy) -> dict[str, dict]:
     return variants
 
 
-@pytest.mark.filterwarnings("ignore::dmlstudy.experiments.protocol.UntunedRowWarning")
+@pytest.mark.filterwarnings("ignore::dmlstudy.run.protocol.UntunedRowWarning")
 @pytest.mark.parametrize("plan, regime", [("embedded", "pretrained"), ("embedded", "scratch"), ("default", "imagenet")])
 def test_every_run_of_a_published_plan_resolves_to_the_configuration_of_the_hand_written_copy(plan, regime):
     config = default_comparison(plan)
@@ -214,10 +215,10 @@ def test_the_default_plans_training_notebook_shows_the_comparisons_ms_run_of_see
     """Same configuration, so the same run folder: the run is trained once and the notebook reads it."""
     import dataclasses
 
-    from dmlstudy import runs
     from dmlstudy.experiments.one_run import OneRun
-    from dmlstudy.experiments.protocol import ProtocolConfig
-    from dmlstudy.study import load_plan
+    from dmlstudy.run import identity as runs
+    from dmlstudy.run.protocol import ProtocolConfig
+    from dmlstudy.study.plan import load_plan
 
     entries = {entry.run_name: entry.parameters for entry in load_plan("plans/default.yaml")}
     protocol = ProtocolConfig(**{**entries["compare"]["protocol"], "study": "default"})

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-from dmlstudy import runs
 from dmlstudy.data.batch_transforms import augment_batch, evaluation_crop, normalize_batch
 from dmlstudy.data.folds import split_by_classes
 from dmlstudy.data.tensor_cache import TensorImageSplit
@@ -19,10 +18,11 @@ from dmlstudy.models.trunk_cache import (
     stem_activation_split,
 )
 from dmlstudy.records import seed_everything
-from dmlstudy.regimes import REGIMES, regime_overrides
-from dmlstudy.run_data import load_datasets
-from dmlstudy.run_model import stem_backbone
-from dmlstudy.train import TrainConfig, run
+from dmlstudy.run import identity as runs
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.model import stem_backbone
+from dmlstudy.run.regimes import REGIMES, regime_overrides
+from dmlstudy.run.train import TrainConfig, run
 
 SIZE = 32
 

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dmlstudy.plan_progress import stop_line
-from dmlstudy.report import gather_runs, summarize, write_table
-from dmlstudy.study import PlanEntry, PlanError, entry_setting, injected_parameters, load_plan, run_plan
+from dmlstudy.study.plan import PlanEntry, PlanError, entry_setting, injected_parameters, load_plan, run_plan
+from dmlstudy.study.progress import stop_line
+from dmlstudy.study.report import gather_runs, summarize, write_table
 
 
 def write_notebook(path, parameters: str, body: str):
@@ -177,7 +177,7 @@ def test_the_runner_puts_study_and_runs_root_into_a_study_notebooks_protocol(tmp
 def test_every_entry_runs_again_when_the_checkpoint_selection_rule_changes(toy_notebooks, monkeypatch):
     """A new selection rule changes what a notebook reports from the same runs (and retrains a run whose recorded
     choice the rule no longer makes), so no entry may be skipped on a record of the old rule."""
-    from dmlstudy import study
+    from dmlstudy.study import plan as study
 
     plan = write_plan(
         toy_notebooks, f"study: s\nentries:\n  - name: plain\n    notebook: {toy_notebooks / 'echo.ipynb'}\n"
@@ -191,11 +191,11 @@ def test_every_entry_runs_again_when_the_checkpoint_selection_rule_changes(toy_n
 
 def test_each_entry_ledgers_the_runs_its_last_execution_reported(toy_notebooks):
     """The study runner names a ledger for each entry's kernel and empties it when the entry starts again, so
-    after a plan each entry lists the runs of its last execution only (dmlstudy.runs.superseded_runs)."""
+    after a plan each entry lists the runs of its last execution only (dmlstudy.run.identity.superseded_runs)."""
     write_notebook(
         toy_notebooks / "notes.ipynb",
         "study: str = 'x'\nrun_name: str = ''\nruns_root: str = ''\nvalue: int = 1",
-        "import pathlib\nfrom dmlstudy.runs import note_used\n"
+        "import pathlib\nfrom dmlstudy.run.identity import note_used\n"
         "note_used(pathlib.Path(runs_root) / study / f'r-{value}')\nnote_used(pathlib.Path(runs_root) / study / 'q-0')",
     )
     root = toy_notebooks / "runs"
@@ -364,7 +364,7 @@ def test_ctrl_c_stops_a_plan_cleanly_and_keeps_what_finished(toy_notebooks, mark
     write_notebook(
         toy_notebooks / "train.ipynb",
         "study: str = 'x'\nruns_root: str = ''\nworkers: int = 2",
-        "import json, os, pathlib\nfrom dmlstudy import engine\nfrom dmlstudy.train import TrainConfig\n"
+        "import json, os, pathlib\nfrom dmlstudy import engine\nfrom dmlstudy.run.train import TrainConfig\n"
         f"config = TrainConfig(study=study, runs_root=runs_root, data_root={str(tiny_data_root)!r}, dataset='cub200', "
         "run_name='long', epochs=1000, image_size=32, classes_per_batch=4, samples_per_class=3, steps_per_epoch=2, "
         "train_classes=0, test_classes=0, eval_batch_size=64, progress=False, device='cpu')\n"

@@ -149,8 +149,8 @@ def test_no_flip_ever_reaches_a_flip_sensitive_dataset(flip_invariant):
 
 
 def test_the_glyphs_training_view_never_flips(tmp_path, tiny_config, monkeypatch):
-    from dmlstudy import run_data
     from dmlstudy.data import DATASETS
+    from dmlstudy.run import data as run_data
 
     def small_glyphs(name, root, split):
         return DATASETS[name](root=root, split=split, num_classes=8, images_per_class=4)
@@ -237,9 +237,9 @@ def test_stale_or_corrupt_cache_is_rebuilt_with_a_warning_and_nothing_else_lost(
 
 
 def test_over_budget_dataset_falls_back_to_files_with_a_logged_message(tiny_config, caplog):
-    from dmlstudy.run_data import SeededAugmentation, load_datasets
+    from dmlstudy.run.data import SeededAugmentation, load_datasets
 
-    with caplog.at_level(logging.INFO, logger="dmlstudy.run_data"):
+    with caplog.at_level(logging.INFO, logger="dmlstudy.run.data"):
         datasets = load_datasets(tiny_config(tensor_budget_gib=1e-6))
     assert isinstance(datasets["train"], SeededAugmentation)
     assert "over tensor_budget_gib" in caplog.text and "reading image files instead" in caplog.text
@@ -249,20 +249,20 @@ def test_over_budget_dataset_falls_back_to_files_with_a_logged_message(tiny_conf
 
 
 def test_images_of_different_sizes_fall_back_to_files(tiny_data_root, tmp_path, tiny_config, caplog):
-    from dmlstudy.run_data import SeededAugmentation, load_datasets
+    from dmlstudy.run.data import SeededAugmentation, load_datasets
 
     root = tmp_path / "data" / "cub200"
     shutil.copytree(tiny_data_root / "cub200", root)
     first = build_dataset("cub200", root, "test").paths[0]
     Image.fromarray(smooth_image(50, 70)).save(first)
-    with caplog.at_level(logging.INFO, logger="dmlstudy.run_data"):
+    with caplog.at_level(logging.INFO, logger="dmlstudy.run.data"):
         datasets = load_datasets(tiny_config(data_root=str(tmp_path / "data")))
     assert isinstance(datasets["train"], SeededAugmentation) and "differ in size" in caplog.text
 
 
 @pytest.mark.parametrize("pipeline", ["tensor", "files"])
 def test_same_seed_gives_identical_metrics_with_0_and_2_workers(tiny_config, pipeline):
-    from dmlstudy.train import run
+    from dmlstudy.run.train import run
 
     results = [
         run(tiny_config(run_name=f"{pipeline}-{workers}", input_pipeline=pipeline, num_workers=workers, epochs=1))
@@ -273,7 +273,7 @@ def test_same_seed_gives_identical_metrics_with_0_and_2_workers(tiny_config, pip
 
 
 def test_autocast_defaults_to_bfloat16_on_cuda_only(tiny_config):
-    from dmlstudy.compute import autocast_dtype
+    from dmlstudy.run.compute import autocast_dtype
 
     assert autocast_dtype(tiny_config(), torch.device("cpu")) is None
     assert autocast_dtype(tiny_config(), torch.device("cuda")) is torch.bfloat16
@@ -291,7 +291,7 @@ def test_embeddings_do_not_depend_on_the_evaluation_batch_size(name):
     is computed on its own, so 64 and 256 images per pass agree (to float rounding on any BLAS)."""
     from dmlstudy.methods import EVAL_BATCH_SIZE, build_method
     from dmlstudy.models import build_backbone
-    from dmlstudy.run_evaluation import embed
+    from dmlstudy.run.evaluation import embed
 
     torch.manual_seed(0)
     method = build_method(name, backbone=build_backbone("dml_convnet"), embedding_dim=16, num_classes=4)
@@ -329,7 +329,7 @@ def test_cuda_batches_equal_cpu_batches_and_stay_resident():
 
 @needs_cuda
 def test_cuda_runs_train_on_both_pipelines_with_default_bfloat16(tiny_config):
-    from dmlstudy.train import run
+    from dmlstudy.run.train import run
 
     result = run(tiny_config(run_name="cuda", device="cuda", epochs=1))
     assert np.isfinite(result.metrics["R@1"]) and next(result.method.parameters()).is_cuda
@@ -411,9 +411,9 @@ def test_images_of_different_sizes_are_cached_as_the_centre_square_of_the_test_r
 
 
 def test_images_of_different_sizes_take_the_tensor_pipeline_when_asked(mixed_root, tiny_config, caplog):
-    from dmlstudy.run_data import SeededAugmentation, load_datasets
+    from dmlstudy.run.data import SeededAugmentation, load_datasets
 
-    with caplog.at_level(logging.INFO, logger="dmlstudy.run_data"):
+    with caplog.at_level(logging.INFO, logger="dmlstudy.run.data"):
         assert isinstance(load_datasets(tiny_config(data_root=str(mixed_root)))["train"], SeededAugmentation)
         datasets = load_datasets(tiny_config(data_root=str(mixed_root), input_pipeline="tensor"))
     assert "differ in size" in caplog.text and "resized to 37 px" in caplog.text
@@ -424,9 +424,9 @@ def test_images_of_different_sizes_take_the_tensor_pipeline_when_asked(mixed_roo
 
 def test_an_imagenet_regime_run_trains_on_the_stem_cache_of_images_of_different_sizes(mixed_root, tiny_config):
     from dmlstudy.models.trunk_cache import CachedViewTrain
-    from dmlstudy.regimes import regime_overrides
-    from dmlstudy.run_data import load_datasets
-    from dmlstudy.train import run
+    from dmlstudy.run.data import load_datasets
+    from dmlstudy.run.regimes import regime_overrides
+    from dmlstudy.run.train import run
 
     overrides = regime_overrides("imagenet", backbone="dml_efficientnet_lite0", epochs=1)
     config = tiny_config(data_root=str(mixed_root), backbone="dml_efficientnet_lite0", epochs=1, **overrides)

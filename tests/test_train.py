@@ -13,8 +13,8 @@ import torch
 import yaml
 
 from dmlstudy.cli import config_options
-from dmlstudy.runs import identity_hash
-from dmlstudy.train import TrainConfig, run
+from dmlstudy.run.identity import identity_hash
+from dmlstudy.run.train import TrainConfig, run
 
 
 def test_run_leaves_complete_records(tiny_config):
@@ -61,7 +61,7 @@ def test_complete_run_is_loaded_not_retrained(tiny_config):
 
 @pytest.mark.parametrize(("train_classes", "validation_folds"), [(0, 0), (0, 4), (5, 0), (6, 3), (1000, 4)])
 def test_the_training_class_count_is_that_of_the_loaded_split(tiny_config, train_classes, validation_folds):
-    from dmlstudy.run_data import class_split_counts, load_datasets, training_class_count
+    from dmlstudy.run.data import class_split_counts, load_datasets, training_class_count
 
     config = tiny_config(train_classes=train_classes, validation_folds=validation_folds)
     loaded = load_datasets(config)
@@ -71,7 +71,7 @@ def test_the_training_class_count_is_that_of_the_loaded_split(tiny_config, train
 
 
 def test_a_finished_run_with_a_class_head_loads_without_reading_its_images(tiny_config, monkeypatch):
-    import dmlstudy.train as train
+    import dmlstudy.run.train as train
 
     options = dict(run_name="head", method="normsoftmax", validation_folds=4)
     first = run(tiny_config(**options))
@@ -138,7 +138,7 @@ def test_unknown_names_list_the_valid_ones(tiny_config, field, value, message):
 
 
 def test_resuming_another_configuration_trains_it_in_its_own_folder(tiny_config):
-    from dmlstudy.runs import RunWarning
+    from dmlstudy.run.identity import RunWarning
 
     first = run(tiny_config(run_name="fixed", epochs=1))
     with pytest.warns(
@@ -153,7 +153,7 @@ def test_resuming_another_configuration_trains_it_in_its_own_folder(tiny_config)
 def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):
     import torch
 
-    from dmlstudy.run_data import load_datasets
+    from dmlstudy.run.data import load_datasets
 
     config = tiny_config(input_pipeline="files")  # the tensor pipeline's splits are tested in test_tensor_pipeline.py
     memoized, fresh = load_datasets(config)["query"], load_datasets(config)["query"]
@@ -170,8 +170,8 @@ def test_evaluation_splits_are_memoized_and_equal_to_fresh_reads(tiny_config):
 
 
 def test_the_backbone_has_its_own_rate_and_stands_still_while_the_heads_warm_up():
-    from dmlstudy.run_model import build_model
-    from dmlstudy.train import TrainConfig, group_learning_rates
+    from dmlstudy.run.model import build_model
+    from dmlstudy.run.train import TrainConfig, group_learning_rates
 
     config = TrainConfig(method="proxyanchor", epochs=4, lr=1e-3, head_lr=1e-2, backbone_lr_scale=0.1, warmup_epochs=1)
     method = build_model(config, num_classes=5)
@@ -193,8 +193,8 @@ def test_the_backbone_has_its_own_rate_and_stands_still_while_the_heads_warm_up(
 
 
 def test_fields_added_at_their_neutral_value_keep_the_run_folders_recorded_before_them():
-    from dmlstudy import runs
-    from dmlstudy.train import TrainConfig
+    from dmlstudy.run import identity as runs
+    from dmlstudy.run.train import TrainConfig
 
     values = TrainConfig().to_dict()
     before = {k: v for k, v in values.items() if k not in runs.HASHED_WHEN_SET}  # a record written before the fields

@@ -12,15 +12,15 @@ import pytest
 import torch
 import yaml
 
-from dmlstudy import engine, tuning
 from dmlstudy import search_space as search
 from dmlstudy.cli import main
 from dmlstudy.config import load_yaml
 from dmlstudy.methods import search_space
-from dmlstudy.run_model import build_model
-from dmlstudy.train import TrainConfig
-from dmlstudy.tuned import RowResult, TunedValuesError, list_rows, tuned_overrides, write_tuned
-from dmlstudy.tuning import (
+from dmlstudy.run.model import build_model
+from dmlstudy.run.train import TrainConfig
+from dmlstudy.run.tuned import RowResult, TunedValuesError, list_rows, tuned_overrides, write_tuned
+from dmlstudy.study import engine, tuning
+from dmlstudy.study.tuning import (
     TuneConfig,
     best_so_far,
     finished_trials,
@@ -268,7 +268,7 @@ def test_a_tuning_plan_with_a_bad_value_names_the_parameter(name, value, message
 
 def test_a_tuning_plans_rows_are_names_the_registry_or_the_rows_of_a_study_plans_comparison(tmp_path):
     from dmlstudy.rows import RERANK
-    from dmlstudy.study import load_plan
+    from dmlstudy.study.plan import load_plan
 
     [comparison] = [
         e.parameters for e in load_plan(ROOT / "plans" / "default.yaml") if "classic_methods" in e.parameters
@@ -300,7 +300,7 @@ def test_a_row_without_a_learning_rate_in_its_search_space_is_refused():
 
 
 def test_trials_start_and_train_as_the_plans_regime_says():
-    from dmlstudy.regimes import regime_overrides
+    from dmlstudy.run.regimes import regime_overrides
 
     scratch, pretrained = (
         TuneConfig(regime=name, epochs=6).base_config("glyphs") for name in ("scratch", "pretrained")

@@ -8,15 +8,17 @@ import pandas as pd
 import pytest
 import torch
 
-from dmlstudy import checkpoint_selection, run_data, runs
-from dmlstudy import train as train_module
-from dmlstudy.checkpoint_selection import CheckpointSelection
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.data.base import ImageListDataset
 from dmlstudy.data.folds import class_folds, fold_classes, split_by_classes
-from dmlstudy.run_data import load_datasets
-from dmlstudy.run_model import build_model
-from dmlstudy.train import TrainConfig, run
+from dmlstudy.run import checkpoint_selection
+from dmlstudy.run import data as run_data
+from dmlstudy.run import identity as runs
+from dmlstudy.run import train as train_module
+from dmlstudy.run.checkpoint_selection import CheckpointSelection
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.model import build_model
+from dmlstudy.run.train import TrainConfig, run
 
 
 @pytest.mark.parametrize("num_classes,folds", [(100, 4), (12, 4), (13, 4), (7, 2)])

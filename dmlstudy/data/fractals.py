@@ -20,7 +20,7 @@ Size: :data:`DEFAULT_CLASSES` = 400 classes × 30 images of 64 × 64 (12,000 ima
 2–3× the classes of SynBirds-200 (8,000 / 200) and Glyphs (5,120 / 128). Generation costs ≈ 9 ms of CPU per
 image: 2 min 19 s of CPU in all, so about 70 s on 2 idle cores (measured: 11.5 min wall on the shared 2 cores
 at load average ≈ 15). The ``train``/``test`` splits (classes 1–200 / 201–400) exist only so the set reads
-like the others; :mod:`dmlstudy.pretrain` uses every class.
+like the others; :mod:`dmlstudy.run.pretrain` uses every class.
 
 Disjointness from the study sets (SynBirds-200, Glyphs, and the real CUB/Cars/SOP/In-shop): by
 construction. A class here is an IFS attractor, a point set defined by contractive affine maps; no study

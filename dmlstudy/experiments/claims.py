@@ -18,12 +18,12 @@ from dmlstudy import verdicts
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments import papers
 from dmlstudy.experiments.papers import PAPER_DATASET
-from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
 from dmlstudy.experiments.tables import seed_text
-from dmlstudy.regimes import regime
-from dmlstudy.report import write_table
 from dmlstudy.rows import method_grid
-from dmlstudy.train import RunResult, selection_rule
+from dmlstudy.run.protocol import ProtocolConfig, results_frame
+from dmlstudy.run.regimes import regime
+from dmlstudy.run.train import RunResult, selection_rule
+from dmlstudy.study.report import write_table
 
 ABLATION_REGIMES = ("scratch", "imagenet")  # where the published plans' paper notebooks train their ablations
 

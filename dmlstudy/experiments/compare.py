@@ -65,16 +65,16 @@ from dmlstudy.experiments.claims import (
     claims_frame,
     claims_table,
 )
-from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig, run_grid, train_grid
 from dmlstudy.experiments.regime_comparison import RegimeComparison
 from dmlstudy.experiments.rerank import Reranking, claim_rerank_results, rerank_missing, rerank_results
 from dmlstudy.experiments.tables import comparison_frame, comparison_table, table_note
 from dmlstudy.methods import list_methods
 from dmlstudy.paths import study_outputs
-from dmlstudy.regimes import regime
 from dmlstudy.rows import EXTRA_ROWS, RERANK, method_grid
-from dmlstudy.run_data import class_split_counts
-from dmlstudy.train import RunResult, TrainConfig
+from dmlstudy.run.data import class_split_counts
+from dmlstudy.run.protocol import ProtocolConfig, StudyConfig, run_grid, train_grid
+from dmlstudy.run.regimes import regime
+from dmlstudy.run.train import RunResult, TrainConfig
 
 
 @dataclass
@@ -104,7 +104,7 @@ class CompareStudy(StudyConfig):
     margin: float = 1.0  # equivalence margin of the verdicts, R@1 points (declared in the plan before the runs)
     compared_regimes: list = field(
         default_factory=list
-    )  # further regimes beside the protocol's regime (dmlstudy/regimes.py): every row again, the claims judged in each
+    )  # further regimes beside the protocol's regime (dmlstudy/run/regimes.py): every row again, the claims judged in each
     seed_cap: int = 0  # sequential design: the most paired seeds a claim may get (0: one look at the seeds given)
     seed_batch: int = 5  # sequential design: seeds added to the rows of undecided claims at each further look
 

@@ -40,16 +40,16 @@ import pandas as pd
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
-from dmlstudy.compute import resolve_device
 from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.experiments.kit import evaluation_sets
-from dmlstudy.experiments.protocol import ProtocolConfig, run_grid
 from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
-from dmlstudy.run_data import load_datasets
-from dmlstudy.run_model import build_model
-from dmlstudy.runs import superseded_runs
-from dmlstudy.train import RunResult, TrainConfig, load_reported_state
+from dmlstudy.run.compute import resolve_device
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.identity import superseded_runs
+from dmlstudy.run.model import build_model
+from dmlstudy.run.protocol import ProtocolConfig, run_grid
+from dmlstudy.run.train import RunResult, TrainConfig, load_reported_state
 
 RUN_RECORDS = ("metrics.json", "config.yaml", "embeddings.npz", "checkpoint.pt")
 NO_EXPLANATION = "no explanation for this method"
@@ -96,7 +96,7 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
     with its dataset, method, folder name, seed, test R@1, method kwargs (JSON) and path, sorted by dataset and
     method, the protocol's runs of the method with its defaults (``<dataset>-<method>-seed<s>``) first, then by
     seed and name. Folders without the records (plan entries, unfinished runs) are skipped, and so are runs a
-    newer configuration of the same run replaced (:func:`dmlstudy.runs.superseded_runs`)."""
+    newer configuration of the same run replaced (:func:`dmlstudy.run.identity.superseded_runs`)."""
     folder = Path(runs_root or default_runs_root()) / study
     superseded = superseded_runs(folder)
     rows = []
@@ -121,7 +121,7 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
     plain = [
         bool(
             re.fullmatch(f"{re.escape(d)}-{re.escape(m)}-seed\\d+(-[0-9a-f]{{8}})?", r)
-        )  # the config hash suffix (dmlstudy.runs)
+        )  # the config hash suffix (dmlstudy.run.identity)
         for d, m, r in zip(frame["dataset"], frame["method"], frame["run"])
     ]
     frame["_variant"] = ~np.asarray(plain, dtype=bool)  # the protocol's runs of the method with its defaults first

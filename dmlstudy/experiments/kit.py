@@ -25,12 +25,12 @@ import pandas as pd
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from dmlstudy.compute import autocast_context, autocast_dtype, resolve_device
 from dmlstudy.experiments.papers import PAPER_DATASET
-from dmlstudy.experiments.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
-from dmlstudy.report import mean_std_text
-from dmlstudy.run_data import load_datasets
-from dmlstudy.train import RunResult, TrainConfig
+from dmlstudy.run.compute import autocast_context, autocast_dtype, resolve_device
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
+from dmlstudy.run.train import RunResult, TrainConfig
+from dmlstudy.study.report import mean_std_text
 
 Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
 BASELINE: Variant = ("ms", {"method": "ms"})  # the MS baseline every paper compares with
@@ -120,7 +120,7 @@ def device_of(module: torch.nn.Module) -> torch.device:
 
 
 def embedding_precision(config: TrainConfig) -> dict[str, Any]:
-    """How a run's test embeddings are computed where it is evaluated now, as :func:`dmlstudy.run_evaluation.evaluate`
+    """How a run's test embeddings are computed where it is evaluated now, as :func:`dmlstudy.run.evaluation.evaluate`
     computes them: under the autocast of its resolved device (bf16 on CUDA by default) and in its memory format.
     Empty for float32 in the default format (every CPU study by default), so the re-ranking caches written before
     this entered their keys stay valid; otherwise it enters them, so a run re-ranked at another precision is

@@ -14,7 +14,7 @@ CI-sized runs of different notebooks never share run folders; the explorer alone
 nothing of its own unless no study has runs, and then into ``notebook-95_explore``).
 
 A field that is itself a config (the paper notebooks' ``protocol``, a
-:class:`~dmlstudy.experiments.protocol.ProtocolConfig`) is one ``dict`` parameter whose literal holds only the
+:class:`~dmlstudy.run.protocol.ProtocolConfig`) is one ``dict`` parameter whose literal holds only the
 notebook's own values of its fields (``{'study': 'notebook-10_crt'}``): the keys left out keep the config's
 CI-sized defaults, so the cell stays short and a plan's ``protocol: *protocol`` replaces the whole mapping.
 

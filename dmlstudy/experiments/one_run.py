@@ -1,6 +1,6 @@
-"""The config of ``notebooks/01_train``: one run, given field by field (:class:`~dmlstudy.train.TrainConfig`) or
+"""The config of ``notebooks/01_train``: one run, given field by field (:class:`~dmlstudy.run.train.TrainConfig`) or
 named as a study's run. With ``study_plan``, the run is that study's run of ``method`` on ``dataset``
-with ``seed``, resolved as its comparison trains it (:func:`~dmlstudy.experiments.protocol.resolve_run`: the
+with ``seed``, resolved as its comparison trains it (:func:`~dmlstudy.run.protocol.resolve_run`: the
 plan's ``protocol:`` block, the regime, the tuned values), so the notebook shows the very run the comparison
 reports (the same folder, trained once) and a retune or a protocol change reaches it without editing the
 notebook's entry."""
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dmlstudy.experiments.protocol import ProtocolConfig, plan_protocol
-from dmlstudy.train import TrainConfig
+from dmlstudy.run.protocol import ProtocolConfig, plan_protocol
+from dmlstudy.run.train import TrainConfig
 
 
 @dataclass

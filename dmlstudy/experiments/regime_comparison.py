@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 
 from dmlstudy import verdicts
-from dmlstudy.experiments.protocol import ProtocolConfig
-from dmlstudy.report import write_table
 from dmlstudy.rows import method_label
+from dmlstudy.run.protocol import ProtocolConfig
+from dmlstudy.study.report import write_table
 
 
 @dataclass

@@ -18,11 +18,11 @@ from typing import Any
 from dmlstudy.data import evaluation_protocol
 from dmlstudy.experiments import kit
 from dmlstudy.experiments.claims import claim_reranks
-from dmlstudy.experiments.protocol import call_in_processes
 from dmlstudy.records import write_json
 from dmlstudy.reranking import reranked_retrieval_metrics
 from dmlstudy.rows import RERANK
-from dmlstudy.train import RunResult, TrainConfig, run
+from dmlstudy.run.protocol import call_in_processes
+from dmlstudy.run.train import RunResult, TrainConfig, run
 from dmlstudy.transport import TransportOptions
 
 

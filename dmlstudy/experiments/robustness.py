@@ -341,7 +341,7 @@ def relatives_per_seed(
     of the default study (found by the digest its per-seed row records) evaluated with each query's relative
     family out of its gallery; DIML's re-ranking row re-ranks its MS run's embeddings the same way."""
     from dmlstudy.experiments.kit import evaluation_sets
-    from dmlstudy.train import TrainConfig, run
+    from dmlstudy.run.train import TrainConfig, run
 
     rows = {name for claim in headline_claims() for name in (claim.a, claim.b)}
     here = default_per_seed[(default_per_seed["regime"] == REGIME) & default_per_seed["row"].isin(rows)]

@@ -15,11 +15,11 @@ import pandas as pd
 from dmlstudy import plots
 from dmlstudy.experiments import kit
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, results_frame
 from dmlstudy.metrics import class_subset_recall
-from dmlstudy.report import summarize, write_table
 from dmlstudy.rows import RERANK, method_label
-from dmlstudy.train import RunResult
+from dmlstudy.run.protocol import ProtocolConfig, results_frame
+from dmlstudy.run.train import RunResult
+from dmlstudy.study.report import summarize, write_table
 
 RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K
 DECIMALS = 1  # percent, as displayed

@@ -107,7 +107,7 @@ GROUPS = {  # what a method is in the study's tables
 class MethodInfo:
     """What the study shows about a registered method: the comparison row's label, its group (:data:`GROUPS`),
     the paper it comes from, a one-line description (the notebooks' row table and the CLI's help) and its search
-    space (:mod:`dmlstudy.search_space`, declared in the method's file; read by :mod:`dmlstudy.tuning`)."""
+    space (:mod:`dmlstudy.search_space`, declared in the method's file; read by :mod:`dmlstudy.study.tuning`)."""
 
     name: str
     label: str
@@ -134,7 +134,7 @@ def register_method(
 
     ``label`` is its row in the study's tables (default: ``name``), ``group`` one of :data:`GROUPS`, ``paper`` and
     ``summary`` (default: the first line of the builder's docstring) describe it in the notebooks and the CLI;
-    ``search_space`` is what :mod:`dmlstudy.tuning` may change (keys: TrainConfig fields or
+    ``search_space`` is what :mod:`dmlstudy.study.tuning` may change (keys: TrainConfig fields or
     ``method_kwargs.<name>``), each with its paper default.
     """
     if group not in GROUPS:

@@ -49,7 +49,7 @@ through a linear head of size d or D, L_CON kept, no prototypes, no L_DIV); "−
 ``embedding_dim``/``high_dim`` (d, D).
 
 Test-time functions: :func:`branch_embeddings` (either branch), :class:`BranchEmbedder` (a module that
-``dmlstudy.run_evaluation.embed`` can use for branch 2), :func:`code_maps` (a_jk on the H × W grid, for heat maps)
+``dmlstudy.run.evaluation.embed`` can use for branch 2), :func:`code_maps` (a_jk on the H × W grid, for heat maps)
 and :func:`prototype_correlation` (the K × K |cos| matrix).
 """
 
@@ -374,7 +374,7 @@ def branch_embeddings(method: CRT, images: torch.Tensor, *, branch: int = 2) -> 
 
 
 class BranchEmbedder(nn.Module):
-    """A view of a trained CRT whose ``forward`` returns one branch (e.g. for ``dmlstudy.run_evaluation.embed``)."""
+    """A view of a trained CRT whose ``forward`` returns one branch (e.g. for ``dmlstudy.run.evaluation.embed``)."""
 
     def __init__(self, method: CRT, branch: int = 2) -> None:
         super().__init__()

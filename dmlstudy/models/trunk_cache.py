@@ -314,7 +314,7 @@ def stem_activation_split(
     Computing the views takes minutes on a CPU, so a tqdm bar counts images × views, with the time left: advanced
     as the stem takes each chunk of a view it computes, and by a whole view at once for one read from ``folder``.
     ``progress``: True shows it, False never, None (the default) when stderr is a terminal. A run passes its
-    ``progress`` field; ``make study``'s caching step (:func:`dmlstudy.experiments.plan_inputs.prepare_stem_caches`)
+    ``progress`` field; ``make study``'s caching step (:func:`dmlstudy.study.plan_inputs.prepare_stem_caches`)
     passes True, so a log shows the bar too. The bar does not touch the activations."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ import torch
 from dmlstudy import metrics as metric_functions
 from dmlstudy.experiments.kit import as_grid, device_of, method_defaults, run_variants
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig
 from dmlstudy.methods.cross_attention import (
     AttentionRecorder,
     CrossAttention,
@@ -22,8 +21,9 @@ from dmlstudy.methods.cross_attention import (
     feature_maps,
     subset_indices,
 )
-from dmlstudy.run_data import load_datasets
-from dmlstudy.train import RunResult
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.protocol import ProtocolConfig, StudyConfig
+from dmlstudy.run.train import RunResult
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Kotovenko et al., CVPR 2023), from papers.yaml, in %.
@@ -219,7 +219,7 @@ def initial_gradients(
     initialisation (unit-norm q̂, 1/√d), so the test-time embedding layer may receive almost nothing.
     """
     from dmlstudy.data import ClassBalancedBatchSampler
-    from dmlstudy.run_model import build_model
+    from dmlstudy.run.model import build_model
 
     train = load_datasets(protocol.train_config(dataset=dataset, seed=seed, name="ms", method="ms"))["train"]
     sampler = ClassBalancedBatchSampler(

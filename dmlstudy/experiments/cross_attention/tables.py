@@ -17,10 +17,10 @@ from dmlstudy.experiments.cross_attention.study import (
     variant,
 )
 from dmlstudy.experiments.kit import lookup, paper_column, paper_dataset, without_numbers
-from dmlstudy.experiments.protocol import mean_std_table, results_frame
 from dmlstudy.methods.cross_attention import CrossAttention
-from dmlstudy.report import mean_std_text
-from dmlstudy.train import RunResult
+from dmlstudy.run.protocol import mean_std_table, results_frame
+from dmlstudy.run.train import RunResult
+from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import effect_sentence, paired_differences
 
 

@@ -10,8 +10,8 @@ from torch.utils.data import Subset
 from dmlstudy.experiments.crt.study import evaluation_split
 from dmlstudy.experiments.kit import box, device_of, link, projection_figure
 from dmlstudy.methods.crt import CRT, BranchEmbedder
-from dmlstudy.run_evaluation import embed
-from dmlstudy.train import RunResult
+from dmlstudy.run.evaluation import embed
+from dmlstudy.run.train import RunResult
 
 
 def transform_figure(method: CRT, *, image_size: int = 64) -> plt.Figure:

@@ -17,13 +17,13 @@ from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms, evaluation_protocol
 from dmlstudy.experiments.kit import device_of, method_defaults, variant_name, with_reference
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig
 from dmlstudy.methods import build_method
 from dmlstudy.methods.crt import CRT, BranchEmbedder
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
-from dmlstudy.run_evaluation import embed
-from dmlstudy.train import RunResult, TrainConfig
+from dmlstudy.run.evaluation import embed
+from dmlstudy.run.protocol import ProtocolConfig, StudyConfig
+from dmlstudy.run.train import RunResult, TrainConfig
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Kan et al., NeurIPS 2022), from papers.yaml. Recall@1 in %.

@@ -10,11 +10,11 @@ import pandas as pd
 import torch
 
 from dmlstudy import plots
-from dmlstudy.checkpoint_selection import evaluation_column
 from dmlstudy.experiments.dgcrl.study import VARIANT_LABELS, toy_decorrelation
 from dmlstudy.experiments.kit import first_seed_embeddings, projection_figure
 from dmlstudy.methods.dgcrl import mean_abs_cosine
-from dmlstudy.train import RunResult
+from dmlstudy.run.checkpoint_selection import evaluation_column
+from dmlstudy.run.train import RunResult
 
 
 def alpha_figure(frame: pd.DataFrame) -> plt.Figure:

@@ -17,11 +17,9 @@ import torch.nn.functional as F
 from torch.utils.data import Subset
 
 from dmlstudy import metrics as metric_functions
-from dmlstudy.checkpoint_selection import best_epoch_censored, selection_evaluations
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.experiments.kit import method_defaults, variant_name, with_reference
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import ProtocolConfig, StudyConfig
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
     DGCRL,
@@ -36,8 +34,10 @@ from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.records import seed_everything
 from dmlstudy.rows import SHARED_VARIANTS
-from dmlstudy.run_data import load_datasets, training_class_count
-from dmlstudy.train import OPTIMIZERS, RunResult
+from dmlstudy.run.checkpoint_selection import best_epoch_censored, selection_evaluations
+from dmlstudy.run.data import load_datasets, training_class_count
+from dmlstudy.run.protocol import ProtocolConfig, StudyConfig
+from dmlstudy.run.train import OPTIMIZERS, RunResult
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.
@@ -191,7 +191,7 @@ def recall_at(result: RunResult, ks: Sequence[int]) -> dict[str, float]:
 
 def best_epoch(history: pd.DataFrame, *, metric: str = "R@1", warmup_epochs: int = 0) -> tuple[int, float]:
     """``(epoch, value)`` of the first evaluation with the highest ``metric`` among those the reported checkpoint
-    is chosen from (:func:`dmlstudy.checkpoint_selection.selection_evaluations`: validation classes after the warm-up when the
+    is chosen from (:func:`dmlstudy.run.checkpoint_selection.selection_evaluations`: validation classes after the warm-up when the
     run has them, so the epoch its reported checkpoint comes from)."""
     evaluated = selection_evaluations(history, warmup_epochs, metric)
     if evaluated.empty:

@@ -20,9 +20,9 @@ from dmlstudy.experiments.dgcrl.study import (
     run_rows,
 )
 from dmlstudy.experiments.kit import paper_dataset, without_numbers
-from dmlstudy.experiments.protocol import mean_std_table, results_frame
-from dmlstudy.report import mean_std_text
-from dmlstudy.train import RunResult
+from dmlstudy.run.protocol import mean_std_table, results_frame
+from dmlstudy.run.train import RunResult
+from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import Verdict, censor, judge, paired_differences
 
 COLUMN_DECIMALS = {

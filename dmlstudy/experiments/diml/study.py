@@ -15,11 +15,11 @@ import pandas as pd
 
 from dmlstudy.experiments.kit import cache_key, embedding_precision, evaluation_sets
 from dmlstudy.experiments.papers import numbers
-from dmlstudy.experiments.protocol import StudyConfig, call_in_processes, run_grid
 from dmlstudy.methods.diml import DEFAULT_GRID_SIZE, GridEmbeddings
 from dmlstudy.records import write_json
 from dmlstudy.reranking import reranked_retrieval_metrics
-from dmlstudy.train import RunResult, TrainConfig, run
+from dmlstudy.run.protocol import StudyConfig, call_in_processes, run_grid
+from dmlstudy.run.train import RunResult, TrainConfig, run
 from dmlstudy.transport import DEFAULT_EPSILON, TransportOptions, candidate_structural_similarity
 
 METRICS = ["P@1", "RP", "MAP@R"]

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from dmlstudy.experiments.diml.study import BASE_LOSS_NAMES, METRICS, PAPER_DATASETS, PAPER_GRID, PAPER_TRUNCATION
-from dmlstudy.report import summarize
+from dmlstudy.study.report import summarize
 from dmlstudy.verdicts import effect_sentence, paired_differences
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from dmlstudy.records import seed_everything
 
 
 class ModelConfig(Protocol):
-    """The fields of a run's config (:class:`dmlstudy.train.TrainConfig`, which describes them) that its model
+    """The fields of a run's config (:class:`dmlstudy.run.train.TrainConfig`, which describes them) that its model
     is built from."""
 
     method: str

@@ -1,9 +1,9 @@
-"""The tuned-values files ``plans/tuned/<dataset>.yaml``: what :mod:`dmlstudy.tuning` writes after a search and
-what the study reads back for every row it trains (:meth:`dmlstudy.experiments.protocol.ProtocolConfig.tuned_values`).
+"""The tuned-values files ``plans/tuned/<dataset>.yaml``: what :mod:`dmlstudy.study.tuning` writes after a search and
+what the study reads back for every row it trains (:meth:`dmlstudy.run.protocol.ProtocolConfig.tuned_values`).
 
 A file is ``{dataset: <name>, rows: {<row>: {overrides: {…}, val_R@1: …, trials: …}}}``, checked against the
 declared search spaces (:mod:`dmlstudy.search_space`) whenever it is read. Reading needs neither Optuna nor the
-tuning driver, so the study's protocol imports this module and not :mod:`dmlstudy.tuning`.
+tuning driver, so the study's protocol imports this module and not :mod:`dmlstudy.study.tuning`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def write_tuned(
     text = (
         f"# Tuned hyperparameters on {dataset}'s validation classes, {regime} regime (best validation R@1 of each row's "
         "Optuna study).\n"
-        f"# Regenerate with `make tune`; the study reads them through dmlstudy.tuned.tuned_overrides.\n{comment}"
+        f"# Regenerate with `make tune`; the study reads them through dmlstudy.run.tuned.tuned_overrides.\n{comment}"
         + yaml.safe_dump({"dataset": dataset, "rows": dict(sorted(rows.items()))}, sort_keys=False)
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ Decisions:
   then resumes from the checkpoint: at most the unfinished epoch is lost. ``retries`` re-runs tasks that
   *raised*; it is 0 by default because a run that raises (bad config, NaN loss) raises again.
 * Stopping: a running task cannot be interrupted from outside its thread, so a cancelled training task
-  stops itself at its next training step (:func:`stop_tasks`, :func:`dmlstudy.runs.stop_when`) with its
+  stops itself at its next training step (:func:`stop_tasks`, :func:`dmlstudy.run.identity.stop_when`) with its
   last epoch checkpoint kept; restarting the worker (its nanny lets a busy worker finish for 4 s before
   killing it) is only the fallback for a task that does not stop within ``STOP_SECONDS``.
 * Workers live across tasks, so every task starts from the same state (:func:`task_state`): torch and faiss
@@ -24,7 +24,7 @@ Decisions:
 * Progress: a plan that executes notebooks side by side learns about their runs from a small ledger: the study
   runner names a file in ``DMLSTUDY_RUN_EVENTS`` for every notebook kernel it starts, and :func:`run_tasks`
   appends one JSON line per training task the kernel submits (run folder, epochs) and per one that failed
-  (:func:`note_run_event`); the runner reads the file and the run folders (:mod:`dmlstudy.plan_progress`).
+  (:func:`note_run_event`); the runner reads the file and the run folders (:mod:`dmlstudy.study.progress`).
 * Ctrl-C: the worker processes of a local cluster ignore SIGINT (:func:`start_local_cluster`), so a terminal's
   Ctrl-C, which reaches every process of the foreground group, stops the process that owns the cluster
   (which cancels its tasks and closes the cluster) instead of killing the workers mid-step.
@@ -278,16 +278,16 @@ def task_values(config) -> dict[str, Any]:
 
 def train_task(values: dict[str, Any], origins: dict[str, str] | None = None) -> dict[str, float]:
     """Train (or resume, or just load the metrics of) the run of TrainConfig ``values``: idempotent. ``origins``
-    (where each value came from, :func:`dmlstudy.runs.with_origins`) go to the run's ``config.yaml``.
+    (where each value came from, :func:`dmlstudy.run.identity.with_origins`) go to the run's ``config.yaml``.
 
     The run resumes, so a run folder that a live process outside the engine is writing (a notebook of the same
-    plan training that run itself) is waited for and then loaded or continued (:mod:`dmlstudy.runs`, "One
+    plan training that run itself) is waited for and then loaded or continued (:mod:`dmlstudy.run.identity`, "One
     writer"); a cancelled task stops waiting. (A dead writer's lock is free at once: the OS drops it with the
     process.)"""
     import json
 
-    from dmlstudy import runs
-    from dmlstudy.train import TrainConfig, is_complete, run
+    from dmlstudy.run import identity as runs
+    from dmlstudy.run.train import TrainConfig, is_complete, run
 
     config = runs.with_origins(TrainConfig(**{**values, "resume": True, "progress": False}), origins or {})
     if is_complete(config):
@@ -334,7 +334,7 @@ def _run_folder(function: Callable[..., Any], args: tuple) -> str:
     """The run folder's name of a :func:`train_task` submission ('' for any other task)."""
     if function is not train_task:
         return ""
-    from dmlstudy.train import TrainConfig
+    from dmlstudy.run.train import TrainConfig
 
     return TrainConfig(**args[0]).run_dir.name
 
@@ -358,7 +358,7 @@ def run_tasks(
     with one tqdm bar (done / running / failed in its postfix), and return ``{label: result}``. Every task runs
     to its end; failures are raised together afterwards as a :class:`GridRunError` naming each failed label
     with its traceback's last line. A grid's tasks have priority ``−len(submissions)``: when several grids
-    share a cluster (notebooks of one plan side by side, :mod:`dmlstudy.study`), the smaller grid's tasks go
+    share a cluster (notebooks of one plan side by side, :mod:`dmlstudy.study.plan`), the smaller grid's tasks go
     first, so a notebook's next short grid is not queued behind another's hundred runs. Each training task
     (:func:`train_task`) is noted in the study runner's ledger when submitted and when failed
     (:func:`note_run_event`)."""
@@ -429,7 +429,7 @@ def _check_workers_left(client, watch: dict[str, float], *, what: str, left: int
 def stop_tasks(client, futures, *, timeout: float = STOP_SECONDS, poll_seconds: float = 0.05) -> None:
     """Cancel ``futures`` and return once no worker executes one of them any more. A training task that was
     running sees its cancellation at its next training step (:func:`train_task` runs under
-    :func:`dmlstudy.runs.stop_when`), keeps its last epoch checkpoint and releases its run folder, so the
+    :func:`dmlstudy.run.identity.stop_when`), keeps its last epoch checkpoint and releases its run folder, so the
     same Dask client can submit the run again (it resumes). A task still executing after ``timeout`` seconds
     (one that does not check, a step that hangs) has its worker restarted by its nanny."""
     keys = {future.key for future in futures}

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from dmlstudy import runs
 from dmlstudy.data import (
     ClassBalancedBatchSampler,
     ImageListDataset,
@@ -46,11 +45,12 @@ from dmlstudy.models.trunk_cache import (
     stem_activation_split,
 )
 from dmlstudy.paths import data_root
-from dmlstudy.run_model import ModelConfig, stem_backbone
+from dmlstudy.run import identity as runs
+from dmlstudy.run.model import ModelConfig, stem_backbone
 
 
 class DataConfig(ModelConfig, Protocol):
-    """The fields of a run's config (:class:`dmlstudy.train.TrainConfig`, which describes them) that its data
+    """The fields of a run's config (:class:`dmlstudy.run.train.TrainConfig`, which describes them) that its data
     depends on; those of its model too, as the ``stem_views`` pipeline runs the model's stem once per image."""
 
     data_root: str

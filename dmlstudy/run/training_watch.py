@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dmlstudy import runs
 from dmlstudy.data.tensor_cache import BatchAugmentedTrain
+from dmlstudy.run import identity as runs
 
 
 class TrainingWatch:
@@ -19,7 +19,7 @@ class TrainingWatch:
       which cannot be non-finite.
     * A first epoch whose loss has not moved warns: the mean of its last quarter of steps within
       ``FLAT_TOLERANCE`` (relative) of its first quarter, when there are at least 4 steps. An absurd learning
-      rate (``lr=1000``) is also flagged before training by :func:`dmlstudy.runs.check_before_loading`.
+      rate (``lr=1000``) is also flagged before training by :func:`dmlstudy.run.identity.check_before_loading`.
     """
 
     FLAT_TOLERANCE = 1e-3

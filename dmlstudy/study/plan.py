@@ -1,4 +1,4 @@
-"""Study plans: parameterized notebooks executed by papermill (the tables of their runs: :mod:`dmlstudy.report`).
+"""Study plans: parameterized notebooks executed by papermill (the tables of their runs: :mod:`dmlstudy.study.report`).
 
 A plan (``plans/*.yaml``)::
 
@@ -12,7 +12,7 @@ A plan (``plans/*.yaml``)::
 Each expanded entry is executed in ``runs/<study>/<run_name>/`` (the executed notebook is written beside
 the run's records; ``study`` and ``run_name`` are injected when the notebook has those parameters, ``study`` and
 ``runs_root`` into the ``protocol`` mapping of a study notebook). A study notebook's shared protocol is one
-parameter (:data:`PROTOCOL_PARAMETER`, a mapping of :class:`~dmlstudy.experiments.protocol.ProtocolConfig`
+parameter (:data:`PROTOCOL_PARAMETER`, a mapping of :class:`~dmlstudy.run.protocol.ProtocolConfig`
 fields), which a plan gives every entry from one YAML anchor::
 
     protocol: &protocol {datasets: [synbirds, glyphs], seeds: [0, 1, 2, 3, 4], epochs: 6}
@@ -28,7 +28,7 @@ after a new rule every entry) is skipped, so re-running a plan resumes where it 
 recorded and the plan continues; the failures are listed at the end with the cell that failed.
 
 A plan may start from another study's runs: ``reuse_runs_of: default`` copies every finished run folder of
-``runs/default/`` that ``runs/<study>/`` lacks before the first entry (:func:`dmlstudy.runs.copy_finished_runs`),
+``runs/default/`` that ``runs/<study>/`` lacks before the first entry (:func:`dmlstudy.run.identity.copy_finished_runs`),
 so a plan that adds seeds to the default study trains only the new ones. A run folder's name carries its
 identity hash and ``study`` is not part of the identity, so a copied folder is loaded only by a run of the
 same configuration; with ``--overwrite`` nothing is copied.
@@ -41,13 +41,13 @@ Plans are read with :func:`dmlstudy.config.load_yaml` (``lr: 1e-3`` is a float).
 
 What a plan shows: one line per entry (:func:`entry_line`: ``[2/8] crt  notebooks/10_crt.ipynb  5 seeds × 2
 datasets  started``, then ``done in 43 min``) above one bar over the plan's runs, ended / known so far, with the
-time left, and after a stop the line that says what was kept (:mod:`dmlstudy.plan_progress`).
+time left, and after a stop the line that says what was kept (:mod:`dmlstudy.study.progress`).
 
 Ctrl-C (SIGINT) or SIGTERM stops a plan cleanly (:class:`_PlanInterrupts`): the kernels are interrupted as
 Jupyter interrupts them, their grids' tasks stop at the next training step keeping the last epoch's
 checkpoint, the running entries are recorded as ``interrupted``, the kernels and the plan's cluster shut down,
 and one line says what was kept (finished runs and notebooks) and that the same command resumes; the exit
-status is 130 (143 for SIGTERM, :class:`dmlstudy.runs.RunInterrupted`). A second signal kills the kernels.
+status is 130 (143 for SIGTERM, :class:`dmlstudy.run.identity.RunInterrupted`). A second signal kills the kernels.
 
 Entries at once: ``concurrent_entries: N`` (plan level, default 1) executes up to N entries side by side, in
 plan order, and first starts one local cluster of the entries' largest ``workers`` that every notebook's
@@ -55,8 +55,8 @@ kernel attaches to (``DMLSTUDY_SCHEDULER``, unless that already names a cluster)
 whole plan, so the workers that one notebook leaves idle while it waits for its last run, or while it draws
 its figures, train another notebook's runs. A run two notebooks ask for is one task (runs are keyed by their
 folder) and trains once; a task whose run a notebook trains in its own kernel (``01_train``) waits for it
-(:func:`dmlstudy.engine.train_task`), but that kernel fails on a run a worker is already writing, so such an
-entry goes first or after the others. Smaller grids go first (:func:`dmlstudy.engine.run_tasks`), so a
+(:func:`dmlstudy.study.engine.train_task`), but that kernel fails on a run a worker is already writing, so such an
+entry goes first or after the others. Smaller grids go first (:func:`dmlstudy.study.engine.run_tasks`), so a
 notebook's short ablation grids are not queued behind another's hundred runs. An entry with
 ``after_earlier: true`` starts only when every entry before it has ended (one that reads all of the study's
 runs). Each entry's ``seconds`` then overlap: the plan's wall time is what ``make study`` prints.
@@ -80,12 +80,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dmlstudy import engine
 from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_root, runs_root
-from dmlstudy.plan_progress import PlanProgress, duration_text, resume_command, run_records, shown_path, stop_line
 from dmlstudy.records import write_json
-from dmlstudy.runs import (
+from dmlstudy.run.identity import (
     LEDGER_NAME,
     LEDGER_VARIABLE,
     SELECTION_RULE,
@@ -93,6 +91,8 @@ from dmlstudy.runs import (
     copy_finished_runs,
     is_complete,
 )
+from dmlstudy.study import engine
+from dmlstudy.study.progress import PlanProgress, duration_text, resume_command, run_records, shown_path, stop_line
 
 
 class PlanError(ValueError):
@@ -239,7 +239,7 @@ class EntryOutcome:
 
 def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
     """What an entry reads besides its parameters and its runs: the revision of the checkpoint-selection rule
-    (:data:`dmlstudy.runs.SELECTION_RULE`, so that the entries run again, and retrain the runs the new rule
+    (:data:`dmlstudy.run.identity.SELECTION_RULE`, so that the entries run again, and retrain the runs the new rule
     would choose differently, after it changes) and the tuned-values files under its ``tuned`` folder
     (``plans/tuned/**/*.yaml``, relative path → SHA-256), so that a plan re-executes an entry after ``make tune``
     has changed the values it trains with."""
@@ -331,7 +331,7 @@ def run_plan(
     overwrite: bool = False,
 ) -> list[EntryOutcome]:
     """Execute every entry of a plan with papermill (see the module docstring); returns one outcome per entry,
-    in plan order. SIGINT/SIGTERM stop it with :class:`dmlstudy.runs.RunInterrupted` (:class:`_PlanInterrupts`)."""
+    in plan order. SIGINT/SIGTERM stop it with :class:`dmlstudy.run.identity.RunInterrupted` (:class:`_PlanInterrupts`)."""
     root = Path(root) if root else runs_root()
     outcomes: dict[int, EntryOutcome] = {}
     with _PlanInterrupts(plan, root) as interrupts:
@@ -427,7 +427,7 @@ def _execute_entries(
     outcomes: dict[int, EntryOutcome],
 ) -> None:
     """Execute ``waiting`` in order, up to ``concurrent`` at once (an ``after_earlier`` entry waits until none
-    runs), each outcome into ``outcomes``; raises :class:`dmlstudy.runs.RunInterrupted` once the running ones
+    runs), each outcome into ``outcomes``; raises :class:`dmlstudy.run.identity.RunInterrupted` once the running ones
     have ended after a signal."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
@@ -474,8 +474,8 @@ def _execute_entry(
     interrupts: _PlanInterrupts,
 ) -> EntryOutcome:
     """One notebook through papermill (``kernel``: the kernel's name and the environment it starts with), its
-    outcome written to its ``study_entry.json``. The kernel also gets :data:`dmlstudy.runs.LEDGER_VARIABLE`:
-    the entry's ledger of the runs it reports, emptied first (:func:`dmlstudy.runs.superseded_runs`). Once the
+    outcome written to its ``study_entry.json``. The kernel also gets :data:`dmlstudy.run.identity.LEDGER_VARIABLE`:
+    the entry's ledger of the runs it reports, emptied first (:func:`dmlstudy.run.identity.superseded_runs`). Once the
     plan is interrupted no further cell starts (``on_cell_start``)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -529,7 +529,7 @@ def _shared_cluster(
 ) -> Iterator[dict[str, str]]:
     """The environment the plan's kernels start with: this process's, as it was before the plan. For entries
     that execute side by side, plus ``DMLSTUDY_SCHEDULER`` naming one local cluster of their largest
-    ``workers`` (the engine's :func:`~dmlstudy.engine.start_local_cluster`, whose workers ignore a terminal's
+    ``workers`` (the engine's :func:`~dmlstudy.study.engine.start_local_cluster`, whose workers ignore a terminal's
     Ctrl-C), closed at the end; no cluster when ``waiting`` is empty or ``DMLSTUDY_SCHEDULER`` already names one.
 
     The kernels get that environment explicitly (:func:`_kernel_manager`), not this process's ``os.environ``:
@@ -590,11 +590,11 @@ class _PlanInterrupts:
     """SIGTERM/SIGINT while a plan runs (main thread only; handlers restored after).
 
     A terminal's Ctrl-C reaches every process of its foreground group: this one, and the workers of the plan's
-    cluster, which ignore it (:func:`dmlstudy.engine.start_local_cluster`). Papermill starts each kernel in its
+    cluster, which ignore it (:func:`dmlstudy.study.engine.start_local_cluster`). Papermill starts each kernel in its
     own process group, out of reach. Before any entry starts, a signal stops the plan at once. Once entries run, the
     first signal interrupts each kernel as Jupyter does (SIGINT: the running cell raises KeyboardInterrupt,
-    :func:`dmlstudy.engine.run_tasks` cancels its grid's tasks, which stop at their next training step with
-    their last epoch's checkpoint kept, or :func:`dmlstudy.train.run` in the kernel keeps its own), no further
+    :func:`dmlstudy.study.engine.run_tasks` cancels its grid's tasks, which stop at their next training step with
+    their last epoch's checkpoint kept, or :func:`dmlstudy.run.train.run` in the kernel keeps its own), no further
     cell or entry starts, each running entry is recorded as ``interrupted``, and the plan closes its cluster.
     A second signal kills the kernels (and their processes) and stops at once. Either way :meth:`stopped`
     prints one line, what was kept and how to resume, and the exit status is 128 + the signal (130, 143).

@@ -15,7 +15,7 @@ from dmlstudy.methods import Method
 
 
 class ComputeConfig(Protocol):
-    """The fields of a run's config (:class:`dmlstudy.train.TrainConfig`, which describes them) that set how it
+    """The fields of a run's config (:class:`dmlstudy.run.train.TrainConfig`, which describes them) that set how it
     computes."""
 
     autocast: str
@@ -31,7 +31,7 @@ def is_device_name(name: str) -> bool:
 
 def resolve_device(name: str) -> torch.device:
     """``auto``: the device the engine assigned to this worker process (``DMLSTUDY_DEVICE``, e.g. ``cuda:1``
-    on a multi-GPU machine, see :mod:`dmlstudy.engine`), else CUDA when present, else the CPU."""
+    on a multi-GPU machine, see :mod:`dmlstudy.study.engine`), else CUDA when present, else the CPU."""
     if name == "auto":
         name = os.environ.get("DMLSTUDY_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

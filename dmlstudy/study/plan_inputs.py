@@ -18,10 +18,10 @@ import re
 import time
 from typing import Any
 
-from dmlstudy.experiments.protocol import ProtocolConfig
-from dmlstudy.run_data import load_datasets
-from dmlstudy.study import PROTOCOL_PARAMETER, PlanEntry, load_plan, notebook_parameters
-from dmlstudy.train import TrainConfig
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.protocol import ProtocolConfig
+from dmlstudy.run.train import TrainConfig
+from dmlstudy.study.plan import PROTOCOL_PARAMETER, PlanEntry, load_plan, notebook_parameters
 
 DATASET_PARAMETERS = ("dataset", "datasets", "ablation_datasets")  # entry parameters that name datasets
 REGIMES_PARAMETER = "compared_regimes"  # the comparison's further regimes, beside the protocol's

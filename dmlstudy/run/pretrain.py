@@ -53,7 +53,6 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from dmlstudy.compute import is_device_name, resolve_device
 from dmlstudy.config import TypedConfig
 from dmlstudy.data import build_dataset
 from dmlstudy.data.tensor_cache import cached_images
@@ -61,6 +60,7 @@ from dmlstudy.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from dmlstudy.models.backbones import build_backbone
 from dmlstudy.models.cards import read_card, sha256_file, write_card
 from dmlstudy.paths import data_root, project_root
+from dmlstudy.run.compute import is_device_name, resolve_device
 
 CROP_AREA = (0.35, 1.0)
 ASPECT_JITTER = 0.25
@@ -323,7 +323,7 @@ def card_body(fields: dict[str, Any]) -> str:
     """The human-readable part of the card."""
     return f"""# {fields["backbone"]} pretrained on {fields["source_dataset"]}
 
-Supervised softmax pretraining (``dmlstudy.pretrain``) of the backbone ``{fields["backbone"]}`` on the
+Supervised softmax pretraining (``dmlstudy.run.pretrain``) of the backbone ``{fields["backbone"]}`` on the
 generated source set ``{fields["source_dataset"]}`` (generator version {fields["source_generator_version"]},
 {fields["source_classes"]} classes, {fields["source_train_images"]} training images of {fields["image_size"]} px),
 {fields["epochs"]} epochs, seed {fields["seed"]}. Held-out source top-1 accuracy: {fields["source_accuracy"]:.1%}

@@ -1,14 +1,14 @@
 """Per-row hyperparameter tuning with Optuna on validation classes, on the Dask engine.
 
 One driver (this process) asks Optuna for trials (``study.ask()``), submits each trial's run as an engine task
-(:func:`dmlstudy.engine.train_task`), reports every evaluated epoch to the pruner as the run writes it, and
+(:func:`dmlstudy.study.engine.train_task`), reports every evaluated epoch to the pruner as the run writes it, and
 tells the result when the task ends (``study.tell()``). Only the driver touches the storage, so Optuna's
 journal file (the default, ``<runs_root>/<study>/tuning/<name>.journal``) is safe on one machine and on a
 cluster's shared filesystem; an RDB URL (``storage="postgresql://…"``) is the alternative.
 
 ``dmlstudy tune plans/tune.yaml`` (:func:`run_tune_plan`, configured by :class:`TuneConfig`) tunes every
 *row* of the study — a registered method or a shared variant (``softmax``: DGCRL with parts switched off) —
-on every dataset, and writes the chosen values to ``plans/tuned/<dataset>.yaml`` (:mod:`dmlstudy.tuned`: the
+on every dataset, and writes the chosen values to ``plans/tuned/<dataset>.yaml`` (:mod:`dmlstudy.run.tuned`: the
 file's format, written here and read by the study). A plan's rows are names, ``registry`` (every tunable row)
 or a study plan (``plans/default.yaml``: the rows its comparison shows, :func:`plan_rows`), so a method added to
 the study's comparison is tuned without editing the tuning plan.
@@ -19,10 +19,10 @@ Decisions:
   :func:`dmlstudy.methods.search_space`); :func:`suggest` turns one into Optuna suggestions. Every row gets the
   same sampler (TPE, seeded with ``sampler_seed``, ``startup_trials`` random trials first) and the same number
   of trials; trial 0 is the row's paper defaults (enqueued when the study is created).
-* **Regime**: every trial starts and trains as the plan's ``regime`` says (:mod:`dmlstudy.regimes`). ``make
+* **Regime**: every trial starts and trains as the plan's ``regime`` says (:mod:`dmlstudy.run.regimes`). ``make
   tune`` tunes every row in both of the study's regimes with the same budget: ``plans/tune.yaml`` from scratch
   (``plans/tuned/<dataset>.yaml``), ``plans/tune_pretrained.yaml`` pretrained (``plans/tuned/pretrained/``), and
-  each regime of the study reads its own (:meth:`dmlstudy.experiments.protocol.ProtocolConfig.tuned_folder`).
+  each regime of the study reads its own (:meth:`dmlstudy.run.protocol.ProtocolConfig.tuned_folder`).
 * **Objective**: the trial run's best validation R@1 (``val_R@1`` of ``metrics.json``): the training classes
   are split into class-disjoint folds, one is held out as validation classes, and the trial never loads the
   test split (``final_test=False``). Each trial trains until validation R@1 has not improved for ``patience``
@@ -30,7 +30,7 @@ Decisions:
 * **Pruning**: the median rule by default (:data:`PRUNERS`): a trial whose validation R@1 at an evaluated epoch
   is below the median of earlier trials at that epoch stops (Optuna's rule compares the trial's best value so
   far). A pretrained trial's warm-up epochs are evaluated but not reported: the warm-up state is neither
-  chosen nor counted by the run (:class:`dmlstudy.checkpoint_selection.CheckpointSelection`), so it does not shield a trial
+  chosen nor counted by the run (:class:`dmlstudy.run.checkpoint_selection.CheckpointSelection`), so it does not shield a trial
   from pruning either (2026-11-26; replaying the pretrained searches' journals under both rules,
   ``benchmarks/pruner_replay.py``, finds no decision that changes, so ``plans/tuned/pretrained/`` stands).
   Chosen over successive halving because the budget
@@ -43,7 +43,7 @@ Decisions:
   shared runs root), which the driver reads every ``poll_seconds``: the task needs no channel back to the
   driver, and the storage is written by the driver alone. A pruned trial is told ``PRUNED`` at once, its
   task cancelled, and the run stops at its next training step with its last epoch checkpoint
-  (:func:`dmlstudy.engine.stop_tasks`); an interrupted driver stops its running trials the same way.
+  (:func:`dmlstudy.study.engine.stop_tasks`); an interrupted driver stops its running trials the same way.
 * **Resuming**: re-running :func:`tune` with the same name continues the study: finished trials (complete,
   pruned, failed) count towards ``n_trials`` and are never repeated; a trial left running by an interrupted
   driver is marked failed and its parameters are queued again, so it resumes its run folder from the last
@@ -64,19 +64,20 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from dmlstudy import engine, runs
 from dmlstudy import search_space as search
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments.protocol import PROTOCOL, VARIANT, ProtocolConfig, plan_protocol, resolve_run
 from dmlstudy.methods import method_info, search_space
 from dmlstudy.paths import project_file, project_root
-from dmlstudy.regimes import REGIMES
 from dmlstudy.rows import RERANK, SHARED_VARIANTS
-from dmlstudy.run_data import load_datasets
-from dmlstudy.run_settings import StudySettings
-from dmlstudy.study import load_plan
-from dmlstudy.train import TrainConfig
-from dmlstudy.tuned import OBJECTIVE, RowResult, list_rows, tuned_file, write_tuned
+from dmlstudy.run import identity as runs
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.protocol import PROTOCOL, VARIANT, ProtocolConfig, plan_protocol, resolve_run
+from dmlstudy.run.regimes import REGIMES
+from dmlstudy.run.settings import StudySettings
+from dmlstudy.run.train import TrainConfig
+from dmlstudy.run.tuned import OBJECTIVE, RowResult, list_rows, tuned_file, write_tuned
+from dmlstudy.study import engine
+from dmlstudy.study.plan import load_plan
 
 SearchSpace = Callable[[optuna.trial.BaseTrial], dict[str, Any]]
 INTERRUPTED = "interrupted_trials"  # study user attribute: numbers of trials failed because the driver stopped
@@ -346,7 +347,7 @@ class TuneConfig(StudySettings):
     named in ``protocol`` (its ``protocol:`` block, :func:`load_tune_config`); a value the tuning plan gives
     itself overrides it. ``origins`` says where each value came from.
 
-    The protocol's fields are :class:`~dmlstudy.run_settings.StudySettings`' (declared there); a plan without
+    The protocol's fields are :class:`~dmlstudy.run.settings.StudySettings`' (declared there); a plan without
     ``protocol`` starts from full sizes (every training class, full passes, 4 folds, patience 2, a 12-epoch cap).
     Trials never read the test classes; ``test_classes`` enters their run identity only."""
 
@@ -405,7 +406,7 @@ class TuneConfig(StudySettings):
 
     def base_config(self, dataset: str) -> TrainConfig:
         """The TrainConfig of a trial on ``dataset`` before the row's overrides, resolved as a study run is
-        (:func:`~dmlstudy.experiments.protocol.resolve_run`: protocol, then regime), on the validation classes
+        (:func:`~dmlstudy.run.protocol.resolve_run`: protocol, then regime), on the validation classes
         only. It carries each value's origin: a value of this plan names the tuning plan or the study plan it
         was read from (``origins``)."""
         resolved = resolve_run(
@@ -438,7 +439,7 @@ PROTOCOL_FIELDS = tuple(
 def load_tune_config(path: str | Path, **overrides: Any) -> TuneConfig:
     """Read a tuning plan (a mapping of :class:`TuneConfig` fields); unknown keys name the file. With
     ``protocol: <study plan>``, each of :data:`PROTOCOL_FIELDS` the tuning plan leaves out is that plan's
-    ``protocol:`` value (:func:`~dmlstudy.experiments.protocol.plan_protocol`). The config's ``origins`` name,
+    ``protocol:`` value (:func:`~dmlstudy.run.protocol.plan_protocol`). The config's ``origins`` name,
     per field, ``plan: <this file>``, ``protocol: <study plan>``, ``override`` (``overrides``) or ``default``."""
     path = Path(path)
     values = load_yaml(path.read_text()) or {}

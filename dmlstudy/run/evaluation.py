@@ -12,9 +12,9 @@ from tqdm.auto import tqdm
 
 from dmlstudy import distributed
 from dmlstudy import metrics as metric_functions
-from dmlstudy.compute import autocast_context
 from dmlstudy.data.loading import evaluation_batches
 from dmlstudy.methods import EVAL_BATCH_SIZE, Method
+from dmlstudy.run.compute import autocast_context
 
 
 @torch.no_grad()

@@ -1,9 +1,9 @@
 """The life of a run folder: identity, name, reuse or refusal, one writer at a time, checks before any data
-loads, and clean interruption. :func:`dmlstudy.train.run` calls into this module at its start and its end.
+loads, and clean interruption. :func:`dmlstudy.run.train.run` calls into this module at its start and its end.
 
 Decisions (docs/run_safety.md):
 
-* **Identity.** A run is identified by the fields of its :class:`~dmlstudy.train.TrainConfig` that change
+* **Identity.** A run is identified by the fields of its :class:`~dmlstudy.run.train.TrainConfig` that change
   what it computes: every field except :data:`NON_IDENTITY_FIELDS` (where it is written, its label, the
   device, progress bars, loader workers, the evaluation batch size and the resume/overwrite switches).
   :func:`identity_hash` is the first 8 hex digits of the SHA-256 of those fields as sorted JSON; a field
@@ -180,13 +180,13 @@ def read_config_record(run_dir: Path) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------- origins
 #
 # Where each value of a run's configuration came from (``default``, ``protocol``, ``regime: <name>``,
-# ``tuned: <file>``, ``variant``: :func:`dmlstudy.experiments.protocol.resolve_run`) is recorded as an end-of-line
+# ``tuned: <file>``, ``variant``: :func:`dmlstudy.run.protocol.resolve_run`) is recorded as an end-of-line
 # comment per key of ``config.yaml``. Decision: comments, not fields, so that the configuration, its identity hash
 # and every reader of the record (:func:`differing_fields`, ``dmlstudy train --config``) stay what they were. The
 # origins travel with the config object as an attribute of the instance (:func:`with_origins`), not a dataclass
 # field: a copy of the config (``dataclasses.replace``, ``TrainConfig(**values)``) starts without them, and a run
 # without origins writes the plain record it always wrote. The engine passes them to its worker beside the
-# config's values (:func:`dmlstudy.engine.train_task`).
+# config's values (:func:`dmlstudy.study.engine.train_task`).
 
 ORIGINS_ATTRIBUTE = "origins"
 ORIGINS_HEADER = "# after each value, where it came from: default, protocol, regime: <name>, tuned: <file> or variant\n"
@@ -243,7 +243,7 @@ def is_complete(run_dir: Path) -> bool:
 
 def chosen_in_warmup(run_dir: Path) -> int | None:
     """The warm-up epoch a finished run reports its checkpoint from, or None. Only the rule before 2026-11-26
-    chose warm-up epochs (:class:`dmlstudy.checkpoint_selection.CheckpointSelection`); such a record is trained again, as a
+    chose warm-up epochs (:class:`dmlstudy.run.checkpoint_selection.CheckpointSelection`); such a record is trained again, as a
     run of the current rule would differ from it. Every other record is what the current rule computes, since
     the two rules agree on a run whose best evaluation came after its warm-up."""
     try:
@@ -567,7 +567,7 @@ def interruptible(run_dir: Path, epochs: int) -> Iterator[None]:
 
 
 class RunGuard:
-    """What :func:`dmlstudy.train.run` does before training and after it: the lock, the signal handlers,
+    """What :func:`dmlstudy.run.train.run` does before training and after it: the lock, the signal handlers,
     the reuse/refuse/overwrite policy and the first records. ``writer`` is False on the ranks of a
     distributed run that write nothing (they only read the policy's outcome).
 

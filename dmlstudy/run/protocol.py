@@ -5,7 +5,7 @@ A study notebook's config dataclass holds one :class:`ProtocolConfig` in its fie
 notebook's ``parameters`` cell and a plan's entry give as one mapping (``protocol: *protocol`` in a plan: keys left
 out keep the CI-sized defaults); :func:`resolve_run` (through
 :meth:`ProtocolConfig.train_config` and :meth:`ProtocolConfig.grid`) turns it into the
-:class:`~dmlstudy.train.TrainConfig` of one run — the one place where the plan's values, the regime, the tuned
+:class:`~dmlstudy.run.train.TrainConfig` of one run — the one place where the plan's values, the regime, the tuned
 values and a variant's own settings meet, each value's origin recorded in the run's ``config.yaml`` — and
 :func:`run_grid` trains a list of them, reusing complete runs (``resume=True``), so re-executing a notebook costs
 nothing for finished runs.
@@ -23,24 +23,26 @@ from typing import Any
 
 import pandas as pd
 
-from dmlstudy import distributed, engine, runs
-from dmlstudy.checkpoint_selection import best_epoch_censored
+from dmlstudy import distributed
 from dmlstudy.config import TypedConfig, load_yaml
-from dmlstudy.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
 from dmlstudy.paths import project_file, project_root
-from dmlstudy.regimes import REGIMES, regime_overrides, run_prefix
-from dmlstudy.report import summarize
-from dmlstudy.run_data import load_datasets
-from dmlstudy.run_settings import StudySettings
+from dmlstudy.run import identity as runs
+from dmlstudy.run.checkpoint_selection import best_epoch_censored
+from dmlstudy.run.data import load_datasets
+from dmlstudy.run.regimes import REGIMES, regime_overrides, run_prefix
+from dmlstudy.run.settings import StudySettings
+from dmlstudy.run.train import RunResult, TrainConfig, is_complete, run
+from dmlstudy.run.tuned import list_rows, tuned_file, tuned_overrides
 from dmlstudy.search_space import flattened, merged
-from dmlstudy.train import RunResult, TrainConfig, is_complete, run
-from dmlstudy.tuned import list_rows, tuned_file, tuned_overrides
+from dmlstudy.study import engine
+from dmlstudy.study.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
+from dmlstudy.study.report import summarize
 
 
 @dataclass
 class ProtocolConfig(StudySettings):
     """The protocol every study notebook shares, its parameter ``protocol``: the
-    :class:`~dmlstudy.run_settings.StudySettings` every run of a table shares (declared there) and the study's own
+    :class:`~dmlstudy.run.settings.StudySettings` every run of a table shares (declared there) and the study's own
     fields below. Defaults are CI-sized; plans inject the study's sizes. Each field's comment is its description."""
 
     study: str = "notebooks"  # runs go to <runs_root>/<study>/
@@ -103,7 +105,7 @@ class ProtocolConfig(StudySettings):
 
     def tuned_values(self, *, dataset: str, name: str, method: str) -> dict[str, Any]:
         """The TrainConfig overrides ``make tune`` chose for this run's row on ``dataset`` in this regime
-        (:mod:`dmlstudy.tuned`, :meth:`tuned_folder`): the row named ``name`` (a method or a shared variant such
+        (:mod:`dmlstudy.run.tuned`, :meth:`tuned_folder`): the row named ``name`` (a method or a shared variant such
         as ``softmax``) when it was tuned, else the row of its method (an ablation variant starts from its
         method's tuned values); {} without ``tuned``.
 
@@ -199,7 +201,7 @@ class StudyConfig(TypedConfig):
 
     protocol: ProtocolConfig = field(
         default_factory=ProtocolConfig
-    )  # the shared protocol: ProtocolConfig fields (dmlstudy/experiments/protocol.py); left out: CI-sized
+    )  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
 
 
 class UntunedRowWarning(UserWarning):
@@ -240,12 +242,12 @@ def resolve_run(
        notebook's values), and the run's ``dataset``, ``seed``, ``run_name``
        (``<regime prefix><dataset>-<name>-seed<seed>``) and ``resume=True``; ``variant``: ``method`` and
        ``method_kwargs``;
-    3. ``regime: <name>``: the regime's overrides (:func:`dmlstudy.regimes.regime_overrides`);
+    3. ``regime: <name>``: the regime's overrides (:func:`dmlstudy.run.regimes.regime_overrides`);
     4. ``tuned: <file>``: the row's tuned values (:meth:`ProtocolConfig.tuned_values`);
     5. ``variant``: ``overrides``, then ``method_kwargs`` once more, so that the variant's own keyword
        arguments win over tuned ones and its other keys keep their tuned values.
 
-    The config carries the origins (:func:`dmlstudy.runs.with_origins`): its run writes them as comments of
+    The config carries the origins (:func:`dmlstudy.run.identity.with_origins`): its run writes them as comments of
     ``config.yaml``, outside the configuration and its identity hash."""
     method_kwargs = dict(method_kwargs or {})
     shared = set(ProtocolConfig.field_names()) & set(TrainConfig.field_names())
@@ -290,7 +292,7 @@ def resolve_run(
 def call_in_processes(
     function: Callable[..., Any], arguments: list[tuple], *, workers: int, what: str = "evaluations"
 ) -> None:
-    """``function(*args)`` for every tuple of ``arguments`` as tasks of the engine (:mod:`dmlstudy.engine`):
+    """``function(*args)`` for every tuple of ``arguments`` as tasks of the engine (:mod:`dmlstudy.study.engine`):
     ``workers`` local worker processes with ``cores // workers`` threads each, or the cluster of
     ``DMLSTUDY_SCHEDULER``. For per-run evaluations that write their own cache files (DIML re-ranking runs one
     thread busy, so two processes halve its wall time on 2 cores). ``function`` must be importable by the
@@ -310,7 +312,7 @@ def call_in_processes(
 
 def train_on_engine(configs: list[TrainConfig], *, workers: int, progress: bool = True) -> None:
     """Train the unfinished ``configs`` as idempotent engine tasks keyed by run folder
-    (:func:`dmlstudy.engine.train_task`): complete runs are skipped, interrupted ones resume from their last
+    (:func:`dmlstudy.study.engine.train_task`): complete runs are skipped, interrupted ones resume from their last
     checkpoint, and a failed run does not stop the others (all failures are reported together at the end).
     Float sums may round differently with fewer threads, so a run's metrics can differ in the last digits
     from a ``workers=1`` run of the same seed."""
@@ -353,7 +355,7 @@ def train_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> N
 
 def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
     """One row per run: variant, dataset, seed, run folder, metrics, the method's keyword arguments as JSON, and
-    ``best_epoch_censored`` (:func:`dmlstudy.checkpoint_selection.best_epoch_censored`: the cap cut its epochs-to-best short)."""
+    ``best_epoch_censored`` (:func:`dmlstudy.run.checkpoint_selection.best_epoch_censored`: the cap cut its epochs-to-best short)."""
     rows = []
     for variant, result in results:
         config = result.config

@@ -5,7 +5,7 @@ configuration (:func:`summarize`), written as CSV and Markdown (:func:`write_tab
 varies among the gathered runs (:func:`configuration_columns`), so runs of different settings are never
 averaged together as if they were seeds. Each entry's kernel notes the runs it reports in the entry's
 ``runs.txt``; a run folder that no entry reported, beside one of the same run name that one did (the run
-under older tuned values), is left out and named (:func:`dmlstudy.runs.superseded_runs`).
+under older tuned values), is left out and named (:func:`dmlstudy.run.identity.superseded_runs`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pandas as pd
 
 from dmlstudy.config import load_yaml
 from dmlstudy.paths import runs_root
-from dmlstudy.runs import superseded_runs
+from dmlstudy.run.identity import superseded_runs
 from dmlstudy.verdicts import PERCENT_METRICS
 
 
@@ -28,7 +28,7 @@ def configuration_columns(frame: pd.DataFrame, by: Iterable[str]) -> list[str]:
     """Configuration fields (from ``config.yaml``) that vary among the gathered runs, other than ``by``,
     ``seed`` and the fields that do not change results: grouping by ``by`` plus these keeps runs of
     different settings apart. Metric columns, ``run_dir`` and ``config_hash`` are not configuration."""
-    from dmlstudy.runs import NON_IDENTITY_FIELDS
+    from dmlstudy.run.identity import NON_IDENTITY_FIELDS
 
     fields = [c for c in frame.columns if c in getattr(frame, "attrs", {}).get("config_columns", [])]
     skip = {*by, "seed", *NON_IDENTITY_FIELDS}
@@ -78,7 +78,7 @@ def _flatten(prefix: str, value: Any) -> dict[str, Any]:
 def gather_runs(study: str, *, root: str | Path | None = None) -> pd.DataFrame:
     """One row per finished run of a study: its config fields (``method_kwargs.K1``, …) and metrics.
 
-    Runs a newer configuration of the same run has replaced (:func:`dmlstudy.runs.superseded_runs`: older
+    Runs a newer configuration of the same run has replaced (:func:`dmlstudy.run.identity.superseded_runs`: older
     tuned values, an older protocol) are left out and listed, by folder name, in ``attrs["superseded"]``."""
     root = Path(root) if root else runs_root()
     superseded = superseded_runs(root / study)

@@ -4,9 +4,9 @@
 rate, validation folds, precision, where runs and data live); :class:`StudySettings` adds what a study and a
 tuning plan share (datasets, regime, workers). The configs derive from them:
 
-- :class:`~dmlstudy.train.TrainConfig` (one run) ← :class:`RunSettings`;
-- :class:`~dmlstudy.experiments.protocol.ProtocolConfig` (a study notebook's ``protocol``) ← :class:`StudySettings`;
-- :class:`~dmlstudy.tuning.TuneConfig` (a tuning plan) ← :class:`StudySettings`.
+- :class:`~dmlstudy.run.train.TrainConfig` (one run) ← :class:`RunSettings`;
+- :class:`~dmlstudy.run.protocol.ProtocolConfig` (a study notebook's ``protocol``) ← :class:`StudySettings`;
+- :class:`~dmlstudy.study.tuning.TuneConfig` (a tuning plan) ← :class:`StudySettings`.
 
 Each field's type and description are written here only. A config that starts from another default says so
 by restating the field with its default alone, and its description is still this one
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dmlstudy.config import TypedConfig
-from dmlstudy.regimes import regime
+from dmlstudy.run.regimes import regime
 
 AUTOCAST_MODES = ("auto", "bf16", "off")
 
@@ -56,10 +56,10 @@ class RunSettings(TypedConfig):
 @dataclass
 class StudySettings(RunSettings):
     """:class:`RunSettings` and what a study's protocol shares with the plan that tunes its rows (a tuning plan
-    reads these from its study plan's ``protocol:`` block: :data:`~dmlstudy.tuning.PROTOCOL_FIELDS`)."""
+    reads these from its study plan's ``protocol:`` block: :data:`~dmlstudy.study.tuning.PROTOCOL_FIELDS`)."""
 
     datasets: list = field(default_factory=lambda: ["synbirds"])  # registered dataset names (dmlstudy list datasets)
-    regime: str = "scratch"  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/regimes.py
+    regime: str = "scratch"  # scratch (random init) or pretrained (weights/, frozen BN, lower backbone lr, warm-up): dmlstudy/run/regimes.py
     workers: int = 1  # runs (trials) trained at once, each in its own process with cores // workers threads
 
     def __post_init__(self) -> None:

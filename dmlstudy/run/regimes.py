@@ -1,8 +1,8 @@
 """Training regimes: how a run's backbone starts and how it is trained.
 
 The four papers fine-tune ImageNet-pretrained backbones; the study's first regime trains from random
-initialisation. A regime is a named set of :class:`~dmlstudy.train.TrainConfig` overrides applied by the
-study protocol (:func:`dmlstudy.experiments.protocol.resolve_run`) after the plan's values and before the tuned
+initialisation. A regime is a named set of :class:`~dmlstudy.run.train.TrainConfig` overrides applied by the
+study protocol (:func:`dmlstudy.run.protocol.resolve_run`) after the plan's values and before the tuned
 values, so every method of a table gets the same start and the same fine-tuning schedule.
 
 * ``scratch``: random initialisation, every parameter at the run's learning rate.
@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dmlstudy.pretrain import DEFAULT_WEIGHTS, PretrainConfig
+from dmlstudy.run.pretrain import DEFAULT_WEIGHTS, PretrainConfig
 
 PRETRAINED_WEIGHTS = DEFAULT_WEIGHTS  # relative to the project root; `make pretrain` writes it
 PRETRAINED_BACKBONE = PretrainConfig.backbone

@@ -13,11 +13,11 @@ Determinism: every epoch re-seeds all generators from ``(seed, epoch)``, so a ru
 checkpoint of epoch e continues exactly as the uninterrupted run (on CPU).
 
 This module reads top to bottom: the config, the training loop, the evaluations, the records. What a run
-uses comes from below: its data (:mod:`dmlstudy.run_data`), model (:mod:`dmlstudy.run_model`), device,
-precision and training step (:mod:`dmlstudy.compute`), evaluation (:mod:`dmlstudy.run_evaluation`), the
-validation choice of its reported checkpoint (:mod:`dmlstudy.checkpoint_selection`) and the checks of its
-numbers (:mod:`dmlstudy.training_watch`). Run folders, reuse of finished runs, the one-writer lock, checks before data
-loads and SIGTERM/SIGINT handling are :mod:`dmlstudy.runs`; ``run`` calls into it at its start and its end.
+uses comes from below: its data (:mod:`dmlstudy.run.data`), model (:mod:`dmlstudy.run.model`), device,
+precision and training step (:mod:`dmlstudy.run.compute`), evaluation (:mod:`dmlstudy.run.evaluation`), the
+validation choice of its reported checkpoint (:mod:`dmlstudy.run.checkpoint_selection`) and the checks of its
+numbers (:mod:`dmlstudy.run.training_watch`). Run folders, reuse of finished runs, the one-writer lock, checks before data
+loads and SIGTERM/SIGINT handling are :mod:`dmlstudy.run.identity`; ``run`` calls into it at its start and its end.
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from dmlstudy import distributed, runs
-from dmlstudy.checkpoint_selection import CheckpointSelection
-from dmlstudy.compute import autocast_context, autocast_dtype, is_device_name, resolve_device, training_step
+from dmlstudy import distributed
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.methods import EVAL_BATCH_SIZE, Method
 from dmlstudy.paths import runs_root
@@ -52,7 +50,10 @@ from dmlstudy.records import (
     write_json,
     write_npz,
 )
-from dmlstudy.run_data import (
+from dmlstudy.run import identity as runs
+from dmlstudy.run.checkpoint_selection import CheckpointSelection
+from dmlstudy.run.compute import autocast_context, autocast_dtype, is_device_name, resolve_device, training_step
+from dmlstudy.run.data import (
     file_loader,
     load_datasets,
     place_on_device,
@@ -60,10 +61,10 @@ from dmlstudy.run_data import (
     training_class_count,
     validation_sets,
 )
-from dmlstudy.run_evaluation import evaluate
-from dmlstudy.run_model import build_model
-from dmlstudy.run_settings import AUTOCAST_MODES, RunSettings
-from dmlstudy.training_watch import TrainingWatch
+from dmlstudy.run.evaluation import evaluate
+from dmlstudy.run.model import build_model
+from dmlstudy.run.settings import AUTOCAST_MODES, RunSettings
+from dmlstudy.run.training_watch import TrainingWatch
 
 
 @dataclass
@@ -76,7 +77,7 @@ class TrainConfig(RunSettings):
     ``steps_per_epoch``, ``train_classes`` and ``test_classes`` to 0.
 
     The settings a run shares with its study's protocol and with the tuning plan of its row (sizes, budget,
-    ``lr``, validation folds, precision) are declared in :class:`~dmlstudy.run_settings.RunSettings`; the fields
+    ``lr``, validation folds, precision) are declared in :class:`~dmlstudy.run.settings.RunSettings`; the fields
     below are the run's own.
     """
 
@@ -226,7 +227,7 @@ class TrainConfig(RunSettings):
 
     @property
     def resolved_run_name(self) -> str:
-        """The run folder's name: ``<run_name or dataset-method-seed<seed>>-<config hash>`` (:func:`dmlstudy.runs.folder_name`)."""
+        """The run folder's name: ``<run_name or dataset-method-seed<seed>>-<config hash>`` (:func:`dmlstudy.run.identity.folder_name`)."""
         return runs.folder_name(self.to_dict())
 
     @property

@@ -1,10 +1,10 @@
-"""What a study plan shows while it runs (:func:`dmlstudy.study.run_plan`): one tqdm bar over the plan's runs,
+"""What a study plan shows while it runs (:func:`dmlstudy.study.plan.run_plan`): one tqdm bar over the plan's runs,
 ended / known so far, with the time left (:class:`PlanProgress`, :class:`RunProgress`), and the line that says
 what a stopped plan kept and how to resume it (:func:`stop_line`).
 
 The runner learns of runs from a ledger that the notebooks' kernels append to (``DMLSTUDY_RUN_EVENTS``, a file
 it names: the engine notes each run a kernel submits, with its epoch cap, before any worker starts it, and each
-run that fails: :func:`dmlstudy.engine.note_run_event`) and from the run folders of the study, where a run has
+run that fails: :func:`dmlstudy.study.engine.note_run_event`) and from the run folders of the study, where a run has
 finished once its records are complete. So the total grows as the notebooks submit their grids, runs already
 finished when the plan starts are done at once, and a run a kernel trains itself counts when it finishes. A
 ledger rather than the scheduler's task stream: it needs no client of the scheduler, knows the run behind each
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlstudy.paths import project_root, runs_root
-from dmlstudy.runs import is_complete
+from dmlstudy.run.identity import is_complete
 
 
 def duration_text(seconds: float) -> str:
@@ -110,7 +110,7 @@ class RunProgress:
 
 
 def read_run_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """The JSON lines appended to ``path`` (:func:`dmlstudy.engine.note_run_event`) after byte ``offset``, and
+    """The JSON lines appended to ``path`` (:func:`dmlstudy.study.engine.note_run_event`) after byte ``offset``, and
     the offset after the last whole line (a line still being written is read the next time; one that is not
     JSON is passed over)."""
     try:
@@ -129,7 +129,7 @@ def read_run_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], 
 
 def run_records(study_dir: Path) -> dict[str, int]:
     """``metrics.json`` modification times (ns) of a study's run folders, by folder name: a run finishes (or,
-    overwritten, finishes again) when its time changes and the folder :func:`dmlstudy.runs.is_complete`."""
+    overwritten, finishes again) when its time changes and the folder :func:`dmlstudy.run.identity.is_complete`."""
     records: dict[str, int] = {}
     for path in Path(study_dir).glob("*/metrics.json"):
         with contextlib.suppress(OSError):  # a folder being replaced
@@ -138,7 +138,7 @@ def run_records(study_dir: Path) -> dict[str, int]:
 
 
 class PlanProgress:
-    """What :func:`dmlstudy.study.run_plan` shows while it works: one tqdm bar over the plan's runs, ``ended/known
+    """What :func:`dmlstudy.study.plan.run_plan` shows while it works: one tqdm bar over the plan's runs, ``ended/known
     so far`` (the total grows as notebooks submit their grids), its postfix the time left (:class:`RunProgress`), the
     failed runs and the notebooks done and running; papermill's bar over a notebook's cells beneath it when one
     entry runs at a time (:meth:`cell_bar`). Lines about the entries go above it (:meth:`write`).
@@ -146,7 +146,7 @@ class PlanProgress:
     The runner learns of runs in two ways, both read by a daemon thread every ``heartbeat`` seconds (and so
     never silent while a notebook's one training cell runs for minutes): the ledger ``events`` that the
     notebooks' kernels append to when they submit a run to the engine or one fails
-    (:func:`dmlstudy.engine.note_run_event`; the kernel knows the run before any worker starts it, so the total
+    (:func:`dmlstudy.study.engine.note_run_event`; the kernel knows the run before any worker starts it, so the total
     counts runs still queued), and the run folders of ``study_dir``, where a run has finished once its records
     are complete (:func:`run_records`): runs a kernel trained itself count too, and runs already finished when
     the plan starts count as done at once (none with ``overwrite``, which trains them again). The notebooks' own
