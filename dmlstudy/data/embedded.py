@@ -5,6 +5,8 @@ layout, so the one CUB reader (:func:`dmlstudy.data.cub.read_cub`) reads them:
 
 * :func:`write_cub_layout` writes ``images.txt``, ``image_class_labels.txt``, ``classes.txt``,
   ``train_test_split.txt`` and ``images/<class_folder>/<file>.png`` (ids 1-based, folders ``001.name``).
+* :func:`register_generated` registers a generated set by name: its split is generated into ``root`` on first use
+  (:func:`ensure_generated`) and read as the first half of the classes (train) or the rest (test).
 * :func:`ensure_generated` generates a dataset folder once: into a temporary sibling folder that is
   renamed onto the final path only when complete, with a ``GENERATED.json`` marker written last. A folder
   without the marker is never taken as a dataset, and a folder made with another generator, version,
@@ -34,7 +36,8 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from dmlstudy.data.base import DatasetLayoutError
+from dmlstudy.data.base import DatasetLayoutError, ImageListDataset, register_dataset
+from dmlstudy.data.cub import read_cub
 
 MARKER = "GENERATED.json"
 PARTIAL_TAG = ".partial-"
@@ -394,3 +397,22 @@ def ensure_generated(root: str | Path, generator: DatasetGenerator, *, seed: int
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return root
+
+
+def register_generated(
+    name: str, generator: Callable[..., DatasetGenerator], *, flip_invariant: bool, summary: str
+) -> Callable[..., ImageListDataset]:
+    """Register the generated dataset ``name``: its builder makes ``generator(**options)`` (the generator's own
+    defaults, e.g. ``num_classes``, unless a caller gives them), generates it into ``root`` on first use with
+    ``seed`` (:func:`ensure_generated`) and reads ``split`` from the CUB layout (the first half of the class ids
+    train, the rest test), cached, with ``flip_invariant`` augmentation. ``summary`` is the builder's docstring,
+    the line ``dmlstudy list datasets`` prints."""
+
+    def build(
+        root: str | Path, split: str, transform: Callable | None = None, seed: int = 0, **options: Any
+    ) -> ImageListDataset:
+        ensure_generated(root, generator(**options), seed=seed)
+        return read_cub(root, split, transform=transform, name=name, cache=True, flip_invariant=flip_invariant)
+
+    build.__doc__ = summary
+    return register_dataset(name)(build)

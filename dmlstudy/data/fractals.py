@@ -34,20 +34,17 @@ written to ``ifs_parameters.json``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
-from dmlstudy.data.base import ImageListDataset, register_dataset
-from dmlstudy.data.cub import read_cub
 from dmlstudy.data.embedded import (
     SquareImagesGenerator,
     encode_png,
-    ensure_generated,
     image_rng,
+    register_generated,
 )
 
 PARAMETERS_FILE = "ifs_parameters.json"
@@ -211,18 +208,9 @@ class FractalsGenerator(SquareImagesGenerator):
         )
 
 
-@register_dataset("fractals")
-def build(
-    root: str | Path,
-    split: str,
-    transform: Callable | None = None,
-    seed: int = 0,
-    *,
-    num_classes: int = DEFAULT_CLASSES,
-    images_per_class: int = DEFAULT_IMAGES_PER_CLASS,
-    image_size: int = 64,
-) -> ImageListDataset:
-    """Fractals split ("train": the first half of the classes, "test": the rest), generated into ``root`` on first use."""
-    generator = FractalsGenerator(num_classes=num_classes, images_per_class=images_per_class, image_size=image_size)
-    ensure_generated(root, generator, seed=seed)
-    return read_cub(root, split, transform=transform, name="fractals", cache=True, flip_invariant=True)
+build = register_generated(
+    "fractals",
+    FractalsGenerator,
+    flip_invariant=True,
+    summary='Fractals split ("train": the first half of the classes, "test": the rest), generated into ``root`` on first use.',
+)

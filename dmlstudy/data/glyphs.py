@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -35,9 +35,7 @@ from fontTools.ttLib import TTFont
 from PIL import Image, ImageDraw, ImageFont
 from scipy import ndimage
 
-from dmlstudy.data.base import ImageListDataset, register_dataset
-from dmlstudy.data.cub import read_cub
-from dmlstudy.data.embedded import encode_png, ensure_generated, image_rng, parallel_map, write_cub_layout
+from dmlstudy.data.embedded import encode_png, image_rng, parallel_map, register_generated, write_cub_layout
 
 CHARACTERS_FILE = "characters.json"
 
@@ -282,18 +280,9 @@ class GlyphsGenerator:
         }
 
 
-@register_dataset("glyphs")
-def build(
-    root: str | Path,
-    split: str,
-    transform: Callable | None = None,
-    seed: int = 0,
-    *,
-    num_classes: int | None = None,
-    images_per_class: int = 40,
-    image_size: int = 64,
-) -> ImageListDataset:
-    """Glyphs split ("train": the 64 even-position characters, "test": the 64 others), generated on first use."""
-    generator = GlyphsGenerator(num_classes=num_classes, images_per_class=images_per_class, image_size=image_size)
-    ensure_generated(root, generator, seed=seed)
-    return read_cub(root, split, transform=transform, name="glyphs", cache=True, flip_invariant=False)
+build = register_generated(
+    "glyphs",
+    GlyphsGenerator,
+    flip_invariant=False,
+    summary='Glyphs split ("train": the 64 even-position characters, "test": the 64 others), generated on first use.',
+)

@@ -34,7 +34,6 @@ parameters are written to ``shape_parameters.json``.
 from __future__ import annotations
 
 import colorsys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -42,13 +41,11 @@ from typing import ClassVar
 import numpy as np
 from PIL import Image, ImageDraw
 
-from dmlstudy.data.base import ImageListDataset, register_dataset
-from dmlstudy.data.cub import read_cub
 from dmlstudy.data.embedded import (
     SquareImagesGenerator,
     encode_png,
-    ensure_generated,
     image_rng,
+    register_generated,
 )
 from dmlstudy.data.fractals import NOISE_STD, background
 
@@ -210,18 +207,9 @@ class ShapesGenerator(SquareImagesGenerator):
         )
 
 
-@register_dataset("shapes")
-def build(
-    root: str | Path,
-    split: str,
-    transform: Callable | None = None,
-    seed: int = 0,
-    *,
-    num_classes: int = DEFAULT_CLASSES,
-    images_per_class: int = DEFAULT_IMAGES_PER_CLASS,
-    image_size: int = 64,
-) -> ImageListDataset:
-    """Shapes split ("train": the first half of the classes, "test": the rest), generated into ``root`` on first use."""
-    generator = ShapesGenerator(num_classes=num_classes, images_per_class=images_per_class, image_size=image_size)
-    ensure_generated(root, generator, seed=seed)
-    return read_cub(root, split, transform=transform, name="shapes", cache=True, flip_invariant=True)
+build = register_generated(
+    "shapes",
+    ShapesGenerator,
+    flip_invariant=True,
+    summary='Shapes split ("train": the first half of the classes, "test": the rest), generated into ``root`` on first use.',
+)

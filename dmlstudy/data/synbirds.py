@@ -31,13 +31,11 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw
 
-from dmlstudy.data.base import ImageListDataset, register_dataset
-from dmlstudy.data.cub import read_cub
 from dmlstudy.data.embedded import (
     SquareImagesGenerator,
     encode_png,
-    ensure_generated,
     image_rng,
+    register_generated,
 )
 
 ATTRIBUTES_FILE = "class_attributes.json"
@@ -583,18 +581,9 @@ def load_class_attributes(root: str | Path) -> list[dict[str, Any]]:
     return json.loads((Path(root) / ATTRIBUTES_FILE).read_text(encoding="utf-8"))
 
 
-@register_dataset("synbirds")
-def build(
-    root: str | Path,
-    split: str,
-    transform: Callable | None = None,
-    seed: int = 0,
-    *,
-    num_classes: int = 200,
-    images_per_class: int = 40,
-    image_size: int = 64,
-) -> ImageListDataset:
-    """SynBirds-200 split ("train": classes 1–100, "test": 101–200), generated into ``root`` on first use."""
-    generator = SynBirdsGenerator(num_classes=num_classes, images_per_class=images_per_class, image_size=image_size)
-    ensure_generated(root, generator, seed=seed)
-    return read_cub(root, split, transform=transform, name="synbirds", cache=True, flip_invariant=True)
+build = register_generated(
+    "synbirds",
+    SynBirdsGenerator,
+    flip_invariant=True,
+    summary='SynBirds-200 split ("train": classes 1–100, "test": 101–200), generated into ``root`` on first use.',
+)
