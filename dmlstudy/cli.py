@@ -223,7 +223,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _study_run(args: argparse.Namespace) -> int:
-    from dmlstudy.study.plan import run_plan
+    from dmlstudy.study.executor import run_plan
 
     _use_scheduler(args.scheduler)
     from dmlstudy.study.plan_inputs import prepare_stem_caches, stem_configs

@@ -355,7 +355,7 @@ def write_notebook(path: Path) -> Path:
 def test_study_runner_shows_progress_without_the_kernel_tcp_warning(tmp_path, capfd):
     import zmq
 
-    from dmlstudy.study.plan import run_plan
+    from dmlstudy.study.executor import run_plan
 
     if not zmq.has("curve"):
         pytest.skip("this pyzmq has no CurveZMQ: the kernel manager cannot encrypt, and the kernel warns")

@@ -216,8 +216,9 @@ def test_a_claim_the_epoch_cap_left_undecided_gets_no_more_seeds():
     """Its sequential reading stopped at the first look (5 seeds); more seeds of the same cap cannot lift the
     censoring, so the design must not ask for that look's seeds again (it would, without end)."""
     from dmlstudy import verdicts
+    from dmlstudy.study import sequential
 
-    design = verdicts.SequentialDesign(first_seeds=5, batch=5, cap=20)
+    design = sequential.SequentialDesign(first_seeds=5, batch=5, cap=20)
     triplet = {s: 0.2 + 0.03 * (s % 3) for s in range(5)}
     dgcrl = {s: 0.2 + 0.01 * (s % 2) for s in range(5)}
     frame = pd.DataFrame([*seed_rows({("emoji", "triplet"): triplet}), *seed_rows({("emoji", "dgcrl"): dgcrl})])

@@ -15,7 +15,8 @@ from dmlstudy.config import load_yaml
 from dmlstudy.experiments import compare
 from dmlstudy.experiments.claims import CLAIMS
 from dmlstudy.run.protocol import ProtocolConfig
-from dmlstudy.study.plan import load_plan, run_plan
+from dmlstudy.study.executor import run_plan
+from dmlstudy.study.plan import load_plan
 from dmlstudy.study.tuning import RowResult, load_tune_config, plan_rows, write_tuned
 from tests.fixtures_layouts import write_cub
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dmlstudy.run import identity as runs
+from dmlstudy.run import guard
 from dmlstudy.run.compute import resolve_device
 from dmlstudy.run.protocol import run_grid
 from dmlstudy.study import engine
@@ -177,7 +177,7 @@ def test_stopping_a_running_task_frees_its_run_folder_at_once(tiny_config, one_t
     """What an interrupted grid or search does to its tasks: a cancelled run would otherwise train on in its
     worker thread, and submitting it again from the same client would fail with RunLockedError. The task stops
     itself at its next step, keeps its epoch checkpoint and releases its lock; its worker is not restarted."""
-    from dmlstudy.run.identity import RunLock
+    from dmlstudy.run.guard import RunLock
 
     long = tiny_config(run_name="long", resume=True, epochs=200, steps_per_epoch=8)
     client = engine.get_client(1)
@@ -220,7 +220,7 @@ def test_a_grid_notes_its_runs_in_the_study_runners_ledger(tiny_config, tmp_path
     """How a plan's runner learns of the runs its notebooks submit to the shared cluster: the engine appends each
     training task to the ledger the runner names (run folder and epoch cap, before any worker starts it) and
     each that failed; other tasks are not runs."""
-    ledger = tmp_path / "runs.jsonl"
+    ledger = tmp_path / "identity.jsonl"
     monkeypatch.setenv(engine.RUN_EVENTS_VARIABLE, str(ledger))
     good = tiny_config(run_name="good", epochs=1)
     bad = tiny_config(run_name="bad", epochs=3, data_root=str(tmp_path / "no data here"))
@@ -288,7 +288,7 @@ def test_a_grid_whose_local_workers_all_exited_stops_with_a_clear_error(one_thre
 def test_a_run_task_waits_for_a_run_folder_another_process_is_writing(tiny_config, one_thread_tasks):
     """A plan's 01_train notebook trains its run in its own kernel; a run task of another notebook asking for
     the same run must wait for it and then load it, not fail with RunLockedError."""
-    from dmlstudy.run.identity import RunLock
+    from dmlstudy.run.guard import RunLock
 
     config = tiny_config(run_name="held")
     config.run_dir.mkdir(parents=True)
@@ -310,7 +310,7 @@ def test_a_run_task_waits_for_a_run_folder_another_process_is_writing(tiny_confi
     thread = threading.Thread(target=grid)
     try:
         thread.start()
-        thread.join(timeout=3 * runs.LOCK_POLL_SECONDS)
+        thread.join(timeout=3 * guard.LOCK_POLL_SECONDS)
         assert thread.is_alive() and not outcome, f"the task did not wait for the held run folder: {outcome}"
     finally:
         lock.release()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import zmq
 from nbval import kernel
 
-from dmlstudy.study.plan import kernel_config
+from dmlstudy.study.executor import kernel_config
 
 
 def test_nbval_kernel_managers_use_the_runners_settings():

@@ -13,7 +13,7 @@ import pytest
 from dmlstudy import search_space as search
 from dmlstudy.experiments.one_run import OneRun
 from dmlstudy.methods import search_space
-from dmlstudy.run import identity as runs
+from dmlstudy.run import identity
 from dmlstudy.run.protocol import ProtocolConfig, plan_protocol
 from dmlstudy.run.settings import RunSettings, StudySettings
 from dmlstudy.run.train import TrainConfig
@@ -112,7 +112,7 @@ def test_a_trial_records_where_each_of_its_values_came_from():
     config = load_tune_config(ROOT / "plans" / "tune_imagenet.yaml")
     assert config.origins["patience"] == "protocol: plans/default.yaml"
     assert config.origins["trials"] == config.origins["validation_fold"] == "plan: plans/tune_imagenet.yaml"
-    origins = runs.origins_of(trial(config, "emoji", "ms", MS_TRIAL))
+    origins = identity.origins_of(trial(config, "emoji", "ms", MS_TRIAL))
     assert origins["patience"] == origins["backbone"] == origins["dataset"] == "protocol: plans/default.yaml"
     assert origins["study"] == origins["validation_fold"] == "plan: plans/tune_imagenet.yaml"
     assert origins["warmup_epochs"] == origins["stem_views"] == "regime: imagenet"
@@ -133,7 +133,7 @@ def test_a_value_changed_in_the_study_plans_protocol_reaches_its_runs_and_its_tu
     assert protocol.train_config(dataset="emoji", method="ms", seed=0, name="ms").patience == 5
     config = load_tune_config(tune_plan)
     trial_run = trial(config, "emoji", "ms", MS_TRIAL)
-    assert trial_run.patience == 5 and runs.origins_of(trial_run)["patience"] == f"protocol: {study_plan}"
+    assert trial_run.patience == 5 and identity.origins_of(trial_run)["patience"] == f"protocol: {study_plan}"
     assert trial_run.run_dir.name != "emoji-ms-04f4004416-6f109208"  # another protocol, another run
 
     lr_plan = tmp_path / "default_lr.yaml"  # lr, declared once in the study plan, reaches a trial at the paper defaults
@@ -168,7 +168,7 @@ def test_the_default_plans_train_entry_shows_the_compared_ms_run_resolved_from_t
     assert config.run_dir.name == "imagenet-emoji-ms-seed0-006c64ae"  # the folder the comparison trains
     compared = ProtocolConfig(**plan_protocol(ROOT / "plans" / "default.yaml"), study="default")
     assert config == compared.train_config(dataset="emoji", method="ms", seed=0, name="ms")
-    origins = runs.origins_of(config)
+    origins = identity.origins_of(config)
     assert origins["patience"] == "protocol" and origins["warmup_epochs"] == "regime: imagenet"
     assert origins["lr"] == "tuned: plans/tuned/imagenet/emoji.yaml"
     assert OneRun(epochs=3).resolved() == TrainConfig(epochs=3)  # without a study plan: the fields as given

@@ -133,7 +133,8 @@ def test_entry_lines_are_one_short_line_each():
     from pathlib import Path
 
     from dmlstudy.paths import project_root
-    from dmlstudy.study.plan import EntryOutcome, PlanEntry, entry_line, entry_summary, outcome_status
+    from dmlstudy.study.executor import EntryOutcome, outcome_status
+    from dmlstudy.study.plan import PlanEntry, entry_line, entry_summary
     from dmlstudy.study.progress import duration_text
 
     crt = PlanEntry("default", "crt", project_root() / "notebooks" / "10_crt.ipynb")
@@ -261,11 +262,11 @@ def test_the_stem_cache_counts_images_times_views_and_leaves_the_activations_alo
 def test_the_emoji_download_says_what_it_waits_for_before_npm_answers(tmp_path, monkeypatch, capsys):
     import sys
 
-    from dmlstudy.data import emoji
+    from dmlstudy.data import emoji_sources
 
-    monkeypatch.setattr(emoji, "npm_command", lambda: [sys.executable, "-c", "import sys; sys.exit(1)"])
-    with pytest.raises(emoji.EmojiFetchError):
-        emoji.fetch_sources(tmp_path / "cache", emoji.EMOJI_SOURCES[:2])
+    monkeypatch.setattr(emoji_sources, "npm_command", lambda: [sys.executable, "-c", "import sys; sys.exit(1)"])
+    with pytest.raises(emoji_sources.EmojiFetchError):
+        emoji_sources.fetch_sources(tmp_path / "cache", emoji_sources.EMOJI_SOURCES[:2])
     assert "emoji: downloading 2 of 2 npm packages (npm pack)" in capsys.readouterr().err
 
 

@@ -19,16 +19,8 @@ import yaml
 from dmlstudy import records
 from dmlstudy.cli import build_parser, config_options, main
 from dmlstudy.config import load_yaml
-from dmlstudy.run.identity import (
-    HOLDER_FILE,
-    LEDGER_VARIABLE,
-    RunConflictError,
-    RunLockedError,
-    RunStopped,
-    RunWarning,
-    identity_hash,
-    stop_when,
-)
+from dmlstudy.run.guard import HOLDER_FILE, RunConflictError, RunLockedError, RunStopped, stop_when
+from dmlstudy.run.identity import LEDGER_VARIABLE, RunWarning, identity_hash
 from dmlstudy.run.train import TrainConfig, run
 
 
@@ -123,7 +115,7 @@ def test_a_finished_run_is_loaded_while_another_process_holds_its_folder(tiny_co
         [
             sys.executable,
             "-c",
-            "import sys, time; from dmlstudy.run.identity import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); "
+            "import sys, time; from dmlstudy.run.guard import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); "
             "print('held', flush=True); time.sleep(120)",
             str(first.run_dir),
         ],
@@ -150,7 +142,7 @@ def test_a_resumed_run_waits_for_the_live_writer_and_a_new_one_does_not(tiny_con
         [
             sys.executable,
             "-c",
-            "import pathlib, sys, time; from dmlstudy.run.identity import RunLock; lock = RunLock(sys.argv[1]); "
+            "import pathlib, sys, time; from dmlstudy.run.guard import RunLock; lock = RunLock(sys.argv[1]); "
             "lock.acquire(); print('held', flush=True); time.sleep(3); pathlib.Path(sys.argv[2]).touch(); "
             "lock.release()",
             str(config.run_dir),
@@ -361,7 +353,7 @@ def test_sigterm_leaves_a_resumable_run_that_ends_as_an_uninterrupted_one(tiny_c
 
 
 def test_a_run_asked_to_stop_keeps_its_epoch_and_resumes_to_the_uninterrupted_result(tiny_config):
-    """How a cancelled engine task stops (runs.stop_when): at the first step after the request, no later."""
+    """How a cancelled engine task stops (guard.stop_when): at the first step after the request, no later."""
     reference = run(tiny_config(run_name="whole", epochs=4, steps_per_epoch=3))
     config = tiny_config(run_name="asked", epochs=4, steps_per_epoch=3)
     with stop_when(lambda: (config.run_dir / "history.csv").is_file()), pytest.raises(RunStopped) as stopped:

@@ -15,7 +15,7 @@ from dmlstudy.experiments.claims import CLAIMS, ablation_grid
 from dmlstudy.experiments.compare import CompareStudy, trained_methods
 from dmlstudy.methods import list_methods
 from dmlstudy.rows import SHARED_VARIANTS, method_grid
-from dmlstudy.run import identity as runs
+from dmlstudy.run import identity
 from dmlstudy.run.protocol import ProtocolConfig, resolve_run, train_on_engine
 from dmlstudy.run.regimes import regime_overrides, run_prefix
 from dmlstudy.run.train import TrainConfig
@@ -128,8 +128,8 @@ def test_each_value_names_the_layer_it_came_from(tmp_path):
     assert origins["lr"] == origins["method_kwargs.loss_kwargs.alpha"] == tuned and config.lr == 0.002
     assert origins["method"] == origins["weight_decay"] == origins["method_kwargs.loss_kwargs.beta"] == "variant"
     assert config.method_kwargs == {"loss_kwargs": {"beta": 10.0, "alpha": 3.0}}
-    assert runs.origins_of(config) == origins, "the config carries its origins to its run"
-    assert runs.origins_of(dataclasses.replace(config)) == {}, "a copy does not: its values may have changed"
+    assert identity.origins_of(config) == origins, "the config carries its origins to its run"
+    assert identity.origins_of(dataclasses.replace(config)) == {}, "a copy does not: its values may have changed"
 
 
 def test_the_protocol_fields_reach_the_run_by_name_without_a_hand_list():
@@ -155,7 +155,7 @@ def test_the_record_shows_each_origin_as_a_comment_and_reads_back_as_the_plain_r
         recall_ks=[1, 2],
         checkpoint_path="a folder with spaces/" * 6,
     ).to_dict()
-    assert runs.commented_yaml(values, {}) == yaml.safe_dump(values, sort_keys=False)
+    assert identity.commented_yaml(values, {}) == yaml.safe_dump(values, sort_keys=False)
     origins = {
         "lr": "tuned: plans/tuned/glyphs.yaml",
         "method_kwargs": "variant",
@@ -164,20 +164,20 @@ def test_the_record_shows_each_origin_as_a_comment_and_reads_back_as_the_plain_r
         "recall_ks": "protocol",
         "checkpoint_path": "regime: pretrained",
     }
-    text = runs.config_record_text(values, origins)
+    text = identity.config_record_text(values, origins)
     assert load_yaml(text) == values
     lines = text.splitlines()
     assert "lr: 0.004  # tuned: plans/tuned/glyphs.yaml" in lines
     assert "method_kwargs:  # variant" in lines and "    alpha: 2.0  # tuned: plans/tuned/glyphs.yaml" in lines
     assert "  blocks:  # variant" in lines and "recall_ks:  # protocol" in lines
     assert re.search(r"^  .*spaces/  # regime: pretrained$", text, re.MULTILINE), "a wrapped value: on its last line"
-    assert runs.config_record_text(values, {}) == yaml.safe_dump(values, sort_keys=False)
+    assert identity.config_record_text(values, {}) == yaml.safe_dump(values, sort_keys=False)
 
 
 def test_an_engine_task_writes_the_origins_its_config_carried(tiny_config, tmp_path, monkeypatch):
     config = tiny_config(run_name="origins", resume=True)
     origins = {name: "protocol" for name in TrainConfig.field_names()} | {"lr": "tuned: plans/tuned/cub200.yaml"}
-    runs.with_origins(config, origins)
+    identity.with_origins(config, origins)
     submitted = []
     monkeypatch.setattr(engine, "get_client", lambda workers: None)
     monkeypatch.setattr(engine, "run_tasks", lambda client, submissions, **kw: submitted.extend(submissions))
@@ -186,13 +186,13 @@ def test_an_engine_task_writes_the_origins_its_config_carried(tiny_config, tmp_p
     assert function is engine.train_task and arguments[1] == origins
     function(*arguments)  # what the worker runs
     record = (config.run_dir / "config.yaml").read_text()
-    assert record.startswith(runs.ORIGINS_HEADER)
+    assert record.startswith(identity.ORIGINS_HEADER)
     assert f"lr: {config.lr!r}  # tuned: plans/tuned/cub200.yaml" in record.splitlines()
     assert "resume: false\n" in record, "resume and overwrite are actions: recorded off, without an origin"
     stored = load_yaml(record)
     assert stored == {**config.to_dict(), "resume": False, "overwrite": False}
-    assert runs.differing_fields(stored, config.to_dict()) == {}
-    assert config.run_dir.name.endswith(runs.identity_hash(stored))
+    assert identity.differing_fields(stored, config.to_dict()) == {}
+    assert config.run_dir.name.endswith(identity.identity_hash(stored))
 
 
 def test_a_row_without_tuned_values_is_untuned_by_name_once_per_row_and_regime(tmp_path):
@@ -216,7 +216,7 @@ def test_the_default_plans_training_notebook_shows_the_comparisons_ms_run_of_see
     import dataclasses
 
     from dmlstudy.experiments.one_run import OneRun
-    from dmlstudy.run import identity as runs
+    from dmlstudy.run import identity
     from dmlstudy.run.protocol import ProtocolConfig
     from dmlstudy.study.plan import load_plan
 
@@ -224,4 +224,4 @@ def test_the_default_plans_training_notebook_shows_the_comparisons_ms_run_of_see
     protocol = ProtocolConfig(**{**entries["compare"]["protocol"], "study": "default"})
     compared = protocol.train_config(dataset="emoji", method="ms", seed=0, name="ms")
     shown = OneRun(**entries["train"], study="default").resolved()
-    assert runs.folder_name(dataclasses.asdict(shown)) == runs.folder_name(dataclasses.asdict(compared))
+    assert identity.folder_name(dataclasses.asdict(shown)) == identity.folder_name(dataclasses.asdict(compared))

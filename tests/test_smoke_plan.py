@@ -9,7 +9,8 @@ import papermill
 import pytest
 
 from dmlstudy.experiments.notebooks import config_class
-from dmlstudy.study.plan import injected_parameters, load_plan, run_plan
+from dmlstudy.study.executor import run_plan
+from dmlstudy.study.plan import injected_parameters, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = sorted(p for p in (ROOT / "plans").glob("*.yaml") if not p.stem.startswith("tune"))  # tune*: TuneConfig plans

@@ -18,7 +18,7 @@ from dmlstudy.models.trunk_cache import (
     stem_activation_split,
 )
 from dmlstudy.records import seed_everything
-from dmlstudy.run import identity as runs
+from dmlstudy.run import identity
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.model import stem_backbone
 from dmlstudy.run.regimes import REGIMES, regime_overrides
@@ -108,8 +108,10 @@ def test_stem_views_need_the_tensor_pipeline_and_leave_other_runs_names_alone():
     with pytest.raises(ValueError, match="stem_views"):
         TrainConfig(stem_views=-1)
     plain = TrainConfig().to_dict()
-    assert runs.identity_hash(plain) == runs.identity_hash({k: v for k, v in plain.items() if k != "stem_views"})
-    assert runs.identity_hash({**plain, "stem_views": 4}) != runs.identity_hash(plain)
+    assert identity.identity_hash(plain) == identity.identity_hash(
+        {k: v for k, v in plain.items() if k != "stem_views"}
+    )
+    assert identity.identity_hash({**plain, "stem_views": 4}) != identity.identity_hash(plain)
 
 
 def test_the_imagenet_regime_trains_the_last_stage_on_cached_views():
@@ -152,7 +154,7 @@ def test_without_conv_head_the_last_blocks_output_is_the_feature_map(stem):
     assert not any(p.requires_grad for p in [*short.model.conv_head.parameters(), *short.model.bn2.parameters()])
     with pytest.raises(ValueError, match="conv_head"):
         TrainConfig(conv_head=False)
-    assert runs.identity_hash({**TrainConfig().to_dict(), "conv_head": True}) == runs.identity_hash(
+    assert identity.identity_hash({**TrainConfig().to_dict(), "conv_head": True}) == identity.identity_hash(
         {k: v for k, v in TrainConfig().to_dict().items() if k != "conv_head"}
     )
 

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dmlstudy.study.plan import PlanEntry, PlanError, entry_setting, injected_parameters, load_plan, run_plan
+from dmlstudy.study.executor import run_plan
+from dmlstudy.study.plan import PlanEntry, PlanError, entry_setting, injected_parameters, load_plan
 from dmlstudy.study.progress import stop_line
 from dmlstudy.study.report import gather_runs, summarize, write_table
 
@@ -177,7 +178,7 @@ def test_the_runner_puts_study_and_runs_root_into_a_study_notebooks_protocol(tmp
 def test_every_entry_runs_again_when_the_checkpoint_selection_rule_changes(toy_notebooks, monkeypatch):
     """A new selection rule changes what a notebook reports from the same runs (and retrains a run whose recorded
     choice the rule no longer makes), so no entry may be skipped on a record of the old rule."""
-    from dmlstudy.study import plan as study
+    from dmlstudy.study import plan as plan_module
 
     plan = write_plan(
         toy_notebooks, f"study: s\nentries:\n  - name: plain\n    notebook: {toy_notebooks / 'echo.ipynb'}\n"
@@ -185,7 +186,7 @@ def test_every_entry_runs_again_when_the_checkpoint_selection_rule_changes(toy_n
     root = toy_notebooks / "runs"
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete"]
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["skipped"]
-    monkeypatch.setattr(study, "SELECTION_RULE", "a later revision")
+    monkeypatch.setattr(plan_module, "SELECTION_RULE", "a later revision")
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete"]
 
 

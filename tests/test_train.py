@@ -193,13 +193,15 @@ def test_the_backbone_has_its_own_rate_and_stands_still_while_the_heads_warm_up(
 
 
 def test_fields_added_at_their_neutral_value_keep_the_run_folders_recorded_before_them():
-    from dmlstudy.run import identity as runs
+    from dmlstudy.run import identity
     from dmlstudy.run.train import TrainConfig
 
     values = TrainConfig().to_dict()
-    before = {k: v for k, v in values.items() if k not in runs.HASHED_WHEN_SET}  # a record written before the fields
-    assert runs.identity_hash(values) == runs.identity_hash(before)
-    assert runs.differing_fields(before, values) == {}
+    before = {
+        k: v for k, v in values.items() if k not in identity.HASHED_WHEN_SET
+    }  # a record written before the fields
+    assert identity.identity_hash(values) == identity.identity_hash(before)
+    assert identity.differing_fields(before, values) == {}
     changed = {**values, "warmup_epochs": 1}
-    assert runs.identity_hash(changed) != runs.identity_hash(values)
-    assert runs.differing_fields(before, changed) == {"warmup_epochs": (0, 1)}
+    assert identity.identity_hash(changed) != identity.identity_hash(values)
+    assert identity.differing_fields(before, changed) == {"warmup_epochs": (0, 1)}

@@ -11,9 +11,8 @@ import torch
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.data.base import ImageListDataset
 from dmlstudy.data.folds import class_folds, fold_classes, split_by_classes
-from dmlstudy.run import checkpoint_selection
+from dmlstudy.run import checkpoint_selection, guard, identity
 from dmlstudy.run import data as run_data
-from dmlstudy.run import identity as runs
 from dmlstudy.run import train as train_module
 from dmlstudy.run.checkpoint_selection import CheckpointSelection
 from dmlstudy.run.data import load_datasets
@@ -204,8 +203,8 @@ def test_a_record_that_reports_a_warm_up_epoch_is_trained_again(tiny_config):
     assert first.metrics["best_epoch"] >= 2 and train_module.is_complete(config)
     metrics = json.loads((config.run_dir / "metrics.json").read_text())
     (config.run_dir / "metrics.json").write_text(json.dumps({**metrics, "best_epoch": 1}))  # as the old rule could
-    assert runs.chosen_in_warmup(config.run_dir) == 1 and not train_module.is_complete(config)
-    with pytest.warns(runs.RunWarning, match="reports warm-up epoch 1, chosen before warm-up evaluations"):
+    assert identity.chosen_in_warmup(config.run_dir) == 1 and not train_module.is_complete(config)
+    with pytest.warns(identity.RunWarning, match="reports warm-up epoch 1, chosen before warm-up evaluations"):
         again = run(config)
     assert train_module.is_complete(config)
     assert {k: again.metrics[k] for k in ("R@1", "best_epoch", "val_R@1")} == {
@@ -222,12 +221,12 @@ def test_an_epoch_checkpoint_that_chose_a_warm_up_epoch_starts_the_run_again(tin
     def two_epochs() -> bool:
         return history.is_file() and len(pd.read_csv(history)) == 2
 
-    with runs.stop_when(two_epochs), pytest.raises(runs.RunStopped, match="epoch 2/3"):
+    with guard.stop_when(two_epochs), pytest.raises(guard.RunStopped, match="epoch 2/3"):
         run(config)
     checkpoint = torch.load(config.run_dir / "checkpoint.pt", weights_only=False)
     checkpoint["selection"].update(epoch=1, value=1.0, since=1)  # the choice the rule before 2026-11-26 could save
     torch.save(checkpoint, config.run_dir / "checkpoint.pt")
-    with pytest.warns(runs.RunWarning, match="chose warm-up epoch 1, which warm-up evaluations no longer can"):
+    with pytest.warns(identity.RunWarning, match="chose warm-up epoch 1, which warm-up evaluations no longer can"):
         resumed = run(config)
     assert len(resumed.history) == 3 and resumed.metrics["R@1"] == reference.metrics["R@1"]
     assert resumed.metrics["best_epoch"] == reference.metrics["best_epoch"] >= 2

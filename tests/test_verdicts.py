@@ -9,7 +9,9 @@ import pytest
 from scipy import stats
 
 from dmlstudy import verdicts
-from dmlstudy.verdicts import RULE, SequentialDesign, judge, judge_sequential, read_interval
+from dmlstudy.study import sequential
+from dmlstudy.study.sequential import SequentialDesign, judge_sequential
+from dmlstudy.verdicts import RULE, judge, read_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -266,7 +268,7 @@ def test_judge_sequential_is_the_vectorised_rule_claim_by_claim():
     design = SequentialDesign(first_seeds=3, batch=3, cap=12, spending="obrien-fleming")
     differences = np.random.default_rng(4).normal(0.8, 1.5, size=(16, 12))
     for claimed in (">", "≈"):
-        texts, looks, p_values = verdicts.sequential_readings(differences, design, claimed=claimed)
+        texts, looks, p_values = sequential.sequential_readings(differences, design, claimed=claimed)
         for row, text, look, p in zip(differences, texts, looks, p_values):
             one = judge_sequential(row, design, claimed=claimed)
             assert (one.verdict.reading, one.look) == (text, look)
@@ -280,7 +282,7 @@ def test_rows_needing_seeds_follow_the_open_claims():
     open_at_5 = judge_sequential(rng.normal(0, 6, 5), design)
     open_at_10 = judge_sequential(rng.normal(0, 6, 10), design)
     claims = {"crt > ms": ("crt", "ms"), "diml > ms": ("diml", "ms"), "dgcrl > triplet": ("dgcrl", "triplet")}
-    needs = verdicts.rows_needing_seeds(
+    needs = sequential.rows_needing_seeds(
         {**claims, "new": ("lifted", "ms")},
         {"crt > ms": decided, "diml > ms": open_at_5, "dgcrl > triplet": open_at_10},
         design,
@@ -313,19 +315,19 @@ def rate(texts, decisions):
 def test_simulated_null_claims_keep_the_false_decision_rate_under_alpha():
     differences = np.random.default_rng(20261127).normal(0.0, 4.0, size=(CLAIMS, DESIGN.cap))  # true Δ = 0
     direction = [text for text in RULE[">"] if RULE[">"][text] in ("held", "reversed")]
-    sequential, _, p_values = verdicts.sequential_readings(differences, DESIGN, claimed=">", margin=1.0)
+    texts, _, p_values = sequential.sequential_readings(differences, DESIGN, claimed=">", margin=1.0)
     tolerance = 3 * math.sqrt(0.05 * 0.95 / CLAIMS)  # three Monte Carlo standard errors at the declared level
-    assert rate(sequential, direction) <= DESIGN.alpha + tolerance
-    assert np.array_equal(sequential != "undecided", p_values < DESIGN.alpha)  # decided ⇔ sequential p < α
+    assert rate(texts, direction) <= DESIGN.alpha + tolerance
+    assert np.array_equal(texts != "undecided", p_values < DESIGN.alpha)  # decided ⇔ sequential p < α
     naive = repeated_fixed_level_rule(differences, ">", 1.0)
     assert rate(naive, direction) > DESIGN.alpha + 3 * tolerance  # looking four times at 95 % each
 
 
 def test_simulated_claims_at_the_margin_rarely_read_equivalent():
     differences = np.random.default_rng(1127).normal(1.0, 1.0, size=(CLAIMS, DESIGN.cap))  # true Δ = m: not ≈
-    sequential, _, _ = verdicts.sequential_readings(differences, DESIGN, claimed="≈", margin=1.0)
+    texts, _, _ = sequential.sequential_readings(differences, DESIGN, claimed="≈", margin=1.0)
     tolerance = 3 * math.sqrt(0.025 * 0.975 / CLAIMS)
-    assert rate(sequential, ["equivalent"]) <= DESIGN.alpha / 2 + tolerance  # TOST at α/2 per side
+    assert rate(texts, ["equivalent"]) <= DESIGN.alpha / 2 + tolerance  # TOST at α/2 per side
     naive = repeated_fixed_level_rule(differences, "≈", 1.0)
     assert rate(naive, ["equivalent"]) > DESIGN.alpha / 2 + 3 * tolerance
 
@@ -360,7 +362,7 @@ def test_the_amendment_changes_only_what_it_declares_in_the_committed_tables(pat
 
 def test_a_design_describes_its_looks_and_their_levels():
     """Pocock-type spending α·ln(1 + (e − 1)·t) at t = n_k / cap, each look at 1 − (α(t_k) − α(t_{k−1}))."""
-    design = verdicts.SequentialDesign(first_seeds=5, batch=5, cap=20)
+    design = sequential.SequentialDesign(first_seeds=5, batch=5, cap=20)
     spent = [0.05 * math.log(1 + (math.e - 1) * n / 20) for n in (0, 5, 10, 15, 20)]
     levels = [f"{100 * (1 - (b - a)):.2f}" for a, b in zip(spent, spent[1:])]
     assert design.description == (

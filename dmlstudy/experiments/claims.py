@@ -23,6 +23,7 @@ from dmlstudy.rows import method_grid
 from dmlstudy.run.protocol import ProtocolConfig, results_frame
 from dmlstudy.run.regimes import regime
 from dmlstudy.run.train import RunResult, selection_rule
+from dmlstudy.study import sequential
 from dmlstudy.study.report import write_table
 
 ABLATION_REGIMES = ("scratch", "imagenet")  # where the published plans' paper notebooks train their ablations
@@ -57,7 +58,7 @@ VERDICT_COLOURS = {  # the forest plot's colour per outcome
 class Claim:
     """A claim "``a`` > ``b``" (or "≈", ``claimed``), judged on per-seed paired differences
     ``a_scale·a_s − b_scale·b_s`` of ``metric`` (:func:`dmlstudy.verdicts.paired_differences`,
-    :func:`dmlstudy.verdicts.judge_sequential`)."""
+    :func:`dmlstudy.study.sequential.judge_sequential`)."""
 
     name: str
     kind: str  # headline / ablation
@@ -241,13 +242,13 @@ def per_seed_table(runs: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def claim_design(claim: Claim, design: verdicts.SequentialDesign, seeds: int) -> verdicts.SequentialDesign:
+def claim_design(claim: Claim, design: sequential.SequentialDesign, seeds: int) -> sequential.SequentialDesign:
     """The sequential design a claim is judged by: the study's for claims on the protocol runs; for ablation
     claims, whose runs never get more seeds, one look at their ``seeds`` (the fixed-sample rule at α)."""
     if claim.runs == "protocol":
         return design
     count = max(seeds, 2)
-    return verdicts.SequentialDesign(first_seeds=count, batch=1, cap=count, alpha=design.alpha)
+    return sequential.SequentialDesign(first_seeds=count, batch=1, cap=count, alpha=design.alpha)
 
 
 def claims_table(
@@ -257,11 +258,11 @@ def claims_table(
     margin: float = verdicts.MARGIN,
     ablation_datasets: Sequence[str] | None = None,
     regime: str = "scratch",
-    design: verdicts.SequentialDesign | None = None,
+    design: sequential.SequentialDesign | None = None,
 ) -> pd.DataFrame:
     """One row per claim × dataset judged in ``regime`` (:meth:`Claim.judged_in`; the ``regime`` column;
     claims on ``ablation`` runs: ``ablation_datasets`` only, all datasets when None): Δ, its t-interval, the
-    paired seeds, the margin, the verdict (:func:`dmlstudy.verdicts.judge_sequential` under ``design``, the
+    paired seeds, the margin, the verdict (:func:`dmlstudy.study.sequential.judge_sequential` under ``design``, the
     plan's sequential design, default one look at 5 seeds; :func:`dmlstudy.verdicts.censor` for epochs-to-best),
     the look that decided it and the interval's confidence, the seeds that would decide an undecided claim,
     the decision's p-value and Holm's adjustment across the regime's claims, the paper's Δ, how the
@@ -270,7 +271,7 @@ def claims_table(
 
     ``frame``: one row per run (:func:`claims_frame`). Only the seeds both sides ran pair, read in seed order;
     a claim whose side has no run (or no value of the claim's metric) is "not evaluated" and says why."""
-    design = design or verdicts.SequentialDesign(first_seeds=5, batch=5, cap=5)
+    design = design or sequential.SequentialDesign(first_seeds=5, batch=5, cap=5)
     datasets = list(dict.fromkeys(frame["dataset"]))
     rows = []
     for claim in claims:
@@ -333,15 +334,15 @@ def claims_table(
                 )
                 continue
             claim_look = claim_design(claim, design, len(paired.differences))
-            sequential = verdicts.judge_sequential(
+            reading = sequential.judge_sequential(
                 paired.differences, claim_look, claimed=claim.claimed, margin=claim_margin
             )
-            verdict, text, p_value = sequential.verdict, verdict_text(sequential), sequential.p_value
+            verdict, text, p_value = reading.verdict, verdict_text(reading), reading.p_value
             if claim.metric in verdicts.CENSORED_METRICS:
                 censored = verdicts.censor(verdict, **paired.censoring)
                 if censored != verdict:
                     verdict, text, p_value = censored, censored.text, 1.0
-            if not sequential.look:  # fewer paired seeds than the first look: the fixed-sample verdict's text
+            if not reading.look:  # fewer paired seeds than the first look: the fixed-sample verdict's text
                 text = verdict.text
             rows.append(
                 {
@@ -350,7 +351,7 @@ def claims_table(
                     "verdict": text,
                     "p": p_value,
                     "confidence": round(verdict.confidence, 6),
-                    "look": sequential.look,
+                    "look": reading.look,
                     "seeds to decide": verdict.seeds_to_decide if verdict.seeds_to_decide else "–",
                 }
             )
@@ -360,22 +361,22 @@ def claims_table(
     return table[[*CLAIM_COLUMNS, "outcome", HOLM, *RECOMPUTE_COLUMNS]]
 
 
-def verdict_text(sequential: verdicts.SequentialVerdict) -> str:
+def verdict_text(reading: sequential.SequentialVerdict) -> str:
     """The verdict as the claims table prints it: the rule's reading, with the look that decided it when the
     design has several; an undecided claim says its next look, or at the cap the largest |Δ| its interval
     still allows and the seeds the observed spread says would decide it."""
-    verdict, looks = sequential.verdict, sequential.design.looks
-    if not sequential.look:
+    verdict, looks = reading.verdict, reading.design.looks
+    if not reading.look:
         return verdict.text
     if verdict.outcome != verdicts.UNDECIDED:
-        return verdict.reading if len(looks) == 1 else sequential.text
-    if sequential.open:
-        return sequential.text
+        return verdict.reading if len(looks) == 1 else reading.text
+    if reading.open:
+        return reading.text
     needed = f"≈ {verdict.seeds_to_decide}" if verdict.seeds_to_decide else f"more than {verdicts.MAX_SEEDS}"
-    return f"{sequential.text}; {needed} seeds would decide"
+    return f"{reading.text}; {needed} seeds would decide"
 
 
-def _design_lines(design: verdicts.SequentialDesign) -> list[str]:
+def _design_lines(design: sequential.SequentialDesign) -> list[str]:
     """The sequential design's paragraph of ``claims.md`` (none for one look)."""
     if len(design.looks) < 2:
         return []
@@ -398,7 +399,7 @@ class ClaimsScope:
     classic_seeds: tuple[int, ...]
     ablation_datasets: tuple[str, ...]
     ablation_seeds: tuple[int, ...]
-    design: verdicts.SequentialDesign
+    design: sequential.SequentialDesign
     margin: float
 
 

@@ -30,7 +30,7 @@ Decisions (stated in the notebook too):
 * Claims (``claims.yaml``: the headline claims, each paper's method against its baseline, on the protocol's
   datasets, and the ablation claims on ``ablation_datasets``, in every regime the comparison runs; the default
   study, ``plans/default.yaml``, compares on emoji in the imagenet regime) are judged by the study's one rule,
-  :func:`dmlstudy.verdicts.judge_sequential`: per-seed paired differences (seed s = the same backbone
+  :func:`dmlstudy.study.sequential.judge_sequential`: per-seed paired differences (seed s = the same backbone
   initialisation and batch sequence for both sides; only seeds both sides ran pair), a t-interval of their mean at
   the look's level, read by the claim's kind (held / reversed / not held, or undecided with the seeds that would
   decide it); fewer than 2 paired seeds give no verdict. With ``seed_cap`` above the seeds, the rows of undecided
@@ -75,6 +75,7 @@ from dmlstudy.run.data import class_split_counts
 from dmlstudy.run.protocol import ProtocolConfig, StudyConfig, run_grid, train_grid
 from dmlstudy.run.regimes import regime
 from dmlstudy.run.train import RunResult, TrainConfig
+from dmlstudy.study import sequential
 
 
 @dataclass
@@ -148,12 +149,12 @@ class CompareStudy(StudyConfig):
         if not self.margin > 0:
             raise ValueError(f"parameter 'margin' must be > 0 (R@1 points), got {self.margin}")
 
-    def design(self) -> verdicts.SequentialDesign:
+    def design(self) -> sequential.SequentialDesign:
         """The sequential design the plan declares (docs/protocol.md): the first look at ``seeds``, then
         ``seed_batch`` more seeds per look for the rows of undecided claims up to ``seed_cap``, α spent by
         Pocock-type error spending; with ``seed_cap`` 0 (or equal to the seeds) one look at 95 %."""
         first = max(len(self.protocol.seeds), 2)
-        return verdicts.SequentialDesign(first_seeds=first, batch=self.seed_batch, cap=max(self.seed_cap, first))
+        return sequential.SequentialDesign(first_seeds=first, batch=self.seed_batch, cap=max(self.seed_cap, first))
 
     def regime_configs(self) -> list[CompareStudy]:
         """This config (the headline regime) and one per compared regime, in that order."""
@@ -312,9 +313,9 @@ def validation_class_counts(config: CompareStudy) -> dict[str, int]:
     }
 
 
-def seeds_needed(claims: pd.DataFrame, design: verdicts.SequentialDesign) -> dict[str, int]:
+def seeds_needed(claims: pd.DataFrame, design: sequential.SequentialDesign) -> dict[str, int]:
     """Row → the paired seeds its next look needs, for the rows of every claim on the protocol runs that is
-    undecided before the design's cap (:func:`dmlstudy.verdicts.rows_needing_seeds`: a row read by several open
+    undecided before the design's cap (:func:`dmlstudy.study.sequential.rows_needing_seeds`: a row read by several open
     claims gets the most any of them needs; a decided claim's rows get nothing for it). A claim the epoch cap's
     censoring left undecided (:func:`dmlstudy.verdicts.censor`) gets none: more seeds of the same cap cannot
     decide it, and its sequential reading, already stopped, would ask for the same look again."""

@@ -45,7 +45,7 @@ from dmlstudy.models.trunk_cache import (
     stem_activation_split,
 )
 from dmlstudy.paths import data_root
-from dmlstudy.run import identity as runs
+from dmlstudy.run import identity
 from dmlstudy.run.model import ModelConfig, stem_backbone
 
 
@@ -156,7 +156,7 @@ def _first_classes(dataset, count: int, parameter: str):
     """The images of the first ``count`` classes (all when ``count`` is 0); labels stay 0 … count−1.
     A ``count`` above the split's classes warns, naming ``parameter``, and keeps them all."""
     if count > dataset.num_classes:
-        runs.warn(
+        identity.warn(
             f"parameter {parameter!r}={count} is more than the {dataset.num_classes} classes of {dataset.name}; "
             "all of them are used"
         )

@@ -26,7 +26,7 @@ import pandas as pd
 from dmlstudy import distributed
 from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.paths import project_file, project_root
-from dmlstudy.run import identity as runs
+from dmlstudy.run import identity
 from dmlstudy.run.checkpoint_selection import best_epoch_censored
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.regimes import REGIMES, regime_overrides, run_prefix
@@ -286,7 +286,7 @@ def resolve_run(
         ordered |= {
             key: origin for key, origin in origins.items() if key.startswith(f"{field_name}.") and key in recorded
         }
-    return ResolvedRun(runs.with_origins(config, ordered), ordered)
+    return ResolvedRun(identity.with_origins(config, ordered), ordered)
 
 
 def call_in_processes(
@@ -325,7 +325,7 @@ def train_on_engine(configs: list[TrainConfig], *, workers: int, progress: bool 
         (
             f"run {config.run_dir}",
             engine.train_task,
-            (engine.task_values(config), runs.origins_of(config)),
+            (engine.task_values(config), identity.origins_of(config)),
             engine.run_task_key(config),
         )
         for config in pending

@@ -50,7 +50,7 @@ from dmlstudy.records import (
     write_json,
     write_npz,
 )
-from dmlstudy.run import identity as runs
+from dmlstudy.run import guard, identity
 from dmlstudy.run.checkpoint_selection import CheckpointSelection
 from dmlstudy.run.compute import autocast_context, autocast_dtype, is_device_name, resolve_device, training_step
 from dmlstudy.run.data import (
@@ -220,7 +220,7 @@ class TrainConfig(RunSettings):
         (``runs_root``, ``study``, ``run_name``), to be loaded again (``resume``) without bars; ``data_root``, when
         given, replaces the stored one. A key the record has but the config lacks is ignored."""
         run_dir = Path(run_dir)
-        stored = runs.read_config_record(run_dir) or {}
+        stored = identity.read_config_record(run_dir) or {}
         stored |= {"runs_root": str(run_dir.parent.parent), "study": run_dir.parent.name, "run_name": run_dir.name}
         stored |= {"resume": True, "progress": False} | ({"data_root": data_root} if data_root else {})
         return cls(**{name: stored[name] for name in cls.field_names() if name in stored})
@@ -228,7 +228,7 @@ class TrainConfig(RunSettings):
     @property
     def resolved_run_name(self) -> str:
         """The run folder's name: ``<run_name or dataset-method-seed<seed>>-<config hash>`` (:func:`dmlstudy.run.identity.folder_name`)."""
-        return runs.folder_name(self.to_dict())
+        return identity.folder_name(self.to_dict())
 
     @property
     def run_dir(self) -> Path:
@@ -297,20 +297,20 @@ def run(config: TrainConfig) -> RunResult:
     and only rank 0 writes records and checkpoints.
     """
     config.validate()
-    runs.check_before_loading(config)
+    guard.check_before_loading(config)
     device = distributed.setup(config.device) if distributed.launched_by_torchrun() else resolve_device(config.device)
-    with runs.RunGuard(config, writer=distributed.is_main_process()) as guard:
-        if guard.reusable:
+    with guard.RunGuard(config, writer=distributed.is_main_process()) as folder:
+        if folder.reusable:
             result = _load_complete(config, device)
         else:
             datasets = load_datasets(config)
-            runs.check_loaded_data(config, datasets)
-            guard.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
-            training = _set_up_training(config, datasets, device, resume_from=guard.resume_from)
+            guard.check_loaded_data(config, datasets)
+            folder.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
+            training = _set_up_training(config, datasets, device, resume_from=folder.resume_from)
             _train_epochs(training)
             result = _finish(training)
     if distributed.is_main_process():
-        runs.note_used(config.run_dir)
+        identity.note_used(config.run_dir)
     return result
 
 
@@ -421,7 +421,7 @@ def _resume(training: _Training, checkpoint_path: Path) -> None:
     config = training.config
     checkpoint = _read_checkpoint(checkpoint_path, training.device)
     if config.validates and not training.selection.load(checkpoint["selection"], epochs_done=checkpoint["epoch"] + 1):
-        runs.warn(
+        identity.warn(
             f"{training.run_dir}: its checkpoint chose warm-up epoch {checkpoint['selection']['epoch']}, which warm-up "
             "evaluations no longer can (docs/protocol.md, 2026-11-26); starting the run again from epoch 1"
         )
@@ -481,7 +481,7 @@ def _train_epoch(training: _Training, epoch: int) -> dict[str, float]:
         leave=False,
         disable=not training.shows_progress,
     ):
-        runs.check_stop(training.run_dir, config.epochs)
+        guard.check_stop(training.run_dir, config.epochs)
         with autocast_context(training.device, training.precision):
             loss, parts = training.step(images, labels)
         training.watch.observe(loss, images, epoch=epoch, step=steps)
@@ -633,12 +633,12 @@ def _finish(training: _Training) -> RunResult:
     return RunResult(config, training.run_dir, summary, frame, method, arrays)
 
 
-NON_IDENTITY_FIELDS = runs.NON_IDENTITY_FIELDS  # fields that do not change what a run computes (not hashed)
+NON_IDENTITY_FIELDS = identity.NON_IDENTITY_FIELDS  # fields that do not change what a run computes (not hashed)
 
 
 def is_complete(config: TrainConfig) -> bool:
     """Whether ``config``'s run folder holds a finished run (configuration, final metrics and checkpoint)."""
-    return runs.is_complete(config.run_dir)
+    return identity.is_complete(config.run_dir)
 
 
 def _load_complete(config: TrainConfig, device: torch.device) -> RunResult:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from dmlstudy.data.tensor_cache import BatchAugmentedTrain
-from dmlstudy.run import identity as runs
+from dmlstudy.run import guard, identity
 
 
 class TrainingWatch:
@@ -19,7 +19,7 @@ class TrainingWatch:
       which cannot be non-finite.
     * A first epoch whose loss has not moved warns: the mean of its last quarter of steps within
       ``FLAT_TOLERANCE`` (relative) of its first quarter, when there are at least 4 steps. An absurd learning
-      rate (``lr=1000``) is also flagged before training by :func:`dmlstudy.run.identity.check_before_loading`.
+      rate (``lr=1000``) is also flagged before training by :func:`dmlstudy.run.guard.check_before_loading`.
     """
 
     FLAT_TOLERANCE = 1e-3
@@ -45,9 +45,9 @@ class TrainingWatch:
             indices = self._batch_indices(step)
             bad_rows = (~torch.isfinite(images.reshape(len(images), -1)).all(dim=1)).nonzero().flatten().tolist()
             if bad_rows and indices:
-                culprit = f"non-finite values in the input images {runs.describe_items(self.train, [indices[r] for r in bad_rows][:8])}"
+                culprit = f"non-finite values in the input images {guard.describe_items(self.train, [indices[r] for r in bad_rows][:8])}"
             else:
-                culprit = f"the inputs are finite; the batch was {runs.describe_items(self.train, indices[:8])}{' …' if len(indices) > 8 else ''}"
+                culprit = f"the inputs are finite; the batch was {guard.describe_items(self.train, indices[:8])}{' …' if len(indices) > 8 else ''}"
             what = (
                 f"the loss became {loss.item()}"
                 if not torch.isfinite(loss)
@@ -66,7 +66,7 @@ class TrainingWatch:
         quarter = len(losses) // 4
         first, last = float(np.mean(losses[:quarter])), float(np.mean(losses[-quarter:]))
         if abs(last - first) <= self.FLAT_TOLERANCE * max(abs(first), 1e-12):
-            runs.warn(
+            identity.warn(
                 f"run {self.run_name}: the loss did not move over epoch {epoch + 1} "
                 f"({first:.6g} → {last:.6g} over {len(losses)} steps); check lr={self.lr:g} and the data"
             )

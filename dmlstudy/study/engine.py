@@ -16,7 +16,7 @@ Decisions:
   then resumes from the checkpoint: at most the unfinished epoch is lost. ``retries`` re-runs tasks that
   *raised*; it is 0 by default because a run that raises (bad config, NaN loss) raises again.
 * Stopping: a running task cannot be interrupted from outside its thread, so a cancelled training task
-  stops itself at its next training step (:func:`stop_tasks`, :func:`dmlstudy.run.identity.stop_when`) with its
+  stops itself at its next training step (:func:`stop_tasks`, :func:`dmlstudy.run.guard.stop_when`) with its
   last epoch checkpoint kept; restarting the worker (its nanny lets a busy worker finish for 4 s before
   killing it) is only the fallback for a task that does not stop within ``STOP_SECONDS``.
 * Workers live across tasks, so every task starts from the same state (:func:`task_state`): torch and faiss
@@ -286,13 +286,13 @@ def train_task(values: dict[str, Any], origins: dict[str, str] | None = None) ->
     process.)"""
     import json
 
-    from dmlstudy.run import identity as runs
+    from dmlstudy.run import guard, identity
     from dmlstudy.run.train import TrainConfig, is_complete, run
 
-    config = runs.with_origins(TrainConfig(**{**values, "resume": True, "progress": False}), origins or {})
+    config = identity.with_origins(TrainConfig(**{**values, "resume": True, "progress": False}), origins or {})
     if is_complete(config):
         return json.loads((config.run_dir / "metrics.json").read_text())
-    with task_state(), runs.stop_when(_cancelled_test()):
+    with task_state(), guard.stop_when(_cancelled_test()):
         return run(config).metrics
 
 
@@ -429,7 +429,7 @@ def _check_workers_left(client, watch: dict[str, float], *, what: str, left: int
 def stop_tasks(client, futures, *, timeout: float = STOP_SECONDS, poll_seconds: float = 0.05) -> None:
     """Cancel ``futures`` and return once no worker executes one of them any more. A training task that was
     running sees its cancellation at its next training step (:func:`train_task` runs under
-    :func:`dmlstudy.run.identity.stop_when`), keeps its last epoch checkpoint and releases its run folder, so the
+    :func:`dmlstudy.run.guard.stop_when`), keeps its last epoch checkpoint and releases its run folder, so the
     same Dask client can submit the run again (it resumes). A task still executing after ``timeout`` seconds
     (one that does not check, a step that hangs) has its worker restarted by its nanny."""
     keys = {future.key for future in futures}

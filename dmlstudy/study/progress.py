@@ -1,4 +1,4 @@
-"""What a study plan shows while it runs (:func:`dmlstudy.study.plan.run_plan`): one tqdm bar over the plan's runs,
+"""What a study plan shows while it runs (:func:`dmlstudy.study.executor.run_plan`): one tqdm bar over the plan's runs,
 ended / known so far, with the time left (:class:`PlanProgress`, :class:`RunProgress`), and the line that says
 what a stopped plan kept and how to resume it (:func:`stop_line`).
 
@@ -138,7 +138,7 @@ def run_records(study_dir: Path) -> dict[str, int]:
 
 
 class PlanProgress:
-    """What :func:`dmlstudy.study.plan.run_plan` shows while it works: one tqdm bar over the plan's runs, ``ended/known
+    """What :func:`dmlstudy.study.executor.run_plan` shows while it works: one tqdm bar over the plan's runs, ``ended/known
     so far`` (the total grows as notebooks submit their grids), its postfix the time left (:class:`RunProgress`), the
     failed runs and the notebooks done and running; papermill's bar over a notebook's cells beneath it when one
     entry runs at a time (:meth:`cell_bar`). Lines about the entries go above it (:meth:`write`).

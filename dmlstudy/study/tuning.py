@@ -69,7 +69,7 @@ from dmlstudy.config import load_yaml
 from dmlstudy.methods import method_info, search_space
 from dmlstudy.paths import project_file, project_root
 from dmlstudy.rows import RERANK, SHARED_VARIANTS
-from dmlstudy.run import identity as runs
+from dmlstudy.run import identity
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.protocol import PROTOCOL, VARIANT, ProtocolConfig, plan_protocol, resolve_run
 from dmlstudy.run.regimes import REGIMES
@@ -117,11 +117,11 @@ def trial_config(base: TrainConfig, overrides: dict[str, Any], name: str) -> Tra
         **{**base.to_dict(), **overrides, "run_name": f"{name}-{digest}", "resume": True, "progress": False}
     )
     replaced = tuple(f"{key}." for key in overrides)  # a mapping the trial gives replaces the base's
-    origins = {key: origin for key, origin in runs.origins_of(base).items() if not key.startswith(replaced)}
+    origins = {key: origin for key, origin in identity.origins_of(base).items() if not key.startswith(replaced)}
     origins |= dict.fromkeys(
         [*overrides, *search.flattened(overrides.get("method_kwargs") or {}, "method_kwargs.")], TRIAL
     )
-    return runs.with_origins(config, origins | {"run_name": TRIAL})
+    return identity.with_origins(config, origins | {"run_name": TRIAL})
 
 
 def _recover_interrupted(study: optuna.Study) -> None:
@@ -224,7 +224,7 @@ def tune(
                 future = client.submit(
                     engine.train_task,
                     engine.task_values(config),
-                    runs.origins_of(config),
+                    identity.origins_of(config),
                     key=engine.run_task_key(config),
                     pure=False,
                 )
@@ -426,7 +426,7 @@ class TuneConfig(StudySettings):
             key: own[key] if origin in (PROTOCOL, VARIANT) and key in own else origin
             for key, origin in resolved.origins.items()
         }
-        return runs.with_origins(resolved.config, origins)
+        return identity.with_origins(resolved.config, origins)
 
 
 DEFAULT = "default"  # origin of a TuneConfig value: the dataclass's default
