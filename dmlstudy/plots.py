@@ -405,76 +405,67 @@ def image_grid(
 
 
 # ----------------------------------------------------------------------------------------------
-# Figures that explain a method (used by the method notebooks and by 95_explore)
+# A method's explanation of a retrieval (Method.explain), drawn by its kind
 # ----------------------------------------------------------------------------------------------
-def selective_prototypes(maps, count: int) -> list[int]:
-    """The ``count`` prototypes whose code maps vary most over the grid (coefficient of variation, averaged over images)."""
-    flat = maps.flatten(2)  # B × K × HW
-    variation = (flat.std(dim=2) / flat.mean(dim=2).clamp_min(1e-12)).mean(dim=0)
-    return variation.argsort(descending=True)[:count].tolist()
+def explanation_figure(explained: Sequence[tuple[object, Sequence[int]]], dataset) -> plt.Figure | str:
+    """The explanations a method gave (:meth:`dmlstudy.methods.Method.explain`), one below the other:
+    ``explained`` pairs each explanation with the positions in ``dataset`` of the images it explains (the query
+    first). Heat maps are drawn over the images the network saw; transport plans as lines between the grid cells
+    of the query and a retrieval, with the plan's marginals beside. A title is blue when its retrieval is of the
+    query's class, vermillion otherwise. An explanation that is a sentence is returned as it is."""
+    from dmlstudy.methods import HeatMaps, TransportPlans
+
+    first = explained[0][0]
+    if isinstance(first, str) or first is None:
+        return first or "no explanation for this method"
+    labels = np.asarray(dataset.labels)
+    if isinstance(first, HeatMaps):
+        return _heat_maps_figure(explained, dataset, labels)
+    if isinstance(first, TransportPlans):
+        return _transport_plans_figure(explained, dataset, labels)
+    raise TypeError(f"explanation_figure: no drawing for {type(first).__name__}")
 
 
-def crt_heatmap_figure(method, dataset, indices: Sequence[int], *, prototypes: int = 8, branch: int = 1) -> plt.Figure:
-    """Code maps a_jk of ``prototypes`` prototypes (the most spatially selective) upsampled and overlaid on images.
-
-    Each map is min–max scaled per image and prototype (the colour shows where a prototype fires, not how
-    strongly in absolute terms); the title gives the map's mean code.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from dmlstudy.methods.crt import code_maps
-
-    images = torch.stack([dataset[i][0] for i in indices]).to(next(method.parameters()).device)
-    maps = code_maps(method, images, branch=branch)  # B × K × h × w
-    chosen = selective_prototypes(maps, min(prototypes, maps.shape[1]))
-    upsampled = F.interpolate(maps[:, chosen], size=images.shape[-2:], mode="bilinear", align_corners=False).cpu()
-    figure, axes = plt.subplots(
-        len(indices), len(chosen) + 1, figsize=(1.5 * (len(chosen) + 1), 1.6 * len(indices)), squeeze=False
-    )
-    overlay = None
-    for row, index in enumerate(indices):
-        picture = source_image(dataset, index)
-        axes[row, 0].imshow(picture)
-        axes[row, 0].set_title("image", fontsize=8)
-        for column, prototype in enumerate(chosen, start=1):
-            heat = upsampled[row, column - 1].numpy()
-            scaled = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
-            axes[row, column].imshow(picture)
-            overlay = axes[row, column].imshow(
-                np.asarray(scaled),
+def _heat_maps_figure(explained, dataset, labels: np.ndarray) -> plt.Figure:
+    rows = [(maps, indices, row) for maps, indices in explained for row in range(len(maps.panels))]
+    plain = int(explained[0][0].plain)
+    columns = plain + max(len(maps.panels[row]) for maps, _, row in rows)
+    figure, axes = plt.subplots(len(rows), columns, figsize=(1.6 * columns, 1.7 * len(rows)), squeeze=False)
+    overlaid, overlay = [], None
+    for line, (maps, indices, row) in enumerate(rows):
+        about = maps.rows[row]
+        colour = "black" if about == 0 else CORRECT if labels[indices[about]] == labels[indices[0]] else WRONG
+        if plain:
+            axes[line, 0].imshow(seen_image(dataset, indices[about]))
+            axes[line, 0].set_title("query" if about == 0 else f"#{about}", fontsize=8, color=colour)
+        for column, (image, heat, title) in enumerate(maps.panels[row], start=plain):
+            picture = seen_image(dataset, indices[image])
+            axis = axes[line, column]
+            axis.imshow(picture)
+            overlay = axis.imshow(
+                heat,
                 cmap=OVERLAY_CMAP,
+                alpha=0.55,
                 vmin=0.0,
                 vmax=1.0,
-                alpha=0.55,
+                interpolation="bilinear",
                 extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
             )
-            axes[row, column].set_title(f"c_{prototype} (ā={float(maps[row, prototype].mean()):.2f})", fontsize=7)
+            axis.set_title(title, fontsize=7, color=colour)
+            overlaid.append(axis)
     for axis in axes.flat:
         axis.set_xticks([])
         axis.set_yticks([])
-    figure.suptitle(f"CRT code maps a_jk of the {len(chosen)} most spatially selective prototypes (branch {branch})")
+        axis.set_frame_on(bool(axis.images))
+    figure.suptitle(
+        explained[0][0].title + "\n(title blue: a retrieval of the query's class; vermillion: another class)",
+        fontsize=8,
+        y=1.0 + 0.35 / figure.get_figheight(),
+    )
     figure.tight_layout()
     if overlay is not None:
-        overlay_colourbar(figure, overlay, axes[:, 1:].ravel(), label="code a_jk, min–max scaled per map")
+        overlay_colourbar(figure, overlay, overlaid, label=explained[0][0].label, pad=0.03)
     return credit(figure, dataset)
-
-
-def crt_correlation_figure(method, *, branch: int = 1) -> plt.Figure:
-    """The K × K |cos| matrix between the learned prototypes (L_DIV pushes its off-diagonal towards 0)."""
-    from dmlstudy.methods.crt import prototype_correlation
-
-    matrix = prototype_correlation(method, branch=branch).cpu().numpy()
-    count = len(matrix)
-    off = matrix[~np.eye(count, dtype=bool)]
-    figure, axis = plt.subplots(figsize=(4.2, 3.6))
-    title = f"|cos(c_k, c_j)|, K = {count}" + (f"; off-diagonal mean {off.mean():.3f}" if count > 1 else "")
-    heatmap(axis, matrix, title=title, label="|cos|", vmin=0, vmax=1)
-    axis.set(xlabel="prototype j", ylabel="prototype k")
-    integer_ticks(axis, "x")
-    integer_ticks(axis, "y")
-    figure.tight_layout()
-    return figure
 
 
 def _cell_centres(grid: int, size: int) -> np.ndarray:
@@ -484,157 +475,53 @@ def _cell_centres(grid: int, size: int) -> np.ndarray:
     return np.stack([xs.ravel(), ys.ravel()], axis=1)
 
 
-def diml_transport_figure(
-    result,
-    sets: Mapping,
-    *,
-    grid: int,
-    queries: Sequence[int],
-    retrievals: int = 3,
-    options=None,
-    top_lines: int | None = None,
-) -> plt.Figure:
-    """For each query and its top cosine retrievals: the two images side by side with the transport plan drawn
-    as lines between grid-cell centres (width and opacity ∝ T_ij; the ``top_lines`` largest entries, default G²), and
-    the marginals μ_s (on the query's cells) and μ_t (on the retrieval's) as G × G heat maps.
-
-    Cells are regions of the backbone map; at 64 px with stride 16 each of the 4 × 4 cells covers 16 × 16
-    pixels of the input (its receptive field is larger). All-vs-all sets only.
-    """
-    import torch
-
-    from dmlstudy.run.data import load_datasets
-    from dmlstudy.transport import pairwise_structural_similarity
-
-    query_set = sets["query"]
-    if sets.get("gallery") is not None:
-        raise ValueError("diml_transport_figure: expected an all-vs-all evaluation set (no separate gallery)")
-    dataset = load_datasets(result.config)["query"]
-    global_, local, labels = (
-        torch.as_tensor(query_set.global_),
-        torch.as_tensor(query_set.local[grid]),
-        query_set.labels,
-    )
-    neighbours, _ = metric_functions.nearest_neighbors(
-        query_set.global_[list(queries)], query_set.global_, k=retrievals + 1
-    )
-    lines = top_lines or grid * grid
+def _transport_plans_figure(explained, dataset, labels: np.ndarray) -> plt.Figure:
+    """Per plan: query and retrieval side by side, the G² largest entries of T as lines between cell centres
+    (width and opacity ∝ mass), and the marginals μ_s (query cells) and μ_t (retrieval cells) as heat maps."""
+    rows = [(plans, indices, rank) for plans, indices in explained for rank in range(1, len(plans.plans) + 1)]
     figure, axes = plt.subplots(
-        len(queries) * retrievals,
-        3,
-        figsize=(7.5, 2.3 * len(queries) * retrievals),
-        gridspec_kw={"width_ratios": [2.2, 1, 1]},
-        squeeze=False,
+        len(rows), 3, figsize=(7.5, 2.3 * len(rows)), gridspec_kw={"width_ratios": [2.2, 1, 1]}, squeeze=False
     )
-    row = 0
-    for query, hits in zip(queries, neighbours):
-        hits = [h for h in hits if h != query][:retrievals]
-        for rank, hit in enumerate(hits, start=1):
-            value, _, transport = pairwise_structural_similarity(
-                local[[query]], global_[[query]], local[[hit]], global_[[hit]], options=options
+    for line, (plans, indices, rank) in enumerate(rows):
+        plan, grid = plans.plans[rank - 1], plans.grid
+        left, right = seen_image(dataset, indices[0]), seen_image(dataset, indices[rank])
+        size = left.shape[0]
+        axis = axes[line, 0]
+        axis.imshow(np.concatenate([left, np.ones((size, size // 8, 3), left.dtype), right], axis=1))
+        offset, centres = size + size // 8, _cell_centres(grid, size)
+        for edge in np.arange(1, grid) * size / grid:  # the grid cells
+            for x0 in (0, offset):
+                axis.plot([x0 + edge, x0 + edge], [0, size - 1], color="white", linewidth=0.5, alpha=0.6)
+                axis.plot([x0, x0 + size - 1], [edge, edge], color="white", linewidth=0.5, alpha=0.6)
+        for flat in np.argsort(plan.ravel())[::-1][: grid * grid]:
+            i, j = divmod(int(flat), grid * grid)
+            strength = plan[i, j] / plan.max()
+            axis.plot(  # blue with a white casing: visible on light and dark backgrounds alike
+                [centres[i, 0], centres[j, 0] + offset],
+                [centres[i, 1], centres[j, 1]],
+                color=PALETTE[0],
+                linewidth=0.3 + 3.0 * strength,
+                alpha=0.35 + 0.6 * strength,
+                path_effects=[
+                    patheffects.Stroke(linewidth=1.5 + 3.0 * strength, foreground="white"),
+                    patheffects.Normal(),
+                ],
             )
-            plan = transport.plan[0, 0].numpy()  # G² × G²
-            left, right = source_image(dataset, query), source_image(dataset, hit)
-            size = left.shape[0]
-            axis = axes[row, 0]
-            axis.imshow(np.concatenate([left, np.full((size, size // 8, 3), 255, np.uint8), right], axis=1))
-            offset = size + size // 8
-            centres = _cell_centres(grid, size)
-            for edge in np.arange(1, grid) * size / grid:  # the grid cells
-                for x0 in (0, offset):
-                    axis.plot([x0 + edge, x0 + edge], [0, size - 1], color="white", linewidth=0.5, alpha=0.6)
-                    axis.plot([x0, x0 + size - 1], [edge, edge], color="white", linewidth=0.5, alpha=0.6)
-            for flat in np.argsort(plan.ravel())[::-1][:lines]:
-                i, j = divmod(int(flat), grid * grid)
-                strength = plan[i, j] / plan.max()
-                axis.plot(  # blue with a white casing: visible on light and dark backgrounds alike
-                    [centres[i, 0], centres[j, 0] + offset],
-                    [centres[i, 1], centres[j, 1]],
-                    color=PALETTE[0],
-                    linewidth=0.3 + 3.0 * strength,
-                    alpha=0.35 + 0.6 * strength,
-                    path_effects=[
-                        patheffects.Stroke(linewidth=1.5 + 3.0 * strength, foreground="white"),
-                        patheffects.Normal(),
-                    ],
-                )
-            same = labels[hit] == labels[query]
-            axis.set_title(
-                f"query {query} → #{rank} ({'same class' if same else 'other class'}): cos {float(global_[query] @ global_[hit]):.2f}, "
-                f"s_struct {value.item():.2f}",
-                fontsize=7,
-                color=CORRECT if same else WRONG,
-            )
-            axis.axis("off")
-            for axis, marginal, title in (
-                (axes[row, 1], plan.sum(axis=1), "μ_s (query cells)"),
-                (axes[row, 2], plan.sum(axis=0), "μ_t (retrieval cells)"),
-            ):
-                heatmap(axis, marginal.reshape(grid, grid), title=title, label="transport mass")
-                axis.title.set_fontsize(7)
-                axis.set_xticks([])
-                axis.set_yticks([])
-            row += 1
-    figure.suptitle(
-        "DIML transport plans: lines = largest entries of T (width ∝ mass); title blue = same class, vermillion = another",
-        fontsize=8,
-    )
-    figure.tight_layout()
-    return credit(figure, dataset)
-
-
-def cross_attention_explanation(
-    method, dataset, query: int, retrievals: Sequence[int], *, level: int | None = None
-) -> plt.Figure | str:
-    """Cross-attention at block ``level`` (default the last): for each retrieval r, the attention over the
-    query's locations when the query is conditioned on r, and over r's locations when r is conditioned on
-    the query; one pass of the hierarchy over the batch [query, retrievals…], recorded with forward hooks."""
-    import torch
-
-    from dmlstudy.methods.cross_attention import AttentionRecorder
-
-    if not method.num_blocks:
-        return "cross-attention with N = 0 blocks: no attention to show"
-    level = level or method.num_blocks
-    device = next(method.parameters()).device
-    indices = [query, *retrievals]
-    images = torch.stack([dataset[i][0] for i in indices]).to(device)
-    was_training = method.training
-    method.eval()
-    with torch.no_grad(), AttentionRecorder(method) as recorder:
-        maps = method.backbone(images)
-        method.conditional_embeddings(maps, num_levels=level)
-    method.train(was_training)
-    weights = recorder.maps[level - 1]  # X × X × T: [i, j] = image i's locations, conditioned on image j
-    height, width = maps.shape[-2:]
-    labels = np.asarray(dataset.labels)
-    figure, axes = plt.subplots(len(retrievals), 2, figsize=(4.2, 2.1 * len(retrievals)), squeeze=False)
-    for row, retrieval in enumerate(retrievals, start=1):
-        colour = CORRECT if labels[retrieval] == labels[query] else WRONG
-        for axis, (image, other, title) in zip(
-            axes[row - 1], ((0, row, f"query | #{row}"), (row, 0, f"#{row} | query"))
+        same = labels[indices[rank]] == labels[indices[0]]
+        axis.set_title(
+            f"query {indices[0]} → #{rank} ({'same class' if same else 'other class'}): {plans.values[rank - 1]}",
+            fontsize=7,
+            color=CORRECT if same else WRONG,
+        )
+        axis.axis("off")
+        for axis, marginal, title in (
+            (axes[line, 1], plan.sum(axis=1), "μ_s (query cells)"),
+            (axes[line, 2], plan.sum(axis=0), "μ_t (retrieval cells)"),
         ):
-            picture = seen_image(dataset, indices[image])
-            heat = weights[image, other].reshape(height, width).numpy()
-            axis.imshow(picture)
-            overlay = axis.imshow(
-                heat / (float(heat.max()) or 1.0),
-                cmap=OVERLAY_CMAP,
-                alpha=0.55,
-                interpolation="bilinear",
-                vmin=0,
-                vmax=1.0,
-                extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
-            )
-            axis.set_title(title, fontsize=8, color=colour)
+            heatmap(axis, marginal.reshape(grid, grid), title=title, label="transport mass")
+            axis.title.set_fontsize(7)
             axis.set_xticks([])
             axis.set_yticks([])
+    figure.suptitle(explained[0][0].title + "; title blue = same class, vermillion = another", fontsize=8)
     figure.tight_layout()
-    overlay_colourbar(figure, overlay, axes.ravel(), label="attention weight / its maximum", pad=0.03)
-    figure.suptitle(
-        f"attention of block {level}: where an image looks when conditioned on the other\n"
-        "(title blue: the retrieval is of the query's class; vermillion: another class)",
-        fontsize=8,
-        y=1.0 + 0.35 / figure.get_figheight(),
-    )
     return credit(figure, dataset)

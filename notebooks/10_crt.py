@@ -80,6 +80,7 @@ from dmlstudy.experiments import kit
 from dmlstudy.methods import build_method
 from dmlstudy.models import build_backbone
 from dmlstudy.records import seed_everything
+from dmlstudy.run.data import load_datasets
 
 config = crt_study.CRTStudy.from_namespace(globals())
 ablation = config.ablation_protocol()
@@ -313,15 +314,21 @@ for dataset in config.protocol.datasets:
 
 # %%
 reference = kit.find_run(main_results, "crt", dataset=config.protocol.datasets[0])
-query = crt_study.evaluation_split(reference.config, "test")
-figure = plots.crt_heatmap_figure(reference.method, query, [0, len(query) // 2], prototypes=config.heatmap_prototypes)
+test_set = load_datasets(reference.config)["query"]
+figure = kit.explained_retrievals(
+    reference,
+    test_set,
+    [0],
+    retrievals=1,
+    explain=lambda method, images: method.explain(images, prototypes=config.heatmap_prototypes),
+)
 plots.save_figure(figure, "crt_heatmaps", study=config.protocol.study)
 # %% [markdown]
 # **Prototype correlations.** $|\cos(c_k, c_j)|$ between the learned prototypes; $L_{DIV}$ pushes the
 # off-diagonal towards zero (diverse perspectives).
 
 # %%
-figure = plots.crt_correlation_figure(reference.method)
+figure = crt_study.prototype_correlation_figure(reference.method)
 plots.save_figure(figure, "crt_prototype_correlation", study=config.protocol.study)
 # %% [markdown]
 # **t-SNE of the two branches.** Test embeddings of the first classes from branch 2 ($D$) and branch 1

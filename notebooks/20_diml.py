@@ -49,12 +49,16 @@ example_queries: int = 2  # queries in the transport-plan figure
 example_retrievals: int = 3  # retrievals per query in the transport-plan figure
 
 # %%
+from functools import partial
+
 from IPython.display import display
 
 from dmlstudy import plots
 from dmlstudy.experiments import diml as diml_study
 from dmlstudy.experiments import kit
+from dmlstudy.methods.diml import transport_explanation
 from dmlstudy.records import seed_everything
+from dmlstudy.run.data import load_datasets
 
 config = diml_study.DIMLStudy.from_namespace(globals())
 seed_everything(0)
@@ -221,15 +225,14 @@ for sentence in diml_study.training_readings(frame, top_k=config.reference_k()):
 
 # %%
 example_run = diml_study.example_run(results, config)
-example_sets = kit.evaluation_sets(example_run, grid_sizes=[config.grid_size])
-queries = diml_study.example_query_indices(example_sets, count=config.example_queries, seed=0)
-figure = plots.diml_transport_figure(
+test_set = load_datasets(example_run.config)["query"]
+queries = diml_study.example_query_indices(len(test_set), count=config.example_queries, seed=0)
+figure = kit.explained_retrievals(
     example_run,
-    example_sets,
-    grid=config.grid_size,
-    queries=queries,
+    test_set,
+    queries,
     retrievals=config.example_retrievals,
-    options=config.transport_options(),
+    explain=partial(transport_explanation, grid_size=config.grid_size, options=config.transport_options()),
 )
 print("model:", example_run.run_dir.name)
 plots.save_figure(figure, "diml_transport_plans", study=config.protocol.study)

@@ -137,7 +137,9 @@ def figure_functions() -> list[tuple[str, str, set[str]]]:
 
 def test_every_function_that_draws_dataset_images_credits_them():
     functions = figure_functions()
-    assert {"retrieval_grid", "crt_heatmap_figure", "example_grid"} <= {name for _, name, _ in functions}
+    assert {"retrieval_grid", "_heat_maps_figure", "_transport_plans_figure", "example_grid"} <= {
+        name for _, name, _ in functions
+    }
     missing = [
         f"{file}: {name}" for file, name, calls in functions if "credit" not in calls and name not in NO_CREDIT_NEEDED
     ]
@@ -174,11 +176,21 @@ def test_figures_of_dataset_images_carry_the_full_credit(emoji_split, tiny_data_
     images.name = "emoji/test"
     assert_credited(datasets.example_grid(images, classes=[0, 1], images_per_class=2))
     crt = build_method("crt", backbone=build_backbone("dml_convnet"), num_classes=4).eval()
-    assert_credited(plots.crt_heatmap_figure(crt, emoji_split, [0, 1], prototypes=3))
+    assert_credited(explanation_figure(crt, emoji_split, [0, 1], prototypes=3))
     attention = build_method(
         "cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2
     ).eval()
-    assert_credited(plots.cross_attention_explanation(attention, emoji_split, 0, [1, other]))
+    assert_credited(explanation_figure(attention, emoji_split, [0, 1, other]))
+    diml = build_method("diml", backbone=build_backbone("dml_convnet"), num_classes=4).eval()
+    assert_credited(explanation_figure(diml, emoji_split, [0, 1, other]))
+
+
+def explanation_figure(method, dataset, indices, **options) -> plt.Figure:
+    """The method's own explanation of ``dataset[indices[0]]`` and its retrievals ``indices[1:]``, drawn."""
+    import torch
+
+    images = torch.stack([dataset[i][0] for i in indices])
+    return plots.explanation_figure([(method.explain(images, **options), indices)], dataset)
 
 
 def test_a_figure_without_dataset_images_has_no_credit(emoji_split, tmp_path):

@@ -15,10 +15,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from dmlstudy import plots  # noqa: E402
-from dmlstudy.experiments import cross_attention, dgcrl, diml, tables  # noqa: E402
+from dmlstudy.experiments import cross_attention, crt, dgcrl, diml, tables  # noqa: E402
 from dmlstudy.methods import build_method, list_methods  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.rows import RERANK, method_label, row_info  # noqa: E402
@@ -231,9 +232,9 @@ def test_crt_figures_have_colourbars(tiny_config):
     from dmlstudy.run.data import load_datasets
 
     method = build_method("crt", backbone=build_backbone("dml_convnet"), num_classes=4).eval()
-    assert colourbar_axes(plots.crt_correlation_figure(method))
+    assert colourbar_axes(crt.prototype_correlation_figure(method))
     dataset = load_datasets(tiny_config())["query"]
-    figure = plots.crt_heatmap_figure(method, dataset, [0, 1], prototypes=3)
+    figure = explanation_figure(method, dataset, [0, 1], prototypes=3)
     assert len(colourbar_axes(figure)) == 1 and figure.get_suptitle()
 
 
@@ -249,12 +250,18 @@ def test_attention_maps_have_colourbars_and_class_colours(tiny_config):
     dataset = load_datasets(tiny_config())["query"]
     labels = np.asarray(dataset.labels)
     other = int(np.flatnonzero(labels != labels[0])[0])
-    explanation = plots.cross_attention_explanation(method, dataset, 0, [1, other])
+    explanation = explanation_figure(method, dataset, [0, 1, other])
     assert len(colourbar_axes(explanation)) == 1
     title_colours = {to_hex(axis.title.get_color()) for axis in data_axes(explanation)}
     assert title_colours <= {plots.CORRECT, plots.WRONG} and plots.WRONG in title_colours
     figure = cross_attention.attention_figure(method, dataset, [(0, 1, other)], blocks=(1, 2))
     assert len(colourbar_axes(figure)) == 2
+
+
+def explanation_figure(method, dataset, indices, **options) -> plt.Figure:
+    """The method's own explanation of ``dataset[indices[0]]`` and its retrievals ``indices[1:]``, drawn."""
+    images = torch.stack([dataset[i][0] for i in indices])
+    return plots.explanation_figure([(method.explain(images, **options), indices)], dataset)
 
 
 def credit_lines(figure: plt.Figure, dataset) -> list[str]:

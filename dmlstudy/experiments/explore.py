@@ -2,16 +2,9 @@
 
 Choose a dataset, a method, one of its runs (found under ``<runs_root>/<study>/``) and a query image; see the
 query's top-K retrievals framed blue (same class) or vermillion (another class) and, where the method has one,
-its explanation drawn by the method's own analysis functions:
-
-* ``diml``: the transport plan between the query's and each retrieval's grid cells
-  (:func:`dmlstudy.experiments.diml.transport_figure`, the run's own G, ε and marginals);
-* ``cross_attention``: the last block's attention over the query's locations when it is conditioned on each
-  retrieval, and over the retrieval's when conditioned on the query (recorded with
-  :class:`dmlstudy.methods.cross_attention.AttentionRecorder` during one pass of the hierarchy);
-* ``crt``: the codes of the most spatially selective prototypes on the query and its retrievals
-  (:func:`dmlstudy.experiments.crt.heatmap_figure`);
-* every other method: "no explanation for this method".
+its explanation: what the trained method itself shows about the query and its first retrievals
+(:meth:`dmlstudy.methods.Method.explain`: DIML's transport plans, cross-attention's attention maps, CRT's prototype
+codes), drawn by its kind (:func:`dmlstudy.plots.explanation_figure`); a method that explains nothing says so.
 
 Decisions: a run is listed when its folder holds ``metrics.json``, ``config.yaml``, ``embeddings.npz`` and
 ``checkpoint.pt`` (a complete run); it is loaded from those records with the public training functions
@@ -29,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +31,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
 from dmlstudy.config import TypedConfig, load_yaml
-from dmlstudy.experiments.kit import evaluation_sets
+from dmlstudy.experiments.kit import explained_retrievals, top_k_retrievals
 from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
 from dmlstudy.run.compute import resolve_device
@@ -52,7 +44,6 @@ from dmlstudy.run.protocol import ProtocolConfig, run_grid
 from dmlstudy.run.train import RunResult, TrainConfig, load_reported_state
 
 RUN_RECORDS = ("metrics.json", "config.yaml", "embeddings.npz", "checkpoint.pt")
-NO_EXPLANATION = "no explanation for this method"
 MAX_EXPLAINED = 3  # retrievals explained (the figures grow with each)
 
 
@@ -230,15 +221,6 @@ def load_run(run_dir: str | Path, *, data_root: str = "") -> LoadedRun:
     return LoadedRun(result, datasets["query"], arrays["embeddings"], np.asarray(arrays["labels"]))
 
 
-def top_k_retrievals(embeddings: np.ndarray, query: int, *, top_k: int) -> np.ndarray:
-    """Indices of the ``top_k`` nearest test images of ``query`` by cosine similarity (itself excluded)."""
-    if not 0 <= query < len(embeddings):
-        raise ValueError(f"query: expected an index in [0, {len(embeddings) - 1}], got {query}")
-    k = min(top_k, len(embeddings) - 1)
-    neighbours, _ = metric_functions.nearest_neighbors(np.asarray(embeddings)[[query]], np.asarray(embeddings), k=k + 1)
-    return neighbours[0][neighbours[0] != query][:k]
-
-
 # ----------------------------------------------------------------------------------------------
 # What is drawn
 # ----------------------------------------------------------------------------------------------
@@ -257,55 +239,10 @@ def retrieval_figure(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure
     return figure
 
 
-def _diml_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
-    method = loaded.result.method
-    key = ("diml_sets", str(loaded.result.run_dir))
-    if key not in cache:
-        cache[key] = evaluation_sets(loaded.result, grid_sizes=[method.grid_size])
-    return plots.diml_transport_figure(
-        loaded.result,
-        cache[key],
-        grid=method.grid_size,
-        queries=[query],
-        retrievals=len(retrievals),
-        options=method.options,
-    )
-
-
-def _cross_attention_explanation(
-    loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict
-) -> plt.Figure | str:
-    return plots.cross_attention_explanation(loaded.result.method, loaded.dataset, query, retrievals)
-
-
-def _crt_explanation(loaded: LoadedRun, query: int, retrievals: Sequence[int], cache: dict) -> plt.Figure | str:
-    method = loaded.result.method
-    if not method.use_crt:
-        return "CRT without the transform (use_crt=False): no prototypes to show"
-    figure = plots.crt_heatmap_figure(method, loaded.dataset, [query, *retrievals], prototypes=min(6, method.K1))
-    figure.suptitle(
-        f"prototype codes on the query (top row) and its retrievals #1–#{len(retrievals)}",
-        fontsize=8,
-        y=1.0 + 0.25 / figure.get_figheight(),
-    )
-    return figure
-
-
-EXPLAINERS: dict[str, Callable[[LoadedRun, int, Sequence[int], dict], plt.Figure | str]] = {
-    "diml": _diml_explanation,
-    "cross_attention": _cross_attention_explanation,
-    "crt": _crt_explanation,
-}
-
-
-def explanation(loaded: LoadedRun, query: int, *, top_k: int, cache: dict | None = None) -> plt.Figure | str:
-    """The method's explanation of the query's first ``min(top_k, 3)`` retrievals (see the module docstring),
-    or a sentence saying there is none. ``cache`` keeps per-run intermediate results between calls."""
-    explainer = EXPLAINERS.get(loaded.method_name)
-    if explainer is None:
-        return f"{loaded.method_name}: {NO_EXPLANATION}"
-    retrievals = top_k_retrievals(loaded.embeddings, query, top_k=min(top_k, MAX_EXPLAINED)).tolist()
-    return explainer(loaded, query, retrievals, {} if cache is None else cache)
+def explanation(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure | str:
+    """The method's explanation of the query and its first ``min(top_k, 3)`` retrievals
+    (:func:`~dmlstudy.experiments.kit.explained_retrievals`), or a sentence saying there is none."""
+    return explained_retrievals(loaded.result, loaded.dataset, [query], retrievals=min(top_k, MAX_EXPLAINED))
 
 
 class Explorer:
@@ -316,7 +253,6 @@ class Explorer:
             raise ValueError("Explorer: no complete runs to explore (train one first, e.g. with ensure_runs)")
         self.runs, self.data_root = runs.reset_index(drop=True), data_root
         self._loaded: dict[str, LoadedRun] = {}
-        self.cache: dict = {}
 
     def load(self, run_dir: str | Path) -> LoadedRun:
         key = str(run_dir)
@@ -379,7 +315,7 @@ class Explorer:
         )
         items: list[plt.Figure | str] = [header, retrieval_figure(loaded, query, top_k=top_k)]
         if explain:
-            items.append(explanation(loaded, query, top_k=top_k, cache=self.cache))
+            items.append(explanation(loaded, query, top_k=top_k))
         return items
 
 

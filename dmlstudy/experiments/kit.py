@@ -25,7 +25,9 @@ import pandas as pd
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
+from dmlstudy import plots
 from dmlstudy.experiments.papers import PAPER_DATASET
+from dmlstudy.metrics import nearest_neighbors
 from dmlstudy.run.compute import autocast_context, autocast_dtype, resolve_device
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
@@ -34,6 +36,7 @@ from dmlstudy.study.report import mean_std_text
 
 Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
 BASELINE: Variant = ("ms", {"method": "ms"})  # the MS baseline every paper compares with
+NO_EXPLANATION = "no explanation for this method"
 MAX_PROJECTION_POINTS = 4095
 TSNE_ITERATIONS = (
     500  # 250 early-exaggeration + 250 free steps: settled for a few thousand points, half the default cost
@@ -160,6 +163,31 @@ def evaluation_sets(result: RunResult, *, grid_sizes: Sequence[int]) -> dict[str
         "gallery": embed(datasets["gallery"]) if datasets.get("gallery") is not None else None,
         "device": device,
     }
+
+
+def top_k_retrievals(embeddings: np.ndarray, query: int, *, top_k: int) -> np.ndarray:
+    """Indices of the ``top_k`` nearest test images of ``query`` by cosine similarity (itself excluded)."""
+    if not 0 <= query < len(embeddings):
+        raise ValueError(f"query: expected an index in [0, {len(embeddings) - 1}], got {query}")
+    k = min(top_k, len(embeddings) - 1)
+    neighbours, _ = nearest_neighbors(np.asarray(embeddings)[[query]], np.asarray(embeddings), k=k + 1)
+    return neighbours[0][neighbours[0] != query][:k]
+
+
+def explained_retrievals(
+    result: RunResult, dataset, queries: Sequence[int], *, retrievals: int, explain: Callable | None = None
+) -> plt.Figure | str:
+    """Each query of ``dataset`` (the run's test set) with its first ``retrievals`` retrievals by the run's stored
+    test embeddings, explained by ``explain(method, images)`` (default the method's own
+    :meth:`~dmlstudy.methods.Method.explain`) and drawn by :func:`dmlstudy.plots.explanation_figure`."""
+    explain = explain or (lambda method, images: method.explain(images))
+    device = next(result.method.parameters()).device
+    explained = []
+    for query in queries:
+        indices = [query, *top_k_retrievals(result.embeddings["embeddings"], query, top_k=retrievals).tolist()]
+        explanation = explain(result.method, torch.stack([dataset[i][0] for i in indices]).to(device))
+        explained.append((explanation or f"{result.config.method}: {NO_EXPLANATION}", indices))
+    return plots.explanation_figure(explained, dataset)
 
 
 # ----------------------------------------------------------------------------------------------

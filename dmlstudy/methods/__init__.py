@@ -18,8 +18,11 @@ from dmlstudy.methods.base import (
     METHOD_INFO,
     METHODS,
     VARIANT_SEARCH_SPACES,
+    Explanation,
+    HeatMaps,
     Method,
     MethodInfo,
+    TransportPlans,
     build_method,
     global_pool,
     list_methods,
@@ -45,6 +48,9 @@ def discover() -> list[str]:
 discover()
 
 __all__ = [
+    "Explanation",
+    "HeatMaps",
+    "TransportPlans",
     "EVAL_BATCH_SIZE",
     "GROUPS",
     "METHODS",

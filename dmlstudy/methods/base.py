@@ -4,6 +4,11 @@ A method is an ``nn.Module`` whose ``forward(images)`` returns the inference emb
 L2-normalised) and whose ``loss(images, labels)`` returns ``(loss, parts)``: the scalar to minimise and a
 dict of named parts (floats) for the logs. Extra test-time scoring (DIML re-ranking, cross-attention sⁿ)
 lives in separately named functions of the method's own file. The training loop knows nothing else.
+
+A method carries what it can show about a retrieval: :meth:`Method.explain` returns the numbers of its
+explanation (:class:`HeatMaps` over the images, or :class:`TransportPlans` between their grids), which
+:func:`dmlstudy.plots.explanation_figure` draws by their kind, so that the explorer and the figures need no
+branch per method.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -36,6 +42,34 @@ def global_pool(feature_map: torch.Tensor, pooling: str = "avg") -> torch.Tensor
     if pooling not in POOLINGS:
         raise KeyError(f"unknown pooling {pooling!r}; valid names: {', '.join(POOLINGS)}")
     return POOLINGS[pooling](feature_map)
+
+
+@dataclass(frozen=True)
+class HeatMaps:
+    """An explanation drawn as heat maps over the explained images: ``panels[r]`` is row r of the figure, a list of
+    ``(image, heat, title)``: ``image`` the position among the explained images (0 the query, 1… its retrievals),
+    ``heat`` an h × w map over that image's feature grid, scaled to [0, 1]. ``rows`` names the image each row is
+    about (its titles take that image's class colour); with ``plain`` each row starts with its image alone."""
+
+    title: str
+    label: str  # what the colour of the maps shows (the colour bar's label)
+    panels: list[list[tuple[int, np.ndarray, str]]]
+    rows: list[int]
+    plain: bool = False
+
+
+@dataclass(frozen=True)
+class TransportPlans:
+    """An explanation drawn as transport plans between the query's G × G grid cells and each retrieval's:
+    ``plans[r]`` (G² × G², row-major cells) for retrieval r + 1, ``values[r]`` the similarities it rests on."""
+
+    title: str
+    grid: int
+    plans: list[np.ndarray]
+    values: list[str]
+
+
+Explanation = HeatMaps | TransportPlans | str  # a string says why this configuration has nothing to show
 
 
 class Method(nn.Module):
@@ -63,6 +97,12 @@ class Method(nn.Module):
     def head_parameters(self) -> list[nn.Parameter]:
         """Parameters trained at ``head_lr`` (proxies, class centres); everything else uses ``lr``."""
         return []
+
+    def explain(self, images: torch.Tensor) -> Explanation | None:
+        """What the method shows about a query ``images[0]`` and its retrievals ``images[1:]`` (the inputs the
+        network sees): heat maps or transport plans, a sentence when this configuration has nothing to show, or
+        None for a method that explains nothing beyond its embedding (the default)."""
+        return None
 
     def parameter_groups(
         self, *, lr: float, head_lr: float, weight_decay: float, backbone_lr: float | None = None

@@ -41,7 +41,7 @@ from torch import nn
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.losses import multi_similarity_loss
-from dmlstudy.methods.base import EVAL_BATCH_SIZE, Method, global_pool, register_method
+from dmlstudy.methods.base import EVAL_BATCH_SIZE, Explanation, HeatMaps, Method, global_pool, register_method
 from dmlstudy.models import Backbone
 from dmlstudy.search_space import LR, Int
 
@@ -235,6 +235,36 @@ class CrossAttention(Method):
             parts["ms_s0"] = float(unconditional.detach())
             final = final + unconditional
         return final, parts
+
+    @torch.no_grad()
+    def explain(self, images: torch.Tensor, *, level: int | None = None) -> Explanation:
+        """The attention of block ``level`` (default the last) for each retrieval r: over the query's locations
+        when the query is conditioned on r, and over r's when r is conditioned on the query; one pass of the
+        hierarchy over the batch, read with forward hooks (:class:`AttentionRecorder`), each map divided by its
+        largest weight."""
+        if not self.num_blocks:
+            return "cross-attention with N = 0 blocks: no attention to show"
+        level = level or self.num_blocks
+        was_training = self.training
+        self.eval()
+        with AttentionRecorder(self) as recorder:
+            feature_map = self.backbone(images)
+            self.conditional_embeddings(feature_map, num_levels=level)
+        self.train(was_training)
+        weights = recorder.maps[level - 1]  # X × X × T: [i, j] = image i's locations, conditioned on image j
+        height, width = feature_map.shape[-2:]
+
+        def scaled(image: int, other: int) -> np.ndarray:
+            heat = weights[image, other].reshape(height, width).float().numpy()
+            return heat / (float(heat.max()) or 1.0)
+
+        retrievals = range(1, len(images))
+        return HeatMaps(
+            title=f"attention of block {level}: where an image looks when conditioned on the other",
+            label="attention weight / its maximum",
+            panels=[[(0, scaled(0, r), f"query | #{r}"), (r, scaled(r, 0), f"#{r} | query")] for r in retrievals],
+            rows=list(retrievals),
+        )
 
 
 def pair_similarity(level: torch.Tensor) -> torch.Tensor:

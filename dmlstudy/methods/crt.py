@@ -50,7 +50,9 @@ through a linear head of size d or D, L_CON kept, no prototypes, no L_DIV); "−
 
 Test-time functions: :func:`branch_embeddings` (either branch), :class:`BranchEmbedder` (a module that
 ``dmlstudy.run.evaluation.embed`` can use for branch 2), :func:`code_maps` (a_jk on the H × W grid, for heat maps)
-and :func:`prototype_correlation` (the K × K |cos| matrix).
+and :func:`prototype_correlation` (the K × K |cos| matrix). Its explanation of a retrieval
+(:meth:`CRT.explain`): the code maps of the most spatially selective prototypes on the query and its
+retrievals (:func:`selective_prototypes`).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmlstudy.losses import MultiSimilarityLoss
-from dmlstudy.methods.base import Method, global_pool, register_method
+from dmlstudy.methods.base import Explanation, HeatMaps, Method, global_pool, register_method
 from dmlstudy.models import Backbone
 from dmlstudy.search_space import LR, Float, LogFloat
 
@@ -332,6 +334,26 @@ class CRT(Method):
         parts = {"div": diversity, "ms1": ms_first, "ms2": ms_second, "con": consistency}
         return total, {name: float(value.detach()) for name, value in parts.items()}
 
+    def explain(self, images: torch.Tensor, *, prototypes: int = 6, branch: int = 1) -> Explanation:
+        """The code maps a_jk of the ``prototypes`` most spatially selective prototypes of ``branch``
+        (:func:`selective_prototypes`) on every image, each map min–max scaled (where a prototype fires, not how
+        strongly); the title gives its mean code."""
+        if not self.use_crt:
+            return "CRT without the transform (use_crt=False): no prototypes to show"
+        maps = code_maps(self, images, branch=branch)  # B × K × h × w
+        chosen = selective_prototypes(maps, min(prototypes, maps.shape[1]))
+        panels = [
+            [(row, _unit_range(maps[row, k]), f"c_{k} (ā={float(maps[row, k].mean()):.2f})") for k in chosen]
+            for row in range(len(images))
+        ]
+        return HeatMaps(
+            title=f"CRT code maps a_jk of the {len(chosen)} most spatially selective prototypes (branch {branch})",
+            label="code a_jk, min–max scaled per map",
+            panels=panels,
+            rows=list(range(len(images))),
+            plain=True,
+        )
+
 
 def _check_branch(branch: int) -> None:
     if branch not in (1, 2):
@@ -405,3 +427,16 @@ def prototype_correlation(method: CRT, *, branch: int = 1) -> torch.Tensor:
     """|cos(c_k, c_j)| between the prototypes of ``branch``: ``K × K`` (ones on the diagonal)."""
     unit = F.normalize(_as_crt(method).bank(branch).prototypes, dim=1)
     return (unit @ unit.T).abs()
+
+
+def selective_prototypes(maps: torch.Tensor, count: int) -> list[int]:
+    """The ``count`` prototypes whose code maps (``B × K × H × W``) vary most over the grid (coefficient of
+    variation, averaged over the images)."""
+    flat = maps.flatten(2)  # B × K × HW
+    variation = (flat.std(dim=2) / flat.mean(dim=2).clamp_min(1e-12)).mean(dim=0)
+    return variation.argsort(descending=True)[:count].tolist()
+
+
+def _unit_range(heat: torch.Tensor):
+    """``heat`` min–max scaled to [0, 1], as a numpy array."""
+    return ((heat - heat.min()) / (heat.max() - heat.min()).clamp_min(1e-12)).cpu().numpy()

@@ -12,7 +12,9 @@ In training (supplement A.3) the plan is computed without gradient and the base 
 similarity or distance (:class:`DIML`). At test time (supplement A.2) the cosine top-K candidates of each query
 are re-ranked by ``cos + s_struct`` (:mod:`dmlstudy.reranking`, on the grid embeddings of
 :func:`embed_grid_dataset`); this works on *any* model with a ``backbone`` and a linear ``embedding`` layer
-(the plain baseline included: its embedding layer is applied per cell).
+(the plain baseline included: its embedding layer is applied per cell). The same holds for its explanation of a
+retrieval, the transport plan between the query's grid and each retrieval's (:func:`transport_explanation`,
+:meth:`DIML.explain`).
 
 Decisions where the paper leaves room (all stated again where they act; those of the
 transport itself are in :mod:`dmlstudy.transport`):
@@ -47,7 +49,7 @@ from torch import nn
 
 from dmlstudy.data.loading import evaluation_batches
 from dmlstudy.losses import multi_similarity_loss
-from dmlstudy.methods.base import EVAL_BATCH_SIZE, Method, global_pool, register_method
+from dmlstudy.methods.base import EVAL_BATCH_SIZE, Explanation, Method, TransportPlans, global_pool, register_method
 from dmlstudy.models import Backbone
 from dmlstudy.search_space import LR, Float, LogFloat
 from dmlstudy.transport import DEFAULT_EPSILON, TransportOptions, pairwise_structural_similarity
@@ -119,6 +121,36 @@ class GridEmbeddings:
     global_: np.ndarray
     local: dict[int, np.ndarray]
     labels: np.ndarray
+
+
+@torch.no_grad()
+def transport_explanation(
+    method: nn.Module,
+    images: torch.Tensor,
+    *,
+    grid_size: int = DEFAULT_GRID_SIZE,
+    options: TransportOptions | None = None,
+) -> TransportPlans:
+    """The transport plan between the G × G cells of a query ``images[0]`` and those of each retrieval
+    ``images[1:]``, with the cosine of their global embeddings and their structural similarity (Eq. 6), for any
+    method with a ``backbone`` and a linear ``embedding`` layer (the plain baseline re-ranked by DIML too)."""
+    was_training = method.training
+    method.eval()
+    global_, local = grid_embeddings(method, images, grid_size=grid_size)
+    method.train(was_training)
+    plans, values = [], []
+    for retrieval in range(1, len(images)):
+        value, _, transport = pairwise_structural_similarity(
+            local[[0]], global_[[0]], local[[retrieval]], global_[[retrieval]], options=options
+        )
+        plans.append(transport.plan[0, 0].float().cpu().numpy())  # G² × G²
+        values.append(f"cos {float(global_[0] @ global_[retrieval]):.2f}, s_struct {value.item():.2f}")
+    return TransportPlans(
+        title="DIML transport plans: lines = largest entries of T (width ∝ mass); the marginals μ_s, μ_t beside",
+        grid=grid_size,
+        plans=plans,
+        values=values,
+    )
 
 
 @torch.no_grad()
@@ -298,6 +330,11 @@ class DIML(Method):
         """``(global B × d, local B × G² × d)``, both L2-normalised."""
         global_, local = embed_feature_map(self, self.backbone(images), grid_sizes=(self.grid_size,))
         return global_, local[self.grid_size]
+
+    def explain(self, images: torch.Tensor) -> Explanation:
+        """The transport plans of its own grid and transport between the query and each retrieval
+        (:func:`transport_explanation`)."""
+        return transport_explanation(self, images, grid_size=self.grid_size, options=self.options)
 
     def loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         global_, local = self.embed(images)

@@ -33,6 +33,7 @@ Decisions (reported in the notebook):
 
 from dmlstudy.experiments.crt.figures import (
     branch_tsne_figure,
+    prototype_correlation_figure,
     transform_figure,
 )
 from dmlstudy.experiments.crt.study import (
@@ -128,6 +129,7 @@ __all__ = [
     "main_table",
     "ms_variant",
     "pair_table",
+    "prototype_correlation_figure",
     "paper_backbone_table",
     "split_embeddings",
     "split_geometry_table",

@@ -7,9 +7,10 @@ import numpy as np
 import torch
 from torch.utils.data import Subset
 
+from dmlstudy import plots
 from dmlstudy.experiments.crt.study import evaluation_split
 from dmlstudy.experiments.kit import box, device_of, link, projection_figure
-from dmlstudy.methods.crt import CRT, BranchEmbedder
+from dmlstudy.methods.crt import CRT, BranchEmbedder, prototype_correlation
 from dmlstudy.run.evaluation import embed
 from dmlstudy.run.train import RunResult
 
@@ -88,3 +89,18 @@ def branch_tsne_figure(result: RunResult, *, classes: int = 10, seed: int = 0) -
     return projection_figure(
         panels, kind="tsne", classes=classes, seed=seed, title=f"{result.config.dataset}, CRT's two branches"
     )
+
+
+def prototype_correlation_figure(method: CRT, *, branch: int = 1) -> plt.Figure:
+    """The K × K |cos| matrix between the learned prototypes (L_DIV pushes its off-diagonal towards 0)."""
+    matrix = prototype_correlation(method, branch=branch).cpu().numpy()
+    count = len(matrix)
+    off = matrix[~np.eye(count, dtype=bool)]
+    figure, axis = plt.subplots(figsize=(4.2, 3.6))
+    title = f"|cos(c_k, c_j)|, K = {count}" + (f"; off-diagonal mean {off.mean():.3f}" if count > 1 else "")
+    plots.heatmap(axis, matrix, title=title, label="|cos|", vmin=0, vmax=1)
+    axis.set(xlabel="prototype j", ylabel="prototype k")
+    plots.integer_ticks(axis, "x")
+    plots.integer_ticks(axis, "y")
+    figure.tight_layout()
+    return figure

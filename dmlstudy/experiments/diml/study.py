@@ -130,9 +130,8 @@ def example_run(results: list[tuple[str, RunResult]], config: DIMLStudy) -> RunR
     return by_variant.get(diml_variant_name("ms", config)) or by_variant.get("ms") or first[0][1]
 
 
-def example_query_indices(sets: Mapping[str, GridEmbeddings | None], *, count: int, seed: int = 0) -> list[int]:
-    """``count`` query indices drawn without replacement (seeded)."""
-    n = len(sets["query"].global_)
+def example_query_indices(n: int, *, count: int, seed: int = 0) -> list[int]:
+    """``count`` of the ``n`` query indices, drawn without replacement (seeded)."""
     return sorted(np.random.default_rng(seed).choice(n, size=min(count, n), replace=False).tolist())
 
 
