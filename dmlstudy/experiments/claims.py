@@ -16,8 +16,8 @@ import pandas as pd
 
 from dmlstudy import verdicts
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments import papers
-from dmlstudy.experiments.papers import PAPER_DATASET
+from dmlstudy.experiments.papers import numbers as papers
+from dmlstudy.experiments.papers.numbers import PAPER_DATASET
 from dmlstudy.experiments.tables import seed_text
 from dmlstudy.rows import method_grid
 from dmlstudy.run.protocol import ProtocolConfig, results_frame

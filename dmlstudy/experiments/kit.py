@@ -26,7 +26,7 @@ import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from dmlstudy import plots
-from dmlstudy.experiments.papers import PAPER_DATASET
+from dmlstudy.experiments.papers.numbers import PAPER_DATASET
 from dmlstudy.metrics import nearest_neighbors
 from dmlstudy.run.compute import autocast_context, autocast_dtype, resolve_device
 from dmlstudy.run.data import load_datasets

@@ -14,7 +14,7 @@ import pandas as pd
 
 from dmlstudy import plots
 from dmlstudy.experiments import kit
-from dmlstudy.experiments.papers import numbers
+from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.metrics import class_subset_recall
 from dmlstudy.rows import RERANK, method_label
 from dmlstudy.run.protocol import ProtocolConfig, results_frame

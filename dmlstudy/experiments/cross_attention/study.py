@@ -13,7 +13,7 @@ import torch
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.experiments.kit import as_grid, device_of, method_defaults, run_variants
-from dmlstudy.experiments.papers import numbers
+from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods.cross_attention import (
     AttentionRecorder,
     CrossAttention,

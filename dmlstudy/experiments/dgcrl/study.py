@@ -19,7 +19,7 @@ from torch.utils.data import Subset
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.experiments.kit import method_defaults, variant_name, with_reference
-from dmlstudy.experiments.papers import numbers
+from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
     DGCRL,

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy.experiments.kit import cache_key, embedding_precision, evaluation_sets
-from dmlstudy.experiments.papers import numbers
+from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods.diml import DEFAULT_GRID_SIZE, GridEmbeddings
 from dmlstudy.records import write_json
 from dmlstudy.reranking import reranked_retrieval_metrics
