@@ -55,7 +55,7 @@ print("RESULT " + json.dumps({"seconds": seconds, "R@1": [m["R@1"] for m in metr
 GRID = (
     SETUP
     + r"""
-from dmlstudy.run.protocol import run_grid
+from dmlstudy.study.grids import run_grid
 metrics = [result.metrics for _, result in run_grid(configs, workers=2)]
 """
     + REPORT

@@ -21,9 +21,10 @@ from dmlstudy.methods import METHOD_INFO, METHODS, build_method, method_info
 from dmlstudy.models import build_backbone
 from dmlstudy.rows import rows_markdown
 from dmlstudy.run.identity import identity_hash
-from dmlstudy.run.protocol import UntunedRowWarning, resolve_run, results_frame, run_grid
+from dmlstudy.run.protocol import UntunedRowWarning, resolve_run
 from dmlstudy.run.tuned import tuned_overrides
 from dmlstudy.study import engine
+from dmlstudy.study.grids import results_frame, run_grid
 from dmlstudy.study.tuning import load_tune_config, run_tune_plan
 
 ROOT = Path(__file__).resolve().parents[1]

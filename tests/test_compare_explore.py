@@ -617,8 +617,8 @@ def test_rerankings_compute_on_the_runs_device(tiny_config, monkeypatch):
 def test_a_regime_waits_once_for_its_runs_and_once_for_its_rerankings(tiny_comparison, monkeypatch):
     """A regime's runs (main rows, classic baselines) go to the engine in one grid and its re-rankings (the
     table's and the claims') in one batch; judging it again reads everything from disk, with the same tables."""
-    from dmlstudy.experiments import protocol
     from dmlstudy.run.train import is_complete, run
+    from dmlstudy.study import grids
 
     calls = {"train": [], "rerank": []}
 
@@ -633,7 +633,7 @@ def test_a_regime_waits_once_for_its_runs_and_once_for_its_rerankings(tiny_compa
         for args in arguments:
             function(*args)
 
-    monkeypatch.setattr(protocol, "train_on_engine", train_on_engine)
+    monkeypatch.setattr(grids, "train_on_engine", train_on_engine)
     monkeypatch.setattr(rerank, "call_in_processes", call_in_processes)
     config = tiny_comparison(
         seeds=[0],

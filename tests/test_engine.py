@@ -16,8 +16,8 @@ import torch
 
 from dmlstudy.run import guard
 from dmlstudy.run.compute import resolve_device
-from dmlstudy.run.protocol import run_grid
 from dmlstudy.study import engine
+from dmlstudy.study.grids import run_grid
 
 TIMING = ("train_seconds", "seconds_per_epoch", "eval_seconds", "train_cpu_seconds", "eval_cpu_seconds")
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from dmlstudy import cli
-from dmlstudy.experiments import plan_inputs
 from dmlstudy.paths import project_root
+from dmlstudy.study import plan_inputs
 
 NOTEBOOKS = project_root() / "notebooks"
 

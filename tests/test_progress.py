@@ -273,8 +273,8 @@ def test_the_emoji_download_says_what_it_waits_for_before_npm_answers(tmp_path, 
 def test_make_studys_caching_step_asks_for_the_stem_bar_in_a_log_too(monkeypatch):
     """``make study`` caches the stem before any notebook (minutes): its bar is asked for, not left to whether
     stderr is a terminal, so a log of a batch run shows it as well; the plan's config is not changed."""
-    from dmlstudy.experiments import plan_inputs
     from dmlstudy.run.train import TrainConfig
+    from dmlstudy.study import plan_inputs
 
     asked = []
     monkeypatch.setattr(plan_inputs, "load_datasets", lambda config: asked.append(config.progress))

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from dmlstudy.records import write_json
-from dmlstudy.run.protocol import GridRunError, call_in_processes, is_complete, run_grid
 from dmlstudy.study import engine
+from dmlstudy.study.grids import GridRunError, call_in_processes, is_complete, run_grid
 
 
 @pytest.fixture(autouse=True)

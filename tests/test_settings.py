@@ -10,18 +10,19 @@ import pytest
 import yaml
 
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments import protocol as protocol_module
 from dmlstudy.experiments.claims import CLAIMS, ablation_grid
 from dmlstudy.experiments.compare import CompareStudy, trained_methods
 from dmlstudy.methods import list_methods
 from dmlstudy.rows import SHARED_VARIANTS, method_grid
 from dmlstudy.run import identity
-from dmlstudy.run.protocol import ProtocolConfig, resolve_run, train_on_engine
+from dmlstudy.run import protocol as protocol_module
+from dmlstudy.run.protocol import ProtocolConfig, resolve_run
 from dmlstudy.run.regimes import regime_overrides, run_prefix
 from dmlstudy.run.train import TrainConfig
 from dmlstudy.run.tuned import RowResult, write_tuned
 from dmlstudy.search_space import merged
 from dmlstudy.study import engine
+from dmlstudy.study.grids import train_on_engine
 from dmlstudy.study.plan import load_plan
 
 

@@ -365,7 +365,7 @@ def test_ctrl_c_stops_a_plan_cleanly_and_keeps_what_finished(toy_notebooks, mark
     write_notebook(
         toy_notebooks / "train.ipynb",
         "study: str = 'x'\nruns_root: str = ''\nworkers: int = 2",
-        "import json, os, pathlib\nfrom dmlstudy import engine\nfrom dmlstudy.run.train import TrainConfig\n"
+        "import json, os, pathlib\nfrom dmlstudy.study import engine\nfrom dmlstudy.run.train import TrainConfig\n"
         f"config = TrainConfig(study=study, runs_root=runs_root, data_root={str(tiny_data_root)!r}, dataset='cub200', "
         "run_name='long', epochs=1000, image_size=32, classes_per_batch=4, samples_per_class=3, steps_per_epoch=2, "
         "train_classes=0, test_classes=0, eval_batch_size=64, progress=False, device='cpu')\n"

@@ -65,6 +65,7 @@ from dmlstudy.experiments.claims import (
     claims_frame,
     claims_table,
 )
+from dmlstudy.experiments.kit import StudyConfig
 from dmlstudy.experiments.regime_comparison import RegimeComparison
 from dmlstudy.experiments.rerank import Reranking, claim_rerank_results, rerank_missing, rerank_results
 from dmlstudy.experiments.tables import comparison_frame, comparison_table, table_note
@@ -72,10 +73,11 @@ from dmlstudy.methods import list_methods
 from dmlstudy.paths import study_outputs
 from dmlstudy.rows import EXTRA_ROWS, RERANK, method_grid
 from dmlstudy.run.data import class_split_counts
-from dmlstudy.run.protocol import ProtocolConfig, StudyConfig, run_grid, train_grid
+from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.regimes import regime
 from dmlstudy.run.train import RunResult, TrainConfig
 from dmlstudy.study import sequential
+from dmlstudy.study.grids import run_grid, train_grid
 
 
 @dataclass

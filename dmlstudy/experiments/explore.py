@@ -40,8 +40,9 @@ from dmlstudy.run.compute import resolve_device
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.identity import superseded_runs
 from dmlstudy.run.model import build_model
-from dmlstudy.run.protocol import ProtocolConfig, run_grid
+from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult, TrainConfig, load_reported_state
+from dmlstudy.study.grids import run_grid
 
 RUN_RECORDS = ("metrics.json", "config.yaml", "embeddings.npz", "checkpoint.pt")
 MAX_EXPLAINED = 3  # retrievals explained (the figures grow with each)

@@ -17,6 +17,7 @@ import inspect
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -26,13 +27,26 @@ import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from dmlstudy import plots
+from dmlstudy.config import TypedConfig
 from dmlstudy.experiments.papers.numbers import PAPER_DATASET
 from dmlstudy.metrics import nearest_neighbors
 from dmlstudy.run.compute import autocast_context, autocast_dtype, resolve_device
 from dmlstudy.run.data import load_datasets
-from dmlstudy.run.protocol import ProtocolConfig, mean_std_table, results_frame, run_grid
+from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult, TrainConfig
+from dmlstudy.study.grids import mean_std_table, results_frame, run_grid
 from dmlstudy.study.report import mean_std_text
+
+
+@dataclass
+class StudyConfig(TypedConfig):
+    """The base of every study notebook's config: the shared protocol as one parameter, a mapping of
+    :class:`ProtocolConfig` fields, next to the notebook's own parameters."""
+
+    protocol: ProtocolConfig = field(
+        default_factory=ProtocolConfig
+    )  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
+
 
 Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
 BASELINE: Variant = ("ms", {"method": "ms"})  # the MS baseline every paper compares with

@@ -21,8 +21,8 @@ from dmlstudy.experiments.claims import claim_reranks
 from dmlstudy.records import write_json
 from dmlstudy.reranking import reranked_retrieval_metrics
 from dmlstudy.rows import RERANK
-from dmlstudy.run.protocol import call_in_processes
 from dmlstudy.run.train import RunResult, TrainConfig, run
+from dmlstudy.study.grids import call_in_processes
 from dmlstudy.transport import TransportOptions
 
 

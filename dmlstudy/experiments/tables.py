@@ -17,8 +17,9 @@ from dmlstudy.experiments import kit
 from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.metrics import class_subset_recall
 from dmlstudy.rows import RERANK, method_label
-from dmlstudy.run.protocol import ProtocolConfig, results_frame
+from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult
+from dmlstudy.study.grids import results_frame
 from dmlstudy.study.report import summarize, write_table
 
 RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K

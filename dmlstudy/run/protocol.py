@@ -6,37 +6,28 @@ notebook's ``parameters`` cell and a plan's entry give as one mapping (``protoco
 out keep the CI-sized defaults); :func:`resolve_run` (through
 :meth:`ProtocolConfig.train_config` and :meth:`ProtocolConfig.grid`) turns it into the
 :class:`~dmlstudy.run.train.TrainConfig` of one run — the one place where the plan's values, the regime, the tuned
-values and a variant's own settings meet, each value's origin recorded in the run's ``config.yaml`` — and
-:func:`run_grid` trains a list of them, reusing complete runs (``resume=True``), so re-executing a notebook costs
-nothing for finished runs.
+values and a variant's own settings meet, each value's origin recorded in the run's ``config.yaml``. It sits
+beside the settings it resolves (:mod:`dmlstudy.run.settings`), below its users: the study's grids of runs
+(:mod:`dmlstudy.study.grids`), the tuning driver and the CLI.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from dmlstudy import distributed
-from dmlstudy.config import TypedConfig, load_yaml
+from dmlstudy.config import load_yaml
 from dmlstudy.paths import project_file, project_root
 from dmlstudy.run import identity
-from dmlstudy.run.checkpoint_selection import best_epoch_censored
-from dmlstudy.run.data import load_datasets
 from dmlstudy.run.regimes import REGIMES, regime_overrides, run_prefix
 from dmlstudy.run.settings import StudySettings
-from dmlstudy.run.train import RunResult, TrainConfig, is_complete, run
+from dmlstudy.run.train import TrainConfig
 from dmlstudy.run.tuned import list_rows, tuned_file, tuned_overrides
 from dmlstudy.search_space import flattened, merged
-from dmlstudy.study import engine
-from dmlstudy.study.engine import GridRunError, available_cores  # noqa: F401 - re-exported: callers import them from here
-from dmlstudy.study.report import summarize
 
 
 @dataclass
@@ -194,16 +185,6 @@ def plan_protocol(plan: str | Path) -> dict[str, Any]:
     return values
 
 
-@dataclass
-class StudyConfig(TypedConfig):
-    """The base of every study notebook's config: the shared protocol as one parameter, a mapping of
-    :class:`ProtocolConfig` fields, next to the notebook's own parameters."""
-
-    protocol: ProtocolConfig = field(
-        default_factory=ProtocolConfig
-    )  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
-
-
 class UntunedRowWarning(UserWarning):
     """A row of a tuned study has no tuned values in its tuned-values file."""
 
@@ -287,104 +268,3 @@ def resolve_run(
             key: origin for key, origin in origins.items() if key.startswith(f"{field_name}.") and key in recorded
         }
     return ResolvedRun(identity.with_origins(config, ordered), ordered)
-
-
-def call_in_processes(
-    function: Callable[..., Any], arguments: list[tuple], *, workers: int, what: str = "evaluations"
-) -> None:
-    """``function(*args)`` for every tuple of ``arguments`` as tasks of the engine (:mod:`dmlstudy.study.engine`):
-    ``workers`` local worker processes with ``cores // workers`` threads each, or the cluster of
-    ``DMLSTUDY_SCHEDULER``. For per-run evaluations that write their own cache files (DIML re-ranking runs one
-    thread busy, so two processes halve its wall time on 2 cores). ``function`` must be importable by the
-    workers (a module-level function). Every call runs; failures are reported together at the end."""
-    client = engine.get_client(workers)
-    submissions = [
-        (
-            f"{getattr(function, '__name__', 'call')}{tuple(args)!r:.120}",
-            engine.call_task,
-            (function, *args),
-            engine.call_key(function, tuple(args), index),
-        )
-        for index, args in enumerate(arguments)
-    ]
-    engine.run_tasks(client, submissions, what=what)
-
-
-def train_on_engine(configs: list[TrainConfig], *, workers: int, progress: bool = True) -> None:
-    """Train the unfinished ``configs`` as idempotent engine tasks keyed by run folder
-    (:func:`dmlstudy.study.engine.train_task`): complete runs are skipped, interrupted ones resume from their last
-    checkpoint, and a failed run does not stop the others (all failures are reported together at the end).
-    Float sums may round differently with fewer threads, so a run's metrics can differ in the last digits
-    from a ``workers=1`` run of the same seed."""
-    pending = list({config.run_dir: config for config in configs if not is_complete(config)}.values())
-    if not pending:
-        return
-    for dataset in sorted({config.dataset for config in pending}):  # generate embedded data once, not per worker
-        load_datasets(next(config for config in pending if config.dataset == dataset))
-    submissions = [
-        (
-            f"run {config.run_dir}",
-            engine.train_task,
-            (engine.task_values(config), identity.origins_of(config)),
-            engine.run_task_key(config),
-        )
-        for config in pending
-    ]
-    engine.run_tasks(engine.get_client(workers), submissions, what="runs", progress=progress)
-
-
-def run_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> list[tuple[str, RunResult]]:
-    """Train every config (complete runs are loaded, not retrained) and load the results in order.
-
-    With ``workers > 1``, or when ``DMLSTUDY_SCHEDULER`` names a cluster, the unfinished runs are trained first
-    as tasks of the engine (:func:`train_on_engine`); with ``workers = 1`` and no scheduler (and under
-    torchrun) they train here, one after the other, in this process."""
-    train_grid(configs, workers=workers)
-    return [(variant, run(config)) for variant, config in configs]
-
-
-def train_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> None:
-    """The training half of :func:`run_grid`, nothing loaded: with ``workers > 1`` or a scheduler, the
-    unfinished runs trained as engine tasks (all at once, however many grids ``configs`` joins); otherwise
-    nothing, and :func:`run_grid` trains them one by one when it loads them."""
-    if workers < 1:
-        raise ValueError(f"workers must be ≥ 1, got {workers}")
-    if (workers > 1 or engine.scheduler_address()) and not distributed.launched_by_torchrun():
-        train_on_engine([config for _, config in configs], workers=workers)
-
-
-def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
-    """One row per run: variant, dataset, seed, run folder, metrics, the method's keyword arguments as JSON, and
-    ``best_epoch_censored`` (:func:`dmlstudy.run.checkpoint_selection.best_epoch_censored`: the cap cut its epochs-to-best short)."""
-    rows = []
-    for variant, result in results:
-        config = result.config
-        rows.append(
-            {
-                "variant": variant,
-                "dataset": config.dataset,
-                "method": config.method,
-                "seed": config.seed,
-                "method_kwargs": json.dumps(config.method_kwargs, sort_keys=True),
-                "run_dir": str(config.run_dir),
-                **result.metrics,
-                "best_epoch_censored": best_epoch_censored(result.history, config.patience, config.warmup_epochs),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def mean_std_table(
-    frame: pd.DataFrame, *, metrics: list[str], by: tuple[str, ...] = ("dataset", "variant")
-) -> pd.DataFrame:
-    """Mean ± std over seeds per (dataset, variant), in the order the variants were run."""
-    return summarize(frame, by=list(by), metrics=metrics)
-
-
-def with_paper_column(
-    table: pd.DataFrame, paper: Mapping[str, Any], *, key: str = "variant", label: str = "paper"
-) -> pd.DataFrame:
-    """Add the paper's reported number per variant (for orientation only: other data, backbone and budget)."""
-    table = table.copy()
-    table[label] = [paper.get(value, "–") for value in table[key]]
-    return table

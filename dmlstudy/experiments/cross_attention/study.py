@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from dmlstudy import metrics as metric_functions
-from dmlstudy.experiments.kit import as_grid, device_of, method_defaults, run_variants
+from dmlstudy.experiments.kit import StudyConfig, as_grid, device_of, method_defaults, run_variants
 from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods.cross_attention import (
     AttentionRecorder,
@@ -22,7 +22,7 @@ from dmlstudy.methods.cross_attention import (
     subset_indices,
 )
 from dmlstudy.run.data import load_datasets
-from dmlstudy.run.protocol import ProtocolConfig, StudyConfig
+from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult
 
 # ----------------------------------------------------------------------------------------------

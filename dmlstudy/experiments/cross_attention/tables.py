@@ -18,8 +18,8 @@ from dmlstudy.experiments.cross_attention.study import (
 )
 from dmlstudy.experiments.kit import lookup, paper_column, paper_dataset, without_numbers
 from dmlstudy.methods.cross_attention import CrossAttention
-from dmlstudy.run.protocol import mean_std_table, results_frame
 from dmlstudy.run.train import RunResult
+from dmlstudy.study.grids import mean_std_table, results_frame
 from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import effect_sentence, paired_differences
 

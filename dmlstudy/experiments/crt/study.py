@@ -15,14 +15,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms, evaluation_protocol
-from dmlstudy.experiments.kit import device_of, method_defaults, variant_name, with_reference
+from dmlstudy.experiments.kit import StudyConfig, device_of, method_defaults, variant_name, with_reference
 from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods import build_method
 from dmlstudy.methods.crt import CRT, BranchEmbedder
 from dmlstudy.models import build_backbone
 from dmlstudy.paths import data_root
 from dmlstudy.run.evaluation import embed
-from dmlstudy.run.protocol import ProtocolConfig, StudyConfig
+from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult, TrainConfig
 
 # ----------------------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ from dmlstudy.experiments.crt.study import (
     split_embeddings,
 )
 from dmlstudy.experiments.kit import lookup, paper_column, paper_dataset, summary, without_numbers
-from dmlstudy.run.protocol import results_frame
 from dmlstudy.run.train import RunResult
+from dmlstudy.study.grids import results_frame
 from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import effect_sentence, judge, paired_differences
 

@@ -18,7 +18,7 @@ from torch.utils.data import Subset
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data import build_dataset, build_transforms
-from dmlstudy.experiments.kit import method_defaults, variant_name, with_reference
+from dmlstudy.experiments.kit import StudyConfig, method_defaults, variant_name, with_reference
 from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import (
@@ -36,7 +36,7 @@ from dmlstudy.records import seed_everything
 from dmlstudy.rows import SHARED_VARIANTS
 from dmlstudy.run.checkpoint_selection import best_epoch_censored, selection_evaluations
 from dmlstudy.run.data import load_datasets, training_class_count
-from dmlstudy.run.protocol import ProtocolConfig, StudyConfig
+from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import OPTIMIZERS, RunResult
 
 # ----------------------------------------------------------------------------------------------

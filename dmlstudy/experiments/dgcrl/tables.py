@@ -20,8 +20,8 @@ from dmlstudy.experiments.dgcrl.study import (
     run_rows,
 )
 from dmlstudy.experiments.kit import paper_dataset, without_numbers
-from dmlstudy.run.protocol import mean_std_table, results_frame
 from dmlstudy.run.train import RunResult
+from dmlstudy.study.grids import mean_std_table, results_frame
 from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import Verdict, censor, judge, paired_differences
 

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dmlstudy.experiments.kit import cache_key, embedding_precision, evaluation_sets
+from dmlstudy.experiments.kit import StudyConfig, cache_key, embedding_precision, evaluation_sets
 from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods.diml import DEFAULT_GRID_SIZE, GridEmbeddings
 from dmlstudy.records import write_json
 from dmlstudy.reranking import reranked_retrieval_metrics
-from dmlstudy.run.protocol import StudyConfig, call_in_processes, run_grid
 from dmlstudy.run.train import RunResult, TrainConfig, run
+from dmlstudy.study.grids import call_in_processes, run_grid
 from dmlstudy.transport import DEFAULT_EPSILON, TransportOptions, candidate_structural_similarity
 
 METRICS = ["P@1", "RP", "MAP@R"]
