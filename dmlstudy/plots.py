@@ -24,14 +24,14 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib import patheffects
-from matplotlib.patches import Rectangle
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from dmlstudy import metrics as metric_functions
@@ -405,123 +405,106 @@ def image_grid(
 
 
 # ----------------------------------------------------------------------------------------------
-# A method's explanation of a retrieval (Method.explain), drawn by its kind
+# Heat maps of tables, colour bars per kind of panel, local parts
 # ----------------------------------------------------------------------------------------------
-def explanation_figure(explained: Sequence[tuple[object, Sequence[int]]], dataset) -> plt.Figure | str:
-    """The explanations a method gave (:meth:`dmlstudy.methods.Method.explain`), one below the other:
-    ``explained`` pairs each explanation with the positions in ``dataset`` of the images it explains (the query
-    first). Heat maps are drawn over the images the network saw; transport plans as lines between the grid cells
-    of the query and a retrieval, with the plan's marginals beside. A title is blue when its retrieval is of the
-    query's class, vermillion otherwise. An explanation that is a sentence is returned as it is."""
-    from dmlstudy.methods import HeatMaps, TransportPlans
-
-    first = explained[0][0]
-    if isinstance(first, str) or first is None:
-        return first or "no explanation for this method"
-    labels = np.asarray(dataset.labels)
-    if isinstance(first, HeatMaps):
-        return _heat_maps_figure(explained, dataset, labels)
-    if isinstance(first, TransportPlans):
-        return _transport_plans_figure(explained, dataset, labels)
-    raise TypeError(f"explanation_figure: no drawing for {type(first).__name__}")
-
-
-def _heat_maps_figure(explained, dataset, labels: np.ndarray) -> plt.Figure:
-    rows = [(maps, indices, row) for maps, indices in explained for row in range(len(maps.panels))]
-    plain = int(explained[0][0].plain)
-    columns = plain + max(len(maps.panels[row]) for maps, _, row in rows)
-    figure, axes = plt.subplots(len(rows), columns, figsize=(1.6 * columns, 1.7 * len(rows)), squeeze=False)
-    overlaid, overlay = [], None
-    for line, (maps, indices, row) in enumerate(rows):
-        about = maps.rows[row]
-        colour = "black" if about == 0 else CORRECT if labels[indices[about]] == labels[indices[0]] else WRONG
-        if plain:
-            axes[line, 0].imshow(seen_image(dataset, indices[about]))
-            axes[line, 0].set_title("query" if about == 0 else f"#{about}", fontsize=8, color=colour)
-        for column, (image, heat, title) in enumerate(maps.panels[row], start=plain):
-            picture = seen_image(dataset, indices[image])
-            axis = axes[line, column]
-            axis.imshow(picture)
-            overlay = axis.imshow(
-                heat,
-                cmap=OVERLAY_CMAP,
-                alpha=0.55,
-                vmin=0.0,
-                vmax=1.0,
-                interpolation="bilinear",
-                extent=(-0.5, picture.shape[1] - 0.5, picture.shape[0] - 0.5, -0.5),
-            )
-            axis.set_title(title, fontsize=7, color=colour)
-            overlaid.append(axis)
-    for axis in axes.flat:
-        axis.set_xticks([])
-        axis.set_yticks([])
-        axis.set_frame_on(bool(axis.images))
-    figure.suptitle(
-        explained[0][0].title + "\n(title blue: a retrieval of the query's class; vermillion: another class)",
-        fontsize=8,
-        y=1.0 + 0.35 / figure.get_figheight(),
-    )
+def table_heatmap(table: pd.DataFrame, *, xlabel: str, ylabel: str, title: str, label: str = "") -> plt.Figure:
+    """A table of numbers as a heat map with each value written in its cell (blank where it is NaN): rows and
+    columns keep the table's labels."""
+    values = table.to_numpy(dtype=float)
+    figure, axis = plt.subplots(figsize=(1.0 + 0.75 * values.shape[1], 0.9 + 0.5 * values.shape[0]))
+    image = axis.imshow(np.ma.masked_invalid(values), cmap=HEATMAP_CMAP, aspect="auto")
+    for (row, column), value in np.ndenumerate(values):
+        if not np.isnan(value):
+            colour = "white" if value < np.nanmean(values) else "black"
+            axis.text(column, row, f"{value:.1f}", ha="center", va="center", fontsize=8, color=colour)
+    axis.set(xticks=range(values.shape[1]), xticklabels=list(table.columns), yticks=range(values.shape[0]))
+    axis.set(yticklabels=[str(v) for v in table.index], xlabel=xlabel, ylabel=ylabel, title=title)
+    colourbar = figure.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    colourbar.set_label(label)
     figure.tight_layout()
-    if overlay is not None:
-        overlay_colourbar(figure, overlay, overlaid, label=explained[0][0].label, pad=0.03)
-    return credit(figure, dataset)
+    return figure
 
 
-def _cell_centres(grid: int, size: int) -> np.ndarray:
-    """Pixel centres (x, y) of the G × G cells of a ``size``-pixel image, row-major."""
-    centres = (np.arange(grid) + 0.5) * size / grid
-    ys, xs = np.meshgrid(centres, centres, indexing="ij")
-    return np.stack([xs.ravel(), ys.ravel()], axis=1)
+# ----------------------------------------------------------------------------------------------
+# Diagrams: boxes and arrows (the papers' teaching figures)
+# ----------------------------------------------------------------------------------------------
+Box = tuple[float, float, float, float]  # centre x, centre y, width, height
 
 
-def _transport_plans_figure(explained, dataset, labels: np.ndarray) -> plt.Figure:
-    """Per plan: query and retrieval side by side, the G² largest entries of T as lines between cell centres
-    (width and opacity ∝ mass), and the marginals μ_s (query cells) and μ_t (retrieval cells) as heat maps."""
-    rows = [(plans, indices, rank) for plans, indices in explained for rank in range(1, len(plans.plans) + 1)]
-    figure, axes = plt.subplots(
-        len(rows), 3, figsize=(7.5, 2.3 * len(rows)), gridspec_kw={"width_ratios": [2.2, 1, 1]}, squeeze=False
-    )
-    for line, (plans, indices, rank) in enumerate(rows):
-        plan, grid = plans.plans[rank - 1], plans.grid
-        left, right = seen_image(dataset, indices[0]), seen_image(dataset, indices[rank])
-        size = left.shape[0]
-        axis = axes[line, 0]
-        axis.imshow(np.concatenate([left, np.ones((size, size // 8, 3), left.dtype), right], axis=1))
-        offset, centres = size + size // 8, _cell_centres(grid, size)
-        for edge in np.arange(1, grid) * size / grid:  # the grid cells
-            for x0 in (0, offset):
-                axis.plot([x0 + edge, x0 + edge], [0, size - 1], color="white", linewidth=0.5, alpha=0.6)
-                axis.plot([x0, x0 + size - 1], [edge, edge], color="white", linewidth=0.5, alpha=0.6)
-        for flat in np.argsort(plan.ravel())[::-1][: grid * grid]:
-            i, j = divmod(int(flat), grid * grid)
-            strength = plan[i, j] / plan.max()
-            axis.plot(  # blue with a white casing: visible on light and dark backgrounds alike
-                [centres[i, 0], centres[j, 0] + offset],
-                [centres[i, 1], centres[j, 1]],
-                color=PALETTE[0],
-                linewidth=0.3 + 3.0 * strength,
-                alpha=0.35 + 0.6 * strength,
-                path_effects=[
-                    patheffects.Stroke(linewidth=1.5 + 3.0 * strength, foreground="white"),
-                    patheffects.Normal(),
-                ],
-            )
-        same = labels[indices[rank]] == labels[indices[0]]
-        axis.set_title(
-            f"query {indices[0]} → #{rank} ({'same class' if same else 'other class'}): {plans.values[rank - 1]}",
-            fontsize=7,
-            color=CORRECT if same else WRONG,
+def box(
+    axis: plt.Axes,
+    centre: tuple[float, float],
+    text: str,
+    *,
+    width: float = 1.7,
+    height: float = 0.8,
+    colour: str = "#deebf7",
+) -> Box:
+    """A rounded box with centred text; returns its centre and size for :func:`link`."""
+    x, y = centre
+    axis.add_patch(
+        FancyBboxPatch(
+            (x - width / 2, y - height / 2),
+            width,
+            height,
+            boxstyle="round,pad=0.05",
+            facecolor=colour,
+            edgecolor="#333333",
         )
-        axis.axis("off")
-        for axis, marginal, title in (
-            (axes[line, 1], plan.sum(axis=1), "μ_s (query cells)"),
-            (axes[line, 2], plan.sum(axis=0), "μ_t (retrieval cells)"),
-        ):
-            heatmap(axis, marginal.reshape(grid, grid), title=title, label="transport mass")
-            axis.title.set_fontsize(7)
-            axis.set_xticks([])
-            axis.set_yticks([])
-    figure.suptitle(explained[0][0].title + "; title blue = same class, vermillion = another", fontsize=8)
-    figure.tight_layout()
-    return credit(figure, dataset)
+    )
+    axis.text(x, y, text, ha="center", va="center", fontsize=8)
+    return x, y, width, height
+
+
+def arrow(
+    axis: plt.Axes,
+    start: tuple[float, float],
+    end: tuple[float, float],
+    *,
+    colour: str = "0.25",
+    label: str = "",
+    rad: float = 0.0,
+    **kwargs: Any,
+) -> None:
+    """An arrow between two points (curved by ``rad``), its label boxed in white at the middle."""
+    (x0, y0), (x1, y1) = start, end
+    axis.add_patch(
+        FancyArrowPatch(
+            (x0, y0),
+            (x1, y1),
+            arrowstyle="-|>",
+            mutation_scale=9,
+            color=colour,
+            connectionstyle=f"arc3,rad={rad}",
+            linewidth=1.0,
+            **kwargs,
+        )
+    )
+    if label:
+        axis.text(
+            (x0 + x1) / 2,
+            (y0 + y1) / 2,
+            label,
+            fontsize=7,
+            color=colour,
+            ha="center",
+            va="center",
+            bbox=dict(facecolor="white", edgecolor="none", pad=0.5),
+        )
+
+
+def link(axis: plt.Axes, start: Box, end: Box, text: str = "", *, shift: tuple[float, float] = (0.0, 0.18)) -> None:
+    """An arrow from the right edge of box ``start`` to the left edge of box ``end``, labelled at its middle + ``shift``."""
+    (x0, y0, w0, _), (x1, y1, w1, _) = start, end
+    tail, head = (x0 + w0 / 2 + 0.08, y0), (x1 - w1 / 2 - 0.08, y1)
+    axis.add_patch(FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, color="#333333"))
+    if text:
+        axis.text(
+            (tail[0] + head[0]) / 2 + shift[0],
+            (tail[1] + head[1]) / 2 + shift[1],
+            text,
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            color="#555555",
+        )

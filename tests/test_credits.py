@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from dmlstudy import plots  # noqa: E402
+from dmlstudy import explanations, plots  # noqa: E402
 from dmlstudy.data import (
     emoji,  # noqa: E402
     emoji_sources,
@@ -190,7 +190,7 @@ def explanation_figure(method, dataset, indices, **options) -> plt.Figure:
     import torch
 
     images = torch.stack([dataset[i][0] for i in indices])
-    return plots.explanation_figure([(method.explain(images, **options), indices)], dataset)
+    return explanations.explanation_figure([(method.explain(images, **options), indices)], dataset)
 
 
 def test_a_figure_without_dataset_images_has_no_credit(emoji_split, tmp_path):

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from dmlstudy import plots  # noqa: E402
+from dmlstudy import explanations, plots  # noqa: E402
 from dmlstudy.experiments import cross_attention, crt, dgcrl, diml, tables  # noqa: E402
 from dmlstudy.methods import build_method, list_methods  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
@@ -261,7 +261,7 @@ def test_attention_maps_have_colourbars_and_class_colours(tiny_config):
 def explanation_figure(method, dataset, indices, **options) -> plt.Figure:
     """The method's own explanation of ``dataset[indices[0]]`` and its retrievals ``indices[1:]``, drawn."""
     images = torch.stack([dataset[i][0] for i in indices])
-    return plots.explanation_figure([(method.explain(images, **options), indices)], dataset)
+    return explanations.explanation_figure([(method.explain(images, **options), indices)], dataset)
 
 
 def credit_lines(figure: plt.Figure, dataset) -> list[str]:

@@ -4,7 +4,7 @@ Choose a dataset, a method, one of its runs (found under ``<runs_root>/<study>/`
 query's top-K retrievals framed blue (same class) or vermillion (another class) and, where the method has one,
 its explanation: what the trained method itself shows about the query and its first retrievals
 (:meth:`dmlstudy.methods.Method.explain`: DIML's transport plans, cross-attention's attention maps, CRT's prototype
-codes), drawn by its kind (:func:`dmlstudy.plots.explanation_figure`); a method that explains nothing says so.
+codes), drawn by its kind (:func:`dmlstudy.explanations.explanation_figure`); a method that explains nothing says so.
 
 Decisions: a run is listed when its folder holds ``metrics.json``, ``config.yaml``, ``embeddings.npz`` and
 ``checkpoint.pt`` (a complete run); it is loaded from those records with the public training functions

@@ -24,11 +24,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from dmlstudy import plots
 from dmlstudy.config import TypedConfig
 from dmlstudy.experiments.papers.numbers import PAPER_DATASET
+from dmlstudy.explanations import explanation_figure
 from dmlstudy.metrics import nearest_neighbors
 from dmlstudy.run.compute import autocast_context, autocast_dtype, resolve_device
 from dmlstudy.run.data import load_datasets
@@ -193,7 +192,7 @@ def explained_retrievals(
 ) -> plt.Figure | str:
     """Each query of ``dataset`` (the run's test set) with its first ``retrievals`` retrievals by the run's stored
     test embeddings, explained by ``explain(method, images)`` (default the method's own
-    :meth:`~dmlstudy.methods.Method.explain`) and drawn by :func:`dmlstudy.plots.explanation_figure`."""
+    :meth:`~dmlstudy.methods.Method.explain`) and drawn by :func:`dmlstudy.explanations.explanation_figure`."""
     explain = explain or (lambda method, images: method.explain(images))
     device = next(result.method.parameters()).device
     explained = []
@@ -201,7 +200,7 @@ def explained_retrievals(
         indices = [query, *top_k_retrievals(result.embeddings["embeddings"], query, top_k=retrievals).tolist()]
         explanation = explain(result.method, torch.stack([dataset[i][0] for i in indices]).to(device))
         explained.append((explanation or f"{result.config.method}: {NO_EXPLANATION}", indices))
-    return plots.explanation_figure(explained, dataset)
+    return explanation_figure(explained, dataset)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -447,88 +446,3 @@ def projection_figure(
     )
     figure.tight_layout()
     return figure
-
-
-# ----------------------------------------------------------------------------------------------
-# Diagrams: boxes and arrows
-# ----------------------------------------------------------------------------------------------
-Box = tuple[float, float, float, float]  # centre x, centre y, width, height
-
-
-def box(
-    axis: plt.Axes,
-    centre: tuple[float, float],
-    text: str,
-    *,
-    width: float = 1.7,
-    height: float = 0.8,
-    colour: str = "#deebf7",
-) -> Box:
-    """A rounded box with centred text; returns its centre and size for :func:`link`."""
-    x, y = centre
-    axis.add_patch(
-        FancyBboxPatch(
-            (x - width / 2, y - height / 2),
-            width,
-            height,
-            boxstyle="round,pad=0.05",
-            facecolor=colour,
-            edgecolor="#333333",
-        )
-    )
-    axis.text(x, y, text, ha="center", va="center", fontsize=8)
-    return x, y, width, height
-
-
-def arrow(
-    axis: plt.Axes,
-    start: tuple[float, float],
-    end: tuple[float, float],
-    *,
-    colour: str = "0.25",
-    label: str = "",
-    rad: float = 0.0,
-    **kwargs: Any,
-) -> None:
-    """An arrow between two points (curved by ``rad``), its label boxed in white at the middle."""
-    (x0, y0), (x1, y1) = start, end
-    axis.add_patch(
-        FancyArrowPatch(
-            (x0, y0),
-            (x1, y1),
-            arrowstyle="-|>",
-            mutation_scale=9,
-            color=colour,
-            connectionstyle=f"arc3,rad={rad}",
-            linewidth=1.0,
-            **kwargs,
-        )
-    )
-    if label:
-        axis.text(
-            (x0 + x1) / 2,
-            (y0 + y1) / 2,
-            label,
-            fontsize=7,
-            color=colour,
-            ha="center",
-            va="center",
-            bbox=dict(facecolor="white", edgecolor="none", pad=0.5),
-        )
-
-
-def link(axis: plt.Axes, start: Box, end: Box, text: str = "", *, shift: tuple[float, float] = (0.0, 0.18)) -> None:
-    """An arrow from the right edge of box ``start`` to the left edge of box ``end``, labelled at its middle + ``shift``."""
-    (x0, y0, w0, _), (x1, y1, w1, _) = start, end
-    tail, head = (x0 + w0 / 2 + 0.08, y0), (x1 - w1 / 2 - 0.08, y1)
-    axis.add_patch(FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, color="#333333"))
-    if text:
-        axis.text(
-            (tail[0] + head[0]) / 2 + shift[0],
-            (tail[1] + head[1]) / 2 + shift[1],
-            text,
-            ha="center",
-            va="bottom",
-            fontsize=7,
-            color="#555555",
-        )

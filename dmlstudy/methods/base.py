@@ -7,7 +7,7 @@ lives in separately named functions of the method's own file. The training loop 
 
 A method carries what it can show about a retrieval: :meth:`Method.explain` returns the numbers of its
 explanation (:class:`HeatMaps` over the images, or :class:`TransportPlans` between their grids), which
-:func:`dmlstudy.plots.explanation_figure` draws by their kind, so that the explorer and the figures need no
+:func:`dmlstudy.explanations.explanation_figure` draws by their kind, so that the explorer and the figures need no
 branch per method.
 """
 

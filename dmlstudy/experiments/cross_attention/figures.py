@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dmlstudy import plots
-from dmlstudy.experiments.kit import arrow, box, device_of
+from dmlstudy.experiments.kit import device_of
 from dmlstudy.methods import EVAL_BATCH_SIZE
 from dmlstudy.methods.cross_attention import AttentionRecorder, CrossAttention, feature_maps
-from dmlstudy.plots import CORRECT, OVERLAY_CMAP, WRONG, seen_image
+from dmlstudy.plots import CORRECT, OVERLAY_CMAP, WRONG, arrow, box, seen_image
 
 
 def grid_heatmap(grid: pd.DataFrame, *, title: str = "") -> plt.Figure:

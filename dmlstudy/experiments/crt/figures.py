@@ -9,8 +9,9 @@ from torch.utils.data import Subset
 
 from dmlstudy import plots
 from dmlstudy.experiments.crt.study import evaluation_split
-from dmlstudy.experiments.kit import box, device_of, link, projection_figure
+from dmlstudy.experiments.kit import device_of, projection_figure
 from dmlstudy.methods.crt import CRT, BranchEmbedder, prototype_correlation
+from dmlstudy.plots import box, link
 from dmlstudy.run.evaluation import embed
 from dmlstudy.run.train import RunResult
 
