@@ -367,7 +367,7 @@ def _set_up_training(
         "channels_last": config.channels_last,
         "progress": config.progress and distributed.is_main_process(),
     }
-    optimizer, group_names = _optimizer(config, method)
+    optimizer, group_names = build_optimizer(config, method)
     sampler = ClassBalancedBatchSampler(
         train.labels,
         classes_per_batch=config.classes_per_batch,
@@ -400,7 +400,7 @@ def _set_up_training(
     return training
 
 
-def _optimizer(config: TrainConfig, method: Method) -> tuple[torch.optim.Optimizer, list[str]]:
+def build_optimizer(config: TrainConfig, method: Method) -> tuple[torch.optim.Optimizer, list[str]]:
     """The optimizer over the method's parameter groups, and the groups' names. The backbone has a group of
     its own only when it trains at another rate (``backbone_lr_scale``) or waits for the warm-up."""
     groups = method.parameter_groups(

@@ -37,7 +37,7 @@ from dmlstudy.rows import SHARED_VARIANTS
 from dmlstudy.run.checkpoint_selection import best_epoch_censored, selection_evaluations
 from dmlstudy.run.data import load_datasets, training_class_count
 from dmlstudy.run.protocol import ProtocolConfig
-from dmlstudy.run.train import OPTIMIZERS, RunResult
+from dmlstudy.run.train import RunResult, TrainConfig, build_optimizer
 
 # ----------------------------------------------------------------------------------------------
 # The paper's numbers (Zheng et al., AAAI 2019), from papers.yaml. Recall@K in %, K = 1 … 32.
@@ -313,7 +313,7 @@ def step_seconds(
     seed: int = 0,
     clock: str = "wall",
 ) -> dict[str, float]:
-    """Median seconds of one training step (forward, loss, backward, AdamW step) per variant, measured
+    """Median seconds of one training step (forward, loss, backward, the optimizer step of a run) per variant, measured
     interleaved in this process on one random batch of the protocol's shape (after one warm-up step each).
 
     ``clock="cpu"`` measures this process's CPU time with torch restricted to one thread for the measurement
@@ -356,8 +356,8 @@ def _interleaved_steps(
             num_classes=num_classes,
             **dict(spec.get("method_kwargs") or {}),
         )
-        groups = models[name].parameter_groups(lr=protocol.lr, head_lr=1e-2, weight_decay=1e-4)
-        optimizers[name] = OPTIMIZERS["adamw"]([{k: v for k, v in g.items() if k != "name"} for g in groups])
+        # a run's own optimizer at the protocol's lr (its optimizer, head_lr and weight decay are TrainConfig's)
+        optimizers[name] = build_optimizer(TrainConfig(lr=protocol.lr), models[name])[0]
     timings: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(rounds + 1):
         order = list(variants) if round_index % 2 == 0 else list(reversed(list(variants)))
