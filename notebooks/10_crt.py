@@ -75,14 +75,14 @@ tsne_classes: int = 5  # test classes in the t-SNE plots
 
 # %%
 from dmlstudy import plots
-from dmlstudy.experiments import crt as crt_study
-from dmlstudy.experiments import kit
+from dmlstudy.experiments import ablations, kit
+from dmlstudy.experiments.papers import crt
 from dmlstudy.methods import build_method
 from dmlstudy.models import build_backbone
 from dmlstudy.records import seed_everything
 from dmlstudy.run.data import load_datasets
 
-config = crt_study.CRTStudy.from_namespace(globals())
+config = crt.CRTStudy.from_namespace(globals())
 ablation = config.ablation_protocol()
 seed_everything(0)
 readings = []  # every table's computed one-line reading, gathered at the end
@@ -105,7 +105,7 @@ untrained = build_method(
     embedding_dim=config.protocol.embedding_dim,
     num_classes=2,
 )
-figure = crt_study.transform_figure(untrained, image_size=config.protocol.image_size)
+figure = crt.transform_figure(untrained, image_size=config.protocol.image_size)
 plots.save_figure(figure, "crt_transform", study=config.protocol.study)
 # %% [markdown]
 # ## MS baseline vs +CRT
@@ -116,9 +116,8 @@ plots.save_figure(figure, "crt_transform", study=config.protocol.study)
 # (CUB, Cars) show the size of the effect it reports on photographs with a larger backbone.
 
 # %%
-main_results = kit.run_variants(config.protocol, kit.with_baseline(crt_study.crt_variant()))
-table, sentences = crt_study.main_table(main_results)
-readings += kit.report(config.protocol, table, sentences, title="MS vs +CRT (R@K and MAP@R in %)")
+main_results, sentences = ablations.run_and_report(crt.DECLARED, "main", config)
+readings += sentences
 
 # %% [markdown]
 # ## Ablations
@@ -133,10 +132,7 @@ readings += kit.report(config.protocol, table, sentences, title="MS vs +CRT (R@K
 # from the transform and 1.72 from the two-branch consistency.
 
 # %%
-if config.components:
-    results = kit.run_variants(ablation, crt_study.component_variants(), datasets=config.ablation_datasets)
-    table, sentences = crt_study.components_table(results)
-    readings += kit.report(ablation, table, sentences, title="Components")
+readings += ablations.run_and_report(crt.DECLARED, "components", config)[1]
 
 # %% [markdown]
 # ### Multi-perspective transform
@@ -144,17 +140,7 @@ if config.components:
 # *w/o* uses a single prototype per branch ($K_1 = K_2 = 1$): one perspective, one coded residual.
 
 # %%
-if config.multi_perspective:
-    labels = {crt_study.crt_variant()[0]: "w (K1 = K2 = 64)", crt_study.crt_variant(K1=1, K2=1)[0]: "w/o (K1 = K2 = 1)"}
-    variants = dict([crt_study.crt_variant(), crt_study.crt_variant(K1=1, K2=1)])
-    results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
-    table, sentences = crt_study.pair_table(
-        results,
-        labels=labels,
-        paper=crt_study.PAPER_MULTI_PERSPECTIVE,
-        what="multi-perspective (K = 64) − single (K = 1)",
-    )
-    readings += kit.report(ablation, table, sentences, title="Multi-perspective")
+readings += ablations.run_and_report(crt.DECLARED, "multi_perspective", config)[1]
 
 # %% [markdown]
 # ### Shared weights between the branches
@@ -164,19 +150,7 @@ if config.multi_perspective:
 # parameters) comes from the runs' records.
 
 # %%
-if config.shared_ablation:
-    labels = {crt_study.crt_variant()[0]: "w (shared)", crt_study.crt_variant(shared=False)[0]: "w/o (separate)"}
-    variants = dict([crt_study.crt_variant(), crt_study.crt_variant(shared=False)])
-    results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
-    table, sentences = crt_study.pair_table(
-        results, labels=labels, paper=crt_study.PAPER_SHARED, what="shared − separate banks"
-    )
-    sentences.append(
-        crt_study.cost_sentence(
-            results, cheaper=crt_study.crt_variant()[0], dearer=crt_study.crt_variant(shared=False)[0]
-        )
-    )
-    readings += kit.report(ablation, table, sentences, title="Shared weights")
+readings += ablations.run_and_report(crt.DECLARED, "shared", config)[1]
 
 # %% [markdown]
 # ### Number of prototypes: $K_1$ (branch 1) and $K_2$ (branch 2)
@@ -187,13 +161,8 @@ if config.shared_ablation:
 # $K_2$ = 64 best.
 
 # %%
-for branch, values, paper in ((1, config.k1_values, crt_study.PAPER_K1), (2, config.k2_values, crt_study.PAPER_K2)):
-    if not values:
-        continue
-    variants = crt_study.k_sweep_variants(values, branch=branch)
-    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
-    table, sentences = crt_study.sweep_table(results, variants=variants, paper=paper, name=f"K{branch}")
-    readings += kit.report(ablation, table, sentences, title=f"K{branch} sweep (separate banks)")
+for sweep in ("K1", "K2"):
+    readings += ablations.run_and_report(crt.DECLARED, sweep, config)[1]
 
 # %% [markdown]
 # ### Weight of the consistency loss, $\lambda_2$
@@ -202,11 +171,7 @@ for branch, values, paper in ((1, config.k1_values, crt_study.PAPER_K1), (2, con
 # points up to $\lambda_2 = 0.9$.
 
 # %%
-if config.lambda2_values:
-    variants = crt_study.lambda2_variants(config.lambda2_values)
-    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
-    table, sentences = crt_study.sweep_table(results, variants=variants, paper=crt_study.PAPER_LAMBDA2, name="λ2")
-    readings += kit.report(ablation, table, sentences, title="λ2 sweep")
+readings += ablations.run_and_report(crt.DECLARED, "λ2", config)[1]
 
 # %% [markdown]
 # ### Batch size
@@ -216,11 +181,7 @@ if config.lambda2_values:
 # With a full pass per epoch, a larger batch also means fewer steps.
 
 # %%
-if config.batch_sizes:
-    variants = crt_study.batch_variants(config.batch_sizes, ablation)
-    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
-    table, sentences = crt_study.sweep_table(results, variants=variants, paper=crt_study.PAPER_BATCH, name="N")
-    readings += kit.report(ablation, table, sentences, title="Batch size N")
+readings += ablations.run_and_report(crt.DECLARED, "N", config)[1]
 
 # %% [markdown]
 # ### Embedding sizes $(d, D)$, scored on both branches
@@ -231,9 +192,9 @@ if config.batch_sizes:
 
 # %%
 if config.dim_pairs:
-    variants = crt_study.dim_variants(config.dim_pairs, ablation)
-    results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
-    table, sentences = crt_study.dims_table(results, variants)
+    variants = crt.dim_variants(config.dim_pairs, ablation)
+    results = kit.run_variants(ablation, ablations.grid(variants), datasets=config.ablation_datasets)
+    table, sentences = crt.dims_table(results, variants)
     readings += kit.report(ablation, table, sentences, title="(d, D) on both branches")
 
 # %% [markdown]
@@ -244,13 +205,13 @@ if config.dim_pairs:
 
 # %%
 if config.backbones:
-    variants = crt_study.backbone_variants(config.backbones, ablation)
+    variants = crt.backbone_variants(config.backbones, ablation)
     grid = {name: spec for pair in variants.values() for name, spec in pair.values()}
     results = kit.run_variants(ablation, grid, datasets=config.ablation_datasets)
-    table, sentences = crt_study.backbone_table(results, variants)
+    table, sentences = crt.backbone_table(results, variants)
     readings += kit.report(ablation, table, sentences, title="MS vs +CRT per backbone (R@1 %)")
-    print("paper (R@1 %, pretrained, 227 px):")
-    print(crt_study.paper_backbone_table().to_string(index=False))
+    print("paper (R@1 % of MS / +CRT, pretrained, 227 px):")
+    print(kit.paper_frame("crt", "BACKBONES").to_string(index=False))
 
 # %% [markdown]
 # ### Parameters and FLOPs
@@ -262,7 +223,7 @@ if config.backbones:
 
 # %%
 if config.complexity_backbones:
-    ours, paper = crt_study.complexity_table(
+    ours, paper, sentences = crt.complexity_table(
         config.complexity_backbones,
         image_size=config.complexity_image_size,
         embedding_dim=config.protocol.embedding_dim,
@@ -271,9 +232,9 @@ if config.complexity_backbones:
     print(ours.to_string(index=False))
     print("paper (backbones only, 227 px):")
     print(paper.to_string(index=False))
-    for sentence in crt_study.complexity_sentences(ours):
+    for sentence in sentences:
         print("→", sentence)
-    readings += [f"Complexity — {sentence}" for sentence in crt_study.complexity_sentences(ours)]
+    readings += [f"Complexity — {sentence}" for sentence in sentences]
 
 # %% [markdown]
 # ## Generalisation: embedding-space density and spectral decay
@@ -286,7 +247,7 @@ if config.complexity_backbones:
 # the paper does not say).
 
 # %%
-table, sentences = crt_study.split_geometry_table(
+table, sentences = crt.split_geometry_table(
     main_results, splits=config.geometry_splits, drop_first=config.geometry_drop_first
 )
 readings += kit.report(config.protocol, table, sentences, title="ESD and spectral decay")
@@ -313,7 +274,7 @@ for dataset in config.protocol.datasets:
 # are coarse.
 
 # %%
-reference = kit.find_run(main_results, "crt", dataset=config.protocol.datasets[0])
+reference = kit.find_run(main_results, crt.DECLARED.method, dataset=config.protocol.datasets[0])
 test_set = load_datasets(reference.config)["query"]
 figure = kit.explained_retrievals(
     reference,
@@ -328,7 +289,7 @@ plots.save_figure(figure, "crt_heatmaps", study=config.protocol.study)
 # off-diagonal towards zero (diverse perspectives).
 
 # %%
-figure = crt_study.prototype_correlation_figure(reference.method)
+figure = crt.prototype_correlation_figure(reference.method)
 plots.save_figure(figure, "crt_prototype_correlation", study=config.protocol.study)
 # %% [markdown]
 # **t-SNE of the two branches.** Test embeddings of the first classes from branch 2 ($D$) and branch 1
@@ -336,7 +297,7 @@ plots.save_figure(figure, "crt_prototype_correlation", study=config.protocol.stu
 # structure. (Exact t-SNE for up to 1,000 points: scikit-learn's Barnes-Hut was ~10× slower here.)
 
 # %%
-figure = crt_study.branch_tsne_figure(reference, classes=config.tsne_classes)
+figure = crt.branch_tsne_figure(reference, classes=config.tsne_classes)
 plots.save_figure(figure, "crt_tsne", study=config.protocol.study)
 # %% [markdown]
 # ## Readings

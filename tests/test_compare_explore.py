@@ -235,11 +235,13 @@ def test_a_claim_the_epoch_cap_left_undecided_gets_no_more_seeds():
 
 
 def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
-    from dmlstudy.experiments import cross_attention, crt, dgcrl
+    from dmlstudy.experiments import ablations, cross_attention, dgcrl
+    from dmlstudy.experiments.papers import crt
 
+    crt_config = crt.CRTStudy(lambda2_values=[0.0])
     trained = {
-        **crt.component_variants(),
-        **kit.as_grid(crt.lambda2_variants([0.0])),
+        **ablations.grid(ablations.table_rows(crt.DECLARED, "components", crt_config)),
+        **ablations.grid(ablations.table_rows(crt.DECLARED, "λ2", crt_config)),
         **cross_attention.ablation_grid(cross_attention.grid_variants([0, 2, 6])),
         **kit.as_grid(dgcrl.alpha_variants([1, 16])),
     }

@@ -220,17 +220,21 @@ def test_every_switch_trains_a_step(tiny_config, name):
 
 
 def test_variant_names_share_runs_and_keep_the_reserved_names():
-    from dmlstudy.experiments import crt as study
+    from dmlstudy.experiments import ablations
+    from dmlstudy.experiments.papers import crt as study
 
-    assert study.crt_variant() == ("crt", {"method": "crt"})
-    assert study.crt_variant(K1=64, K2=64, lambda_con=0.9) == ("crt", {"method": "crt"})  # defaults are dropped
-    assert study.ms_variant() == ("ms", {"method": "ms"})
-    k1 = study.k_sweep_variants([4], branch=1)
-    assert list(k1) == [4, 64] and k1[64][0] == study.crt_variant(shared=False)[0] == "crt-shared=False"
-    assert study.lambda2_variants([0.0])[0.9][0] == "crt"
-    protocol = study.CRTStudy().protocol
-    assert study.batch_variants([32], protocol)[32][1]["classes_per_batch"] == 32 // protocol.samples_per_class
+    declared = study.DECLARED
+    assert ablations.variant(declared) == ("crt", {"method": "crt"})
+    defaults = {"K1": 64, "K2": 64, "lambda_con": 0.9}  # the method's own defaults are dropped from the name
+    assert ablations.variant(declared, kwargs=defaults) == ("crt", {"method": "crt"})
+    assert ablations.variant(declared, method="ms") == ("ms", {"method": "ms"})
+    config = study.CRTStudy(k1_values=[4], lambda2_values=[0.0], batch_sizes=[32])
+    k1 = ablations.table_rows(declared, "K1", config)
+    assert list(k1) == [4, 64] and k1[64][0] == "crt-shared=False"
+    assert ablations.table_rows(declared, "λ2", config)[0.9][0] == "crt"
+    batch = ablations.table_rows(declared, "N", config)
+    assert batch[32][1]["classes_per_batch"] == 32 // config.protocol.samples_per_class
     with pytest.raises(ValueError, match="multiple"):
-        study.batch_variants([30], protocol)
-    with pytest.raises(KeyError, match="unknown CRT arguments"):
-        study.crt_variant(K3=2)
+        ablations.table_rows(declared, "N", study.CRTStudy(batch_sizes=[30]))
+    with pytest.raises(KeyError, match="takes no"):
+        ablations.variant(declared, kwargs={"K3": 2})

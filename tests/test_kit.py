@@ -146,10 +146,12 @@ def test_papers_yaml_gives_every_table_a_source_and_typed_values():
 
 
 def test_the_modules_read_the_papers_numbers_from_the_file():
-    from dmlstudy.experiments import crt, dgcrl, diml
+    from dmlstudy.experiments import ablations, dgcrl, diml
 
-    assert crt.PAPER_BASELINE_VS_CRT is not None and crt.PAPER_BASELINE_VS_CRT == papers.numbers(
-        "crt", "BASELINE_VS_CRT"
+    declared = ablations.declaration("crt")
+    assert (
+        ablations.paper_values(declared, declared.table("main"), "synbirds")
+        == papers.numbers("crt", "BASELINE_VS_CRT")["CUB"]
     )
     assert diml.PAPER_GRID == papers.numbers("diml", "GRID")
     assert dgcrl.PAPER_TABLE1["CUB"]["dgcrl"][0] == 67.9

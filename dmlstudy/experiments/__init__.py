@@ -13,7 +13,7 @@ mirrors and the functions (sweeps, tables) the notebook calls. Notebooks stay th
 NOTEBOOK_CONFIGS = {
     "00_datasets.ipynb": "dmlstudy.experiments.datasets:DatasetTour",
     "01_train.ipynb": "dmlstudy.experiments.one_run:OneRun",
-    "10_crt.ipynb": "dmlstudy.experiments.crt:CRTStudy",
+    "10_crt.ipynb": "dmlstudy.experiments.papers.crt:CRTStudy",
     "20_diml.ipynb": "dmlstudy.experiments.diml:DIMLStudy",
     "30_cross_attention.ipynb": "dmlstudy.experiments.cross_attention:CrossAttentionStudy",
     "40_dgcrl.ipynb": "dmlstudy.experiments.dgcrl:DGCRLStudy",

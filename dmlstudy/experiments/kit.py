@@ -18,19 +18,25 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+from torch.utils.data import Subset
 
+from dmlstudy import metrics as metric_functions
 from dmlstudy.config import TypedConfig
-from dmlstudy.experiments.papers.numbers import PAPER_DATASET
+from dmlstudy.data import build_dataset, build_transforms
+from dmlstudy.experiments.papers.numbers import PAPER_DATASET, numbers
 from dmlstudy.explanations import explanation_figure
 from dmlstudy.metrics import nearest_neighbors
+from dmlstudy.paths import data_root
 from dmlstudy.run.compute import autocast_context, autocast_dtype, resolve_device
 from dmlstudy.run.data import load_datasets
+from dmlstudy.run.evaluation import embed
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult, TrainConfig
 from dmlstudy.study.grids import mean_std_table, results_frame, run_grid
@@ -203,6 +209,93 @@ def explained_retrievals(
     return explanation_figure(explained, dataset)
 
 
+def evaluation_split(config: TrainConfig, split: str):
+    """The ``split`` ("train"/"test") of a run's dataset as images with the test transforms, restricted to the
+    run's first ``train_classes`` / ``test_classes`` classes as the run was."""
+    root = Path(config.data_root or data_root()) / config.dataset
+    dataset = build_dataset(config.dataset, root, split, transform=build_transforms(config.image_size, train=False))
+    count = config.train_classes if split == "train" else config.test_classes
+    if 0 < count < dataset.num_classes:
+        indices = np.flatnonzero(dataset.labels < count)
+        subset = Subset(dataset, indices.tolist())
+        subset.labels, subset.num_classes = dataset.labels[indices], count
+        return subset
+    return dataset
+
+
+def backbone_overrides(name: str, protocol: ProtocolConfig) -> dict[str, Any]:
+    """TrainConfig overrides of a run on backbone ``name`` beside the protocol's own: none for the protocol's, and
+    output stride 16 for a ResNet (a 4 × 4 grid at 64 px, as the study's network has)."""
+    if name == protocol.backbone:
+        return {}
+    return {"backbone": name, **({"output_stride": 16} if "resnet" in name else {})}
+
+
+def split_geometry(
+    results: Sequence[tuple[str, RunResult]], *, splits: Sequence[str], drop_first: Sequence[int]
+) -> pd.DataFrame:
+    """One row per run and split: ESD (π_intra/π_inter) and ρ (spectral decay, per ``drop_first``) of its
+    embeddings (the test split's stored ones; another split's computed now with the test transforms)."""
+    rows = []
+    for variant, result in results:
+        for split in splits:
+            if split == "test":
+                embeddings, labels = result.embeddings["embeddings"], result.embeddings["labels"]
+            else:
+                dataset = evaluation_split(result.config, split)
+                embeddings = embed(
+                    result.method, dataset, batch_size=result.config.eval_batch_size, device=device_of(result.method)
+                )
+                labels = np.asarray(dataset.labels)
+            row = {"dataset": result.config.dataset, "variant": variant, "split": split, "seed": result.config.seed}
+            row["ESD"] = metric_functions.embedding_space_density(embeddings, labels)
+            for drop in drop_first:
+                row[f"rho (drop_first={drop})"] = metric_functions.spectral_decay(embeddings, drop_first=int(drop))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def initial_gradients(
+    protocol: ProtocolConfig, *, dataset: str, variants: Mapping[str, Variant], seed: int = 0
+) -> pd.DataFrame:
+    """The gradient norm reaching the test-time embedding layer φ and the first trained convolution at
+    initialisation, per variant (label → ``(name, spec)``), on one class-balanced training batch of ``protocol``:
+    the same seed, so the same backbone and φ weights for every variant."""
+    from dmlstudy.data import ClassBalancedBatchSampler
+    from dmlstudy.run.model import build_model
+
+    first = next(iter(variants.values()))
+    train = load_datasets(protocol.train_config(dataset=dataset, seed=seed, name=first[0], **first[1]))["train"]
+    sampler = ClassBalancedBatchSampler(
+        train.labels,
+        classes_per_batch=protocol.classes_per_batch,
+        samples_per_class=protocol.samples_per_class,
+        num_batches=1,
+        seed=seed,
+    )
+    indices = next(iter(sampler))
+    torch.manual_seed(seed)
+    images = torch.stack([train[i][0] for i in indices])
+    labels = torch.as_tensor(np.asarray(train.labels)[indices])
+    rows = []
+    for label, (name, spec) in variants.items():
+        method = build_model(protocol.train_config(dataset=dataset, seed=seed, name=name, **spec), train.num_classes)
+        loss, _ = method.train().loss(images, labels)
+        loss.backward()
+        first_conv = next(  # the first trained convolution (a stem-cached backbone's stem is frozen)
+            m for m in method.backbone.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.requires_grad
+        )
+        rows.append(
+            {
+                "variant": label,
+                "loss": float(loss.detach()),
+                "‖∂L/∂W_φ‖": float(method.embedding.weight.grad.norm()),
+                "‖∂L/∂W_conv1‖": float(first_conv.weight.grad.norm()),
+            }
+        )
+    return pd.DataFrame(rows).set_index("variant")
+
+
 # ----------------------------------------------------------------------------------------------
 # Mean ± std tables
 # ----------------------------------------------------------------------------------------------
@@ -267,6 +360,20 @@ def paper_column(
         shown[label(name or "–")] = [show(paper[v]) if v in paper else "–" for v in shown["variant"]]
         rows.append(shown)
     return pd.concat(rows, ignore_index=True)
+
+
+def paper_frame(paper: str, name: str) -> pd.DataFrame:
+    """A table of a paper's numbers (``papers.yaml``) as it prints it: one row per outer key, a column per inner
+    key (or one ``value`` column), tuples written ``a / b``."""
+
+    def shown(value: Any) -> Any:
+        return " / ".join(f"{v:g}" for v in value) if isinstance(value, tuple) else value
+
+    values = numbers(paper, name)
+    return pd.DataFrame(
+        {"": key} | ({k: shown(v) for k, v in value.items()} if isinstance(value, dict) else {"value": shown(value)})
+        for key, value in values.items()
+    )
 
 
 # ----------------------------------------------------------------------------------------------

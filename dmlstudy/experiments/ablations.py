@@ -1,0 +1,401 @@
+"""A paper's study, declared: one YAML declaration per paper (``dmlstudy/experiments/papers/<paper>.yaml``) names
+its tables (rows, metrics, the paper's column from ``papers.yaml``, the contrasts their readings judge), and this
+one path turns any declaration into runs, mean ± std tables with the paper's numbers, and verdict lines. A
+paper's own module keeps only what no declaration says: its figures and the measurements they draw on.
+
+A **variant** is a change to the paper's method's own keyword defaults (read from the method's signature,
+:func:`~dmlstudy.experiments.kit.method_defaults`), to TrainConfig fields, or another registered method. Its run
+name is written from what it changes (:func:`variant`): ``<method>-<key>=<value>-…``, TrainConfig overrides
+first (abbreviated by the declaration's ``names.tags``) and then the method's keywords in sorted order, keywords at
+their default left out unless ``explicit``; so two tables that ask for the same configuration share one run.
+
+A declaration (``paper`` and ``method`` required)::
+
+    paper: crt                         # the section of papers.yaml that holds the paper's numbers
+    method: crt                        # variants change this registered method's keyword defaults
+    names: {tags: {classes_per_batch: P}, silent: [output_stride], values: str}   # how run names write a variant
+    tables:
+      components:                      # a table of rows, each named by its label
+        title: Components
+        when: components               # the notebook parameter that switches the table on (absent: always)
+        seeds: ablation                # ablation (ablation_seeds on ablation_datasets, the default) or protocol
+        rows:
+          crt: {}                      # the method at its defaults
+          −CRT: {kwargs: {use_crt: false}}
+          −CRT−Consistency: {method: ms}
+        paper: {table: COMPONENTS}     # the paper's number of each row, by its label
+        readings: [[crt, −CRT, "full − (−CRT) (the coded residual transform)"]]
+      K1:                              # a sweep: one row per value of a notebook parameter, the default added
+        sweep: {parameter: k1_values, kwarg: K1, with: {shared: false}}
+        paper: {table: K1}
+        readings: best_worst
+
+A row: ``kwargs`` (the method's keywords), ``overrides`` (TrainConfig fields), ``method`` (another method),
+``shared`` (a shared variant of :data:`dmlstudy.rows.SHARED_VARIANTS`, under its own name), ``name`` (a fixed run
+name), ``explicit`` (keywords named even at their default), ``final_evaluation`` (a run only this table reads: its
+test classes evaluated after the last epoch only, which changes no training). A sweep: ``kwarg`` (a keyword of the
+method; its default is a row too unless ``default: false``; ``explicit`` names the keyword even at its default;
+``final_evaluation`` as for a row), ``override`` with ``per`` (a TrainConfig field, the swept value divided
+by the protocol's ``per``; the protocol's product is the reference), or ``choices`` (named rows, ``reference``
+always shown, the others as the parameter lists them). ``paper``: ``table`` of papers.yaml, its values by row label
+(``by: label``), by swept value (``by: value``) or by stand-in dataset then run name (``by: dataset``), ``pick`` an
+entry of a tuple, ``column`` the column's title. ``readings``: ``[A, B, what]`` (rows by label; optional fourth entry
+``{metric, pick}``), ``best_worst`` (the values the paper ranks best and worst, among ours) or ``reference`` (each
+row against the reference, no paper number); ``cost: [cheaper, dearer]`` adds the measured cost of the second.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dmlstudy.config import load_yaml
+from dmlstudy.experiments.kit import method_defaults, paper_dataset, recall_columns
+from dmlstudy.experiments.papers.numbers import numbers
+from dmlstudy.methods import METHODS
+from dmlstudy.rows import SHARED_VARIANTS
+from dmlstudy.run.protocol import ProtocolConfig
+from dmlstudy.run.train import RunResult
+from dmlstudy.study.grids import mean_std_table, results_frame, run_grid
+from dmlstudy.verdicts import effect_sentence, paired_differences
+
+DECLARATIONS = Path(__file__).with_name("papers")
+FINAL_EVALUATION_ONLY = {"eval_every": 1_000_000}  # a run only its table reads: test metrics after the last epoch
+Variant = tuple[str, dict[str, Any]]  # (run name, ProtocolConfig.grid spec)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One paper's declaration (see the module docstring)."""
+
+    paper: str
+    method: str
+    names: Mapping[str, Any]
+    tables: Mapping[str, Mapping[str, Any]]
+
+    def table(self, name: str) -> Mapping[str, Any]:
+        if name not in self.tables:
+            raise KeyError(f"{self.paper}: no table {name!r}; declared: {sorted(self.tables)}")
+        return self.tables[name]
+
+
+@functools.cache
+def declaration(paper: str) -> Declaration:
+    """The declaration ``papers/<paper>.yaml``, read once."""
+    path = DECLARATIONS / f"{paper}.yaml"
+    if not path.is_file():
+        raise KeyError(f"no declaration {path.name}; declared papers: {declared_papers()}")
+    values = load_yaml(path.read_text()) or {}
+    unknown = sorted(set(values) - {"paper", "method", "names", "tables"})
+    if unknown or not {"paper", "method"} <= set(values):
+        raise ValueError(f"{path}: unknown keys {unknown}; 'paper' and 'method' are required")
+    return Declaration(
+        values["paper"],
+        values["method"],
+        values.get("names") or {},
+        values.get("tables") or {},
+    )
+
+
+def declared_papers() -> list[str]:
+    """The papers with a declaration, in the study's order (``papers.yaml``'s)."""
+    from dmlstudy.experiments.papers.numbers import load
+
+    return [name for name in load() if (DECLARATIONS / f"{name}.yaml").is_file()]
+
+
+# ----------------------------------------------------------------------------------------------
+# Variants and the rows of a table
+# ----------------------------------------------------------------------------------------------
+def _written(value: Any, style: str) -> str:
+    return f"{value:g}" if style == "g" and isinstance(value, float) else str(value)
+
+
+def variant(
+    declared: Declaration,
+    *,
+    method: str = "",
+    kwargs: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    explicit: Sequence[str] = (),
+) -> Variant:
+    """``(name, spec)`` of a variant of ``declared``'s method (or of ``method``): keyword arguments equal to the
+    method's defaults are dropped unless ``explicit``, so equal configurations get equal names and share runs;
+    ``overrides`` are TrainConfig fields, written first in the name (``names.tags`` abbreviates them,
+    ``names.silent`` leaves out those another tag implies). A variant the declaration's ``names.same`` lists
+    (cross-attention with no blocks is the MS baseline) is that run."""
+    method = method or declared.method
+    defaults = method_defaults(METHODS[method])
+    kwargs, overrides = dict(kwargs or {}), dict(overrides or {})
+    unknown = sorted(set(kwargs) - set(defaults))
+    if unknown:
+        raise KeyError(f"{declared.paper}: {method} takes no {unknown}; its keywords: {sorted(defaults)}")
+    kept = {key: value for key, value in sorted(kwargs.items()) if defaults[key] != value or key in explicit}
+    for name, same in (declared.names.get("same") or {}).items():
+        if kept and kept == same and not overrides:
+            return name, {"method": name}
+    names = declared.names
+    tags = [(key, value) for key, value in overrides.items() if key not in (names.get("silent") or ())]
+    tags += list(kept.items())
+    written = [f"{(names.get('tags') or {}).get(k, k)}={_written(v, names.get('values', 'str'))}" for k, v in tags]
+    spec: dict[str, Any] = {"method": method, **overrides, **({"method_kwargs": kept} if kept else {})}
+    return "-".join([method, *written]), spec
+
+
+def row_variant(declared: Declaration, row: Mapping[str, Any]) -> Variant:
+    """The variant of one declared row (see the module docstring)."""
+    if row.get("shared"):
+        return row["shared"], dict(SHARED_VARIANTS[row["shared"]])
+    name, spec = variant(
+        declared,
+        method=row.get("method", ""),
+        kwargs=row.get("kwargs"),
+        overrides=row.get("overrides"),
+        explicit=row.get("explicit", ()),
+    )
+    if row.get("name"):
+        name = row["name"]
+    return _final_evaluation(declared, name, spec) if row.get("final_evaluation") else (name, spec)
+
+
+def _final_evaluation(declared: Declaration, name: str, spec: dict[str, Any]) -> Variant:
+    """The variant evaluated after its last epoch only, unless it is a run other tables read too (``names.same``)."""
+    return (name, spec) if name in (declared.names.get("same") or {}) else (name, {**spec, **FINAL_EVALUATION_ONLY})
+
+
+def table_rows(declared: Declaration, table: str, config: Any = None) -> dict[Any, Variant]:
+    """Label (or swept value) → variant of every row of ``table``, in table order; a sweep's values come from the
+    notebook ``config``'s parameter, its reference from the method's default or the config's protocol."""
+    spec = declared.table(table)
+    if "rows" in spec:
+        rows = spec["rows"]
+        chosen = list(getattr(config, spec["select"])) if spec.get("select") else list(rows)
+        unknown = [label for label in chosen if label not in rows]
+        if unknown:
+            raise KeyError(f"{declared.paper} table {table!r}: unknown rows {unknown}; declared: {list(rows)}")
+        return {label: row_variant(declared, rows[label] or {}) for label in chosen}
+    sweep = spec["sweep"]
+    values = list(getattr(config, sweep["parameter"])) if config is not None else []
+    if "choices" in sweep:
+        choices = sweep["choices"]
+        unknown = sorted(set(values) - set(choices))
+        if unknown:
+            raise KeyError(f"parameter {sweep['parameter']!r}: unknown {unknown}; valid: {sorted(choices)}")
+        order = [sweep["reference"], *[name for name in choices if name in values and name != sweep["reference"]]]
+        return {name: row_variant(declared, choices[name] or {}) for name in order}
+    fixed = dict(sweep.get("with") or {})
+    if "kwarg" in sweep:
+        reference = method_defaults(METHODS[declared.method])[sweep["kwarg"]]
+        values = [type(reference)(value) for value in values]
+        swept = _with_reference(values, reference) if sweep.get("default", True) else sorted(set(values))
+        return {value: sweep_variant(declared, sweep, value) for value in swept}
+    protocol = config.protocol
+    per = getattr(protocol, sweep["per"])
+    reference = getattr(protocol, sweep["override"]) * per
+    rows = {}
+    for value in _with_reference([int(v) for v in values], reference):
+        if value % per or value < 2 * per:
+            raise ValueError(f"{sweep['parameter']}: {value} is not a multiple of {sweep['per']} = {per} (at least 2×)")
+        overrides = {} if value == reference else {sweep["override"]: value // per}
+        rows[value] = variant(declared, kwargs=fixed, overrides=overrides)
+    return rows
+
+
+def sweep_variant(declared: Declaration, sweep: Mapping[str, Any], value: Any) -> Variant:
+    """The variant of one value of a keyword sweep (``kwarg``, its ``with`` keywords, ``explicit``,
+    ``final_evaluation``)."""
+    key = sweep["kwarg"]
+    value = type(method_defaults(METHODS[declared.method])[key])(value)
+    explicit = (key,) if sweep.get("explicit") else ()
+    name, spec = variant(declared, kwargs={**(sweep.get("with") or {}), key: value}, explicit=explicit)
+    return _final_evaluation(declared, name, spec) if sweep.get("final_evaluation") else (name, spec)
+
+
+def declared_variant(declared: Declaration, reference: str | Mapping[str, Any]) -> Variant:
+    """A run a claim names: a plain name (a method, a shared variant: ``{"method": name}`` as the comparison trains
+    it), a row of a table (``{table, row}``) or a value of a keyword sweep (``{table, value}``)."""
+    if isinstance(reference, str):
+        return reference, dict(SHARED_VARIANTS.get(reference, {"method": reference}))
+    spec = declared.table(reference["table"])
+    if "row" in reference:
+        rows = spec.get("rows") or spec["sweep"]["choices"]
+        return row_variant(declared, rows[reference["row"]] or {})
+    return sweep_variant(declared, spec["sweep"], reference["value"])
+
+
+def _with_reference(values: Sequence[Any], reference: Any) -> list[Any]:
+    """The swept values with the reference added, sorted, without duplicates."""
+    return sorted({*values, reference})
+
+
+def grid(rows: Mapping[Any, Variant]) -> dict[str, dict[str, Any]]:
+    """``{name: spec}`` of a table's rows, for :meth:`ProtocolConfig.grid` (rows sharing a run appear once)."""
+    return dict(rows.values())
+
+
+def run_table(declared: Declaration, table: str, config: Any) -> list[tuple[str, RunResult]]:
+    """Train (or load) every row of ``table`` × dataset × seed: the protocol's datasets and seeds, or with
+    ``seeds: ablation`` (the default) the notebook's ``ablation_datasets`` and ``ablation_seeds``."""
+    protocol, datasets = _protocol(declared.table(table), config)
+    variants = grid(table_rows(declared, table, config))
+    return run_grid(protocol.grid(variants, datasets=datasets), workers=protocol.workers)
+
+
+def _protocol(spec: Mapping[str, Any], config: Any) -> tuple[ProtocolConfig, list[str] | None]:
+    if spec.get("seeds", "ablation") == "protocol":
+        return config.protocol, None
+    return config.protocol.with_seeds(config.ablation_seeds), list(config.ablation_datasets)
+
+
+def enabled(declared: Declaration, table: str, config: Any) -> bool:
+    """Whether the notebook ``config`` asks for ``table`` (its ``when`` parameter; a sweep, a non-empty list)."""
+    spec = declared.table(table)
+    if "when" in spec:
+        return bool(getattr(config, spec["when"]))
+    return "sweep" not in spec or bool(getattr(config, spec["sweep"]["parameter"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables and their readings
+# ----------------------------------------------------------------------------------------------
+def paper_values(declared: Declaration, spec: Mapping[str, Any], dataset: str) -> dict[Any, Any]:
+    """Row key → the paper's number for ``dataset``'s stand-in (``by: dataset``) or for every dataset."""
+    paper = spec.get("paper")
+    if not paper:
+        return {}
+    values = numbers(declared.paper, paper["table"])
+    if paper.get("by") == "dataset":
+        values = values.get(paper_dataset(dataset), {})
+    return {
+        key: (value[paper["pick"]] if "pick" in paper and value is not None else value) for key, value in values.items()
+    }
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return " / ".join("–" if v is None else f"{v:.1f}" for v in value)
+    return "–" if value is None else value
+
+
+def table(
+    declared: Declaration, name: str, results: Sequence[tuple[str, RunResult]], config: Any = None
+) -> tuple[pd.DataFrame, list[str]]:
+    """The mean ± std table of ``name`` over ``results`` (its rows in order, each labelled, the paper's number
+    beside) and its readings: one sentence per dataset and declared contrast, by the study's verdict rule on the
+    per-seed paired differences (:func:`dmlstudy.verdicts.effect_sentence`)."""
+    spec = declared.table(name)
+    rows = table_rows(declared, name, config)
+    frame = results_frame(list(results))
+    metrics = spec.get("metrics") or [*recall_columns(frame), "MAP@R"]
+    summary = mean_std_table(frame, metrics=[m for m in metrics if m in frame.columns])
+    label_of = {variant_name: label for label, (variant_name, _) in rows.items()}
+    shown, sentences = [], []
+    key_name = spec.get("label", "setting")
+    for dataset in dict.fromkeys(summary["dataset"]):
+        paper = paper_values(declared, spec, dataset)
+        here = (
+            summary[summary["dataset"] == dataset]
+            .set_index("variant")
+            .loc[[n for n in dict.fromkeys(n for n, _ in rows.values()) if n in set(summary["variant"])]]
+            .reset_index()
+        )
+        here.insert(1, key_name, [label_of[v] for v in here["variant"]])
+        by_name = (spec.get("paper") or {}).get("by") == "dataset"
+        column = (spec.get("paper") or {}).get("column", "paper R@1").format(dataset=paper_dataset(dataset, "–"))
+        if spec.get("paper"):
+            here[column] = [_shown(paper.get(v if by_name else label_of[v])) for v in here["variant"]]
+        shown.append(here)
+        sentences += _readings(declared, spec, rows, frame, dataset, paper, by_name)
+    table = pd.concat(shown, ignore_index=True)
+    return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]], sentences
+
+
+def _readings(declared, spec, rows, frame, dataset, paper, by_name) -> list[str]:
+    def paper_of(label: Any) -> Any:
+        return paper.get(rows[label][0] if by_name else label)
+
+    readings = spec.get("readings") or []
+    if readings == "best_worst":
+        common = [value for value in rows if paper.get(value) is not None]
+        if len(common) < 2:
+            return [f"{dataset}: fewer than two swept values have a paper number; no direction to check."]
+        best, worst = max(common, key=paper.get), min(common, key=paper.get)
+        key = spec.get("label", "value")
+        readings = [[best, worst, f"{key} = {best} − {key} = {worst} (the paper's best − worst of ours)"]]
+    elif readings == "reference":
+        reference = next(iter(rows))
+        readings = [[label, reference, f"{label} − {reference}", {"paper": False}] for label in list(rows)[1:]]
+    sentences = []
+    for a, b, what, *options in readings:
+        options = options[0] if options else {}
+        metric = options.get("metric", "R@1")
+        first, second = paper_of(a), paper_of(b)
+        if "pick" in options and first is not None and second is not None:
+            first, second = first[options["pick"]], second[options["pick"]]
+        difference = first - second if options.get("paper", True) and None not in (first, second) else None
+        ours = paired_differences(frame, dataset, rows[a][0], rows[b][0], metric)
+        unit = "R@1 points" if metric == "R@1" else f"{metric} points"
+        sentences.append(effect_sentence(f"{dataset}: {what}", ours=ours, paper=difference, unit=unit))
+    if spec.get("cost"):
+        cheaper, dearer = (rows[label][0] for label in spec["cost"])
+        paper_cost = numbers(declared.paper, spec["paper_cost"]) if spec.get("paper_cost") else None
+        sentences.append(cost_sentence(frame, cheaper=cheaper, dearer=dearer, paper=paper_cost))
+    return sentences
+
+
+def cost_sentence(frame: pd.DataFrame, *, cheaper: str, dearer: str, paper: float | None = None) -> str:
+    """The measured cost of ``dearer`` against ``cheaper`` from their run records: training seconds per epoch
+    (data loading included; timings on a shared machine are noisy) and parameters."""
+    seconds = frame.groupby("variant")["seconds_per_epoch"].mean()
+    parameters = frame.groupby("variant")["parameters"].first()
+    return (
+        f"cost: {dearer} trains at {seconds[dearer] / seconds[cheaper]:.2f}× the seconds per epoch of {cheaper}"
+        + (f" (the paper: {paper:.2f})" if paper else "")
+        + f" with {parameters[dearer] - parameters[cheaper]:+,d} parameters (timings on a shared machine are noisy)."
+    )
+
+
+def report(declared: Declaration, name: str, results, config: Any, *, title: str = "") -> list[str]:
+    """Print the protocol line, the table ``name`` under its title, then its readings; return the readings
+    (``<title> — <sentence>``)."""
+    table_, sentences = table(declared, name, results, config)
+    protocol, _ = _protocol(declared.table(name), config)
+    title = title or declared.table(name).get("title", name)
+    print(f"{title}\nprotocol: {protocol.protocol_text()}, datasets {list(dict.fromkeys(table_['dataset']))}")
+    print(table_.to_string(index=False))
+    for sentence in sentences:
+        print("→", sentence)
+    return [f"{title} — {sentence}" for sentence in sentences]
+
+
+def run_and_report(declared: Declaration, name: str, config: Any) -> tuple[list[tuple[str, RunResult]], list[str]]:
+    """:func:`run_table` then :func:`report`, when the notebook asks for the table (else nothing)."""
+    if not enabled(declared, name, config):
+        return [], []
+    results = run_table(declared, name, config)
+    return results, report(declared, name, results, config)
+
+
+__all__ = [
+    "Declaration",
+    "cost_sentence",
+    "declaration",
+    "declared_variant",
+    "declared_papers",
+    "enabled",
+    "grid",
+    "paper_values",
+    "report",
+    "row_variant",
+    "run_and_report",
+    "run_table",
+    "sweep_variant",
+    "table",
+    "table_rows",
+    "variant",
+]
