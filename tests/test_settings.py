@@ -226,3 +226,30 @@ def test_the_default_plans_training_notebook_shows_the_comparisons_ms_run_of_see
     compared = protocol.train_config(dataset="emoji", method="ms", seed=0, name="ms")
     shown = OneRun(**entries["train"], study="default").resolved()
     assert identity.folder_name(dataclasses.asdict(shown)) == identity.folder_name(dataclasses.asdict(compared))
+
+
+def test_every_search_space_starts_from_the_defaults_a_run_has():
+    """Trial 0 of a tuning search is the run every plan trains untuned: each search space's ``paper`` value of a
+    run setting (``lr``, ``head_lr``) is that setting's default (RunSettings, TrainConfig), and of a method's own
+    keyword the method's default."""
+    from dmlstudy.experiments.kit import method_defaults
+    from dmlstudy.methods import METHODS
+    from dmlstudy.methods.base import VARIANT_SEARCH_SPACES, search_space
+    from dmlstudy.run.settings import RunSettings
+
+    settings, config = RunSettings(), TrainConfig()
+    checked = 0
+    for row in [*list_methods(), *sorted(VARIANT_SEARCH_SPACES)]:
+        spec = SHARED_VARIANTS.get(row, {"method": row})
+        defaults = {**method_defaults(METHODS[spec["method"]]), **(spec.get("method_kwargs") or {})}
+        for key, parameter in search_space(row).items():
+            parts = key.split(".")
+            if parts[0] != "method_kwargs":
+                default = getattr(settings, key) if hasattr(settings, key) else getattr(config, key)
+            elif len(parts) == 2 and parts[1] in defaults:
+                default = defaults[parts[1]]
+            else:
+                continue  # a loss's own keyword (loss_kwargs.*): the loss class holds its default
+            assert parameter.paper == default, f"{row}: {key} starts at {parameter.paper}, a run at {default}"
+            checked += 1
+    assert checked >= 2 * len(list_methods())  # every method tunes lr and head_lr at least
