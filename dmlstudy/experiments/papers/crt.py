@@ -49,23 +49,13 @@ class CRTStudy(kit.StudyConfig):
     k1_values: list = field(default_factory=lambda: [1])  # K1 sweep (separate banks, K2 at 64); 64 is always added
     k2_values: list = field(default_factory=lambda: [1])  # K2 sweep (separate banks, K1 at 64); 64 is always added
     lambda2_values: list = field(default_factory=lambda: [0.0])  # λ2 sweep; 0.9 (the default run) is always added
-    batch_sizes: list = field(
-        default_factory=lambda: [32]
-    )  # total batch N (P·M) at the protocol M; the protocol batch is always added
-    dim_pairs: list = field(
-        default_factory=lambda: [[32, 64]]
-    )  # (d, D) pairs scored on both branches; (128, 1024) is added
-    backbones: list = field(
-        default_factory=lambda: ["test_vit"]
-    )  # MS vs +CRT per backbone; the protocol backbone is added
-    complexity_backbones: list = field(
-        default_factory=lambda: ["dml_convnet", "test_resnet", "test_vit"]
-    )  # params/FLOPs table
+    batch_sizes: list = field(default_factory=lambda: [32])  # total batch N (P·M) at the protocol M; its N added
+    dim_pairs: list = field(default_factory=lambda: [[32, 64]])  # (d, D) scored on both branches; (128, 1024) added
+    backbones: list = field(default_factory=lambda: ["test_vit"])  # MS vs +CRT per backbone; the protocol's added
+    complexity_backbones: list = field(default_factory=lambda: ["dml_convnet", "test_resnet", "test_vit"])  # FLOPs
     complexity_image_size: int = 227  # pixels of the params/FLOPs count (227 as in the paper)
     geometry_splits: list = field(default_factory=lambda: ["test"])  # ESD/ρ on these splits (test, train)
-    geometry_drop_first: list = field(
-        default_factory=lambda: [0, 1]
-    )  # ρ with these many leading singular values dropped
+    geometry_drop_first: list = field(default_factory=lambda: [0, 1])  # ρ with these many singular values dropped
     heatmap_prototypes: int = 8  # prototypes shown in the code heat maps
     tsne_classes: int = 5  # test classes in the t-SNE plots
 
