@@ -69,8 +69,8 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from dmlstudy import plots
+from dmlstudy.experiments import ablations, kit
 from dmlstudy.experiments import cross_attention as ca_study
-from dmlstudy.experiments import kit
 from dmlstudy.records import seed_everything
 from dmlstudy.run.data import load_datasets
 
@@ -102,12 +102,8 @@ plots.save_figure(figure, "cross_attention_hierarchy", study=config.protocol.stu
 # backbone and method; ours compares like with like.
 
 # %%
-main_results = kit.run_variants(config.protocol, kit.with_baseline(ca_study.variant()))
-table, sentences = ca_study.main_table(main_results)
+main_results, sentences = ablations.run_and_report(ca_study.DECLARED, "main", config)
 readings += sentences
-print(config.protocol.protocol_text())
-display(table)
-print("\n".join(sentences))
 
 # %% [markdown]
 # ## How much training signal reaches the test-time embedding?
@@ -121,7 +117,7 @@ print("\n".join(sentences))
 # blocks (keys and values at every level), as the paper argues.
 
 # %%
-gradients = ca_study.initial_gradients(
+gradients = kit.initial_gradients(
     config.protocol, dataset=config.protocol.datasets[0], variants=ca_study.gradient_variants()
 )
 print(config.protocol.protocol_text(), "on", config.protocol.datasets[0], "— one training batch at initialisation")
@@ -141,8 +137,7 @@ print(readings[-1])
 
 # %%
 grids = {}
-for dataset in config.ablation_datasets:
-    runs = ca_study.run_block_grid(ablation, config.block_counts, dataset=dataset)
+for dataset, runs in ca_study.block_runs(config).items():
     grids[dataset] = ca_study.rescoring_grid(runs, subset=config.rescoring_subset, seed=0)
     print(ablation.protocol_text(), f"on {dataset}; sⁿ scored on {config.rescoring_subset or 'all'} test images")
     display(grids[dataset].round(1))
@@ -205,11 +200,9 @@ print(readings[-1])
 
 # %%
 if config.larger_backbone:
-    larger_name, _ = ca_study.larger_backbone_variant(config.larger_backbone)
-    parameter_results = kit.run_variants(
-        ablation, ca_study.parameter_variants(config.larger_backbone), datasets=config.ablation_datasets
-    )
-    table, sentences = ca_study.parameter_table(parameter_results, larger=larger_name)
+    variants = ca_study.parameter_variants(config.larger_backbone, config.protocol)
+    parameter_results = kit.run_variants(ablation, ablations.grid(variants), datasets=config.ablation_datasets)
+    table, sentences = ca_study.parameter_table(parameter_results, larger=variants["larger"][0])
     readings += sentences
     print(ablation.protocol_text(), "on", config.ablation_datasets)
     display(table)
@@ -227,15 +220,7 @@ else:
 
 # %%
 if config.options:
-    option_variants = ca_study.option_variants(config.options)
-    option_results = kit.run_variants(
-        ablation, ca_study.ablation_grid(option_variants), datasets=config.ablation_datasets
-    )
-    table, sentences = ca_study.options_table(option_results, option_variants)
-    readings += sentences
-    print(ablation.protocol_text(), "on", config.ablation_datasets)
-    display(table)
-    print("\n".join(sentences))
+    readings += ablations.run_and_report(ca_study.DECLARED, "options", config)[1]
 else:
     print("options is empty: table skipped")
 

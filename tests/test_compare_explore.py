@@ -242,7 +242,11 @@ def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
     trained = {
         **ablations.grid(ablations.table_rows(crt.DECLARED, "components", crt_config)),
         **ablations.grid(ablations.table_rows(crt.DECLARED, "λ2", crt_config)),
-        **cross_attention.ablation_grid(cross_attention.grid_variants([0, 2, 6])),
+        **ablations.grid(
+            ablations.table_rows(
+                cross_attention.DECLARED, "blocks", cross_attention.CrossAttentionStudy(block_counts=[0, 2, 6])
+            )
+        ),
         **kit.as_grid(dgcrl.alpha_variants([1, 16])),
     }
     variants = claim_variants()

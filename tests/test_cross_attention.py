@@ -271,3 +271,27 @@ def test_every_option_trains_a_step(tiny_config, method_kwargs):
     final = f"ms_s{method_kwargs.get('num_blocks', 6)}"
     assert final in result.history.columns
     assert ("ms_s0" in result.history.columns) == (bool(method_kwargs.get("unconditional_loss")) or final == "ms_s0")
+
+
+def test_the_declared_variants_keep_their_run_names():
+    from dmlstudy.experiments import ablations
+    from dmlstudy.experiments import cross_attention as study
+
+    declared, final = study.DECLARED, ablations.FINAL_EVALUATION_ONLY
+    config = study.CrossAttentionStudy(block_counts=[0, 2, 6], options=["residual"])
+    assert ablations.table_rows(declared, "main", config) == {
+        "ms": ("ms", {"method": "ms"}),
+        "cross_attention": ("cross_attention", {"method": "cross_attention"}),
+    }
+    blocks = ablations.table_rows(declared, "blocks", config)
+    assert blocks[0] == ("ms", {"method": "ms"})  # no blocks: the MS baseline's own run
+    assert blocks[6] == (
+        "cross_attention-num_blocks=6",
+        {"method": "cross_attention", "method_kwargs": {"num_blocks": 6}, **final},
+    )
+    options = ablations.table_rows(declared, "options", config)
+    assert [name for name, _ in options.values()] == ["cross_attention", "cross_attention-residual=True"]
+    assert study.parameter_variants("test_resnet", config.protocol)["larger"] == (
+        "ms-backbone=test_resnet",
+        {"method": "ms", "backbone": "test_resnet", "output_stride": 16, **final},
+    )

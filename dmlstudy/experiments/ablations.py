@@ -361,13 +361,15 @@ def cost_sentence(frame: pd.DataFrame, *, cheaper: str, dearer: str, paper: floa
 
 
 def report(declared: Declaration, name: str, results, config: Any, *, title: str = "") -> list[str]:
-    """Print the protocol line, the table ``name`` under its title, then its readings; return the readings
+    """Print the protocol line, show the table ``name`` under its title, then print its readings; return the readings
     (``<title> — <sentence>``)."""
     table_, sentences = table(declared, name, results, config)
     protocol, _ = _protocol(declared.table(name), config)
     title = title or declared.table(name).get("title", name)
+    from IPython.display import display
+
     print(f"{title}\nprotocol: {protocol.protocol_text()}, datasets {list(dict.fromkeys(table_['dataset']))}")
-    print(table_.to_string(index=False))
+    display(table_)
     for sentence in sentences:
         print("→", sentence)
     return [f"{title} — {sentence}" for sentence in sentences]

@@ -1,11 +1,13 @@
-"""Notebook 30 (cross-image attention): the study config, the runs, the tables and the figures.
+"""Notebook 30 (cross-image attention): the study config, the runs, the tables and the figures beyond its
+declaration (``papers/cross_attention.yaml``: the main table, the block sweep and the options, read by
+:mod:`dmlstudy.experiments.ablations`).
 
-``notebooks/30_cross_attention.ipynb`` calls only the functions here. Run names follow the protocol,
+``notebooks/30_cross_attention.ipynb`` calls the functions here and the declaration. Run names follow the protocol,
 ``<dataset>-<variant>-seed<seed>``: the plain MS baseline is the variant ``ms`` and the method with every
 default (N = 6 shared blocks) is ``cross_attention`` (the comparison notebook reuses both). Other variants
-are named from what differs from the defaults (:func:`variant`), so equal configurations share runs.
+are named from what differs from the defaults (:func:`dmlstudy.experiments.ablations.variant`), so equal configurations share runs.
 
-One module per job, every public name re-exported here (the notebook calls ``ca_study.main_table``):
+One module per job, every public name re-exported here (the notebook calls ``ca_study.rescoring_grid``):
 
 * :mod:`~dmlstudy.experiments.cross_attention.study`: the config, the paper's numbers, the variants and their run
   names, the runs, and the measurements the tables and figures are made of.
@@ -42,52 +44,36 @@ from dmlstudy.experiments.cross_attention.figures import (
     part_discovery,
 )
 from dmlstudy.experiments.cross_attention.study import (
-    FINAL_EVALUATION_ONLY,
-    OPTION_KWARGS,
+    DECLARED,
     PAPER_BLOCKS,
     PAPER_FIGURE3_CAPTION,
     PAPER_FIGURE3_TEXT,
-    PAPER_OVERHEAD_AT_128,
     PAPER_PARAMETERS,
-    PAPER_TABLE1,
-    SHARED_RUNS,
     CrossAttentionStudy,
-    ablation_grid,
     attention_statistics,
     attention_triples,
+    block_runs,
     gradient_variants,
-    grid_variants,
-    initial_gradients,
-    larger_backbone_variant,
     level_recalls,
-    option_variants,
     parameter_variants,
     rescoring_grid,
-    run_block_grid,
-    variant,
 )
 from dmlstudy.experiments.cross_attention.tables import (
     attention_reading,
     gradient_reading,
     grid_readings,
-    main_table,
-    options_table,
     parameter_table,
     parts_reading,
 )
 
 __all__ = [
+    "DECLARED",
     "CrossAttentionStudy",
-    "FINAL_EVALUATION_ONLY",
-    "OPTION_KWARGS",
+    "block_runs",
     "PAPER_BLOCKS",
     "PAPER_FIGURE3_CAPTION",
     "PAPER_FIGURE3_TEXT",
-    "PAPER_OVERHEAD_AT_128",
     "PAPER_PARAMETERS",
-    "PAPER_TABLE1",
-    "SHARED_RUNS",
-    "ablation_grid",
     "attention_figure",
     "attention_reading",
     "attention_statistics",
@@ -96,19 +82,11 @@ __all__ = [
     "gradient_variants",
     "grid_heatmap",
     "grid_readings",
-    "grid_variants",
     "hierarchy_diagram",
-    "initial_gradients",
-    "larger_backbone_variant",
     "level_recalls",
-    "main_table",
-    "option_variants",
-    "options_table",
     "parameter_table",
     "parameter_variants",
     "part_discovery",
     "parts_reading",
     "rescoring_grid",
-    "run_block_grid",
-    "variant",
 ]

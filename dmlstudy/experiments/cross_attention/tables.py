@@ -1,8 +1,6 @@
-"""Cross-attention tables and their computed readings, beside the paper's numbers."""
+"""Cross-attention tables beyond its declaration and their computed readings, beside the paper's numbers."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -11,53 +9,14 @@ from dmlstudy.experiments.cross_attention.study import (
     PAPER_BLOCKS,
     PAPER_FIGURE3_CAPTION,
     PAPER_FIGURE3_TEXT,
-    PAPER_OVERHEAD_AT_128,
     PAPER_PARAMETERS,
-    PAPER_TABLE1,
-    variant,
 )
-from dmlstudy.experiments.kit import lookup, paper_column, paper_dataset, without_numbers
+from dmlstudy.experiments.kit import lookup, paper_dataset
 from dmlstudy.methods.cross_attention import CrossAttention
 from dmlstudy.run.train import RunResult
 from dmlstudy.study.grids import mean_std_table, results_frame
 from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import effect_sentence, paired_differences
-
-
-def main_table(results: list[tuple[str, RunResult]]) -> tuple[pd.DataFrame, list[str]]:
-    """MS vs cross-attention (evaluated with s⁰) per dataset: R@1, R@2, NMI (mean ± std, %), seconds per epoch,
-    the paper's Table 1 numbers beside, and one computed sentence per dataset."""
-    frame = results_frame(results)
-    table = mean_std_table(frame, metrics=["R@1", "R@2", "NMI", "seconds_per_epoch"])
-    sentences = []
-    for dataset in dict.fromkeys(table["dataset"]):
-        paper = PAPER_TABLE1.get(paper_dataset(dataset), {})
-        for metric, index in (("R@1", 0), ("NMI", 2)):
-            ours = paired_differences(frame, dataset, "cross_attention", "ms", metric)
-            values = [paper.get(v, (None,) * 3)[index] for v in ("cross_attention", "ms")] if paper else [None, None]
-            gain = values[0] - values[1] if None not in values else None
-            sentences.append(
-                effect_sentence(
-                    f"{dataset}: cross-attention − MS, {metric}",
-                    ours=ours,
-                    paper=gain,
-                    unit=f"{metric} points",
-                )
-            )
-        slow = lookup(table, dataset, "cross_attention", "seconds_per_epoch")[0]
-        base = lookup(table, dataset, "ms", "seconds_per_epoch")[0]
-        sentences.append(
-            f"{dataset}: training seconds per epoch (data loading included) with the blocks / without = "
-            f"{slow / base:.2f} (the paper: {PAPER_OVERHEAD_AT_128:.2f} per batch of 128 with a ResNet-50, "
-            f"whose backbone dominates the step; ours is small and the machine may be shared)."
-        )
-    shown = paper_column(
-        table,
-        PAPER_TABLE1,
-        label=lambda name: f"paper R@1 / R@2 / NMI ({name})",
-        show=lambda values: " / ".join("–" if v is None else f"{v:.1f}" for v in values),
-    )
-    return without_numbers(shown), sentences
 
 
 def grid_readings(grid: pd.DataFrame) -> list[str]:
@@ -91,24 +50,6 @@ def grid_readings(grid: pd.DataFrame) -> list[str]:
         f"{'single seed, no noise estimate' if int(grid['runs'].max()) < 2 else 'mean over seeds'})."
     )
     return sentences
-
-
-def options_table(
-    results: list[tuple[str, RunResult]], variants: Mapping[str, tuple[str, dict]]
-) -> tuple[pd.DataFrame, list[str]]:
-    """The options at N = 6 against the default (R@1, NMI; mean ± std), one sentence per option."""
-    labels = {name: label for label, (name, _) in variants.items()}
-    frame = results_frame(results)
-    table = mean_std_table(frame, metrics=["R@1", "NMI"])
-    table.insert(1, "setting", [labels.get(v, v) for v in table["variant"]])
-    sentences = []
-    default = variant()[0]
-    for dataset in dict.fromkeys(table["dataset"]):
-        for label, (name, _) in variants.items():
-            if name != default:
-                ours = paired_differences(frame, dataset, name, default)
-                sentences.append(effect_sentence(f"{dataset}: {label} − default", ours=ours, paper=None))
-    return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]], sentences
 
 
 def parameter_table(results: list[tuple[str, RunResult]], *, larger: str) -> tuple[pd.DataFrame, list[str]]:
