@@ -472,7 +472,44 @@ LABEL_RULE = (
 )
 
 
-def robustness_markdown(table: pd.DataFrame, simulation: pd.DataFrame | None = None) -> str:
+def chain_markdown(chain: pd.DataFrame) -> str:
+    """Each claim's chain of readings (``chain.csv``: :func:`dmlstudy.experiments.chain.chain_readings` with
+    :func:`~dmlstudy.experiments.chain.chain_errors`): every reading's Δ, seeds and verdict, then the published
+    verdict, the reading that first reached it and the error it carries."""
+    from dmlstudy.experiments.chain import error_text
+
+    readings = chain.pivot(index="claim", columns="reading", values="outcome")
+    seeds = chain.pivot(index="claim", columns="reading", values="seeds")
+    deltas = chain.pivot(index="claim", columns="reading", values="Δ")
+    order = list(dict.fromkeys(chain.sort_values("order")["reading"]))
+    claims = list(dict.fromkeys(chain["claim"]))
+    shown = pd.DataFrame(index=claims)
+    for name in order:
+        shown[name] = [
+            readings.loc[c, name]
+            if readings.loc[c, name] == "not run"
+            else f"{deltas.loc[c, name]:+.2f} ({int(seeds.loc[c, name])}) {readings.loc[c, name].replace('not held', 'equivalent')}"
+            for c in claims
+        ]
+    errors = chain.drop_duplicates("claim").set_index("claim").loc[claims]
+    shown["published verdict"] = errors["published verdict"]
+    shown["first reached by"] = errors["first reached by"]
+    shown["error"] = [error_text(e) for e in errors["error"]]
+    return (
+        "## Each claim's chain of readings, and the error of its verdict\n\n"
+        "The tests each headline claim went through, in the order they were made (Δ, paired seeds in brackets, the "
+        "outcome; the full verdict texts in `chain.csv`): build 1's default look, the sequential design, a confirmatory study where one ran, build 2's "
+        "default look. The published verdict is the latest decided reading's; it carries the sum of the levels of "
+        'the readings up to the first that reached it (docs/protocol.md, "Amendment to the robustness study"), '
+        "recomputed in `chain.csv` from the committed tables.\n\n"
+        + shown.rename_axis("claim").reset_index().to_markdown(index=False)
+        + "\n"
+    )
+
+
+def robustness_markdown(
+    table: pd.DataFrame, simulation: pd.DataFrame | None = None, chain: pd.DataFrame | None = None
+) -> str:
     covers = "; ".join(f"**{p.name}**: {p.covers}" for p in PERTURBATIONS)
     text = (
         "# The headline claims under the study's own compromises\n\n"
@@ -489,6 +526,8 @@ def robustness_markdown(table: pd.DataFrame, simulation: pd.DataFrame | None = N
         + wide_table(table).to_markdown(index=False)
         + "\n"
     )
+    if chain is not None and len(chain):
+        text += "\n" + chain_markdown(chain)
     if simulation is not None and len(simulation):
         text += "\n" + simulation_markdown(simulation)
     return text
@@ -635,8 +674,9 @@ def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
     per_seed.to_csv(folder / PER_SEED, index=False)
     table.to_csv(folder / "claims.csv", index=False)
     simulation.to_csv(folder / SIMULATION, index=False)
-    readings.merge(errors, on="claim").to_csv(folder / CHAIN, index=False)
-    (folder / "claims.md").write_text(robustness_markdown(table, simulation), encoding="utf-8")
+    chain = readings.merge(errors, on="claim")
+    chain.to_csv(folder / CHAIN, index=False)
+    (folder / "claims.md").write_text(robustness_markdown(table, simulation, chain), encoding="utf-8")
     plots.save_figure(forest_figure(table), "robustness_forest", study=STUDY)
     write_figures_readme(study_outputs(STUDY, "figures"), study=STUDY)
     return table
