@@ -273,7 +273,9 @@ def _read_draws(values: np.ndarray, *, margin: float) -> tuple[np.ndarray, np.nd
     mean, sd = values.mean(axis=1), values.std(axis=1, ddof=1)
     width = verdicts.t_half_width(sd, n)
     texts = verdicts.read_interval(mean - width, mean + width, margin=margin)
-    outcome = np.vectorize(lambda text: verdicts.RULE[">"].get(text, verdicts.UNDECIDED), otypes=[object])(texts)
+    outcome = np.full(texts.shape, verdicts.UNDECIDED, dtype=object)
+    for text, decided in verdicts.RULE[">"].items():
+        outcome[texts == text] = decided
     return outcome.astype(str), mean
 
 
