@@ -100,6 +100,10 @@ def test_a_published_notebook_keeps_its_outputs_and_loses_what_only_its_machine_
     assert 1000 < width <= publish.MAX_FIGURE_WIDTH
     assert publish.WIDGET_VIEW not in text and "widgets" not in notebook.metadata
     assert "papermill" not in notebook.metadata
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    shown = KernelSpecManager().get_kernel_spec("python3").display_name  # JupyterLab renames, then re-saves, any other
+    assert notebook.metadata.kernelspec.display_name == shown
     assert "PosixPath('runs')" in text  # an echoed path is relative too (the study's notebooks echo none)
     for path in machine_paths(tmp_path):
         assert path not in text, path

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import nbformat
 
-from dmlstudy.paths import project_root, runs_root, study_outputs
+from dmlstudy.paths import PUBLISHED_STUDY, project_root, runs_root, study_outputs
 
 MAX_FIGURE_WIDTH = 1400  # pixels: a figure wider than a laptop screen is shrunk to it
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -141,6 +141,10 @@ def clean_notebook(notebook: nbformat.NotebookNode, *, runs: Path, note: str = "
     metadata = cleaned.metadata
     for key in (WIDGET_STATE, "papermill"):
         metadata.pop(key, None)
+    if "kernelspec" in metadata:  # JupyterLab rewrites a display name unlike its kernel's, and then saves the copy
+        metadata.kernelspec["display_name"] = _kernel_display_name(
+            metadata.kernelspec.get("name", ""), metadata.kernelspec.get("display_name", "")
+        )
     for cell in cleaned.cells:
         for key in CELL_METADATA_DROPPED:
             cell.metadata.pop(key, None)
@@ -154,6 +158,17 @@ def clean_notebook(notebook: nbformat.NotebookNode, *, runs: Path, note: str = "
         cleaned.cells.insert(0, first)
     nbformat.validate(cleaned)
     return cleaned
+
+
+def _kernel_display_name(name: str, default: str) -> str:
+    """The display name of kernel ``name`` as this machine's Jupyter knows it (ipykernel's ``python3``: "Python 3
+    (ipykernel)"), else ``default``."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        return KernelSpecManager().get_kernel_spec(name).display_name
+    except (NoSuchKernel, ValueError, OSError):
+        return default
 
 
 def notebook_title(notebook: nbformat.NotebookNode) -> str:
@@ -261,6 +276,7 @@ def write_index(
     from dmlstudy.plan_progress import duration_text
 
     copies = [folder / f"{p.name}.{kind}" for p in published for kind in (("ipynb", "html") if html else ("ipynb",))]
+    ran_by = " (`make study`)" if study == PUBLISHED_STUDY else ""
     read = "Read them here (GitHub renders the notebooks)" + (
         ", open them in JupyterLab (`make lab`), or open the HTML pages in a browser."
         if html
@@ -269,8 +285,8 @@ def write_index(
     lines = [
         f"# The study `{study}`, executed",
         "",
-        f"The notebooks of `{plan}` as `make study` executed them, with every table, figure and verdict in the "
-        f"notebook that made it; published from revision `{revision}`. {read} They are outputs: edit the sources "
+        f"The notebooks of `{plan}` as `dmlstudy study run {plan}`{ran_by} executed them, with every table, figure "
+        f"and verdict in the notebook that made it; published from revision `{revision}`. {read} They are outputs: edit the sources "
         "in `notebooks/*.py`, then `make study` executes the changed ones again (finished runs are loaded, not "
         "retrained) and publishes them here; `make publish` publishes again what has run.",
         "",
