@@ -234,6 +234,12 @@ def save_figure(figure: plt.Figure, name: str, *, study: str, folder: str | Path
     return path
 
 
+def save_and_show(figure: plt.Figure, name: str, *, study: str, folder: str | Path | None = None) -> None:
+    """:func:`save_figure`, returning nothing: a notebook cell that ends with it shows the figure (the inline
+    backend draws it) and not the path it was saved to."""
+    save_figure(figure, name, study=study, folder=folder)
+
+
 def source_image(dataset, index: int) -> np.ndarray:
     """The untransformed RGB image (H × W × 3 uint8) of item ``index`` of a dataset or a Subset of one."""
     while hasattr(dataset, "indices") and hasattr(dataset, "dataset"):
