@@ -11,7 +11,7 @@ ifdef PUBLISH_DIFFERENT_BUILD
 export DMLSTUDY_PUBLISH_DIFFERENT_BUILD := $(PUBLISH_DIFFERENT_BUILD)
 endif
 
-.PHONY: study publish teach test lint install lab data smoke full clean-runs notebooks tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-table
+.PHONY: study publish teach test lint install lab data smoke full clean-runs notebooks tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-epochs30 robustness-table
 
 $(STAMP): pyproject.toml requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -102,8 +102,9 @@ pretrain-check: $(STAMP)
 
 ## the robustness study (docs/protocol.md): the headline claims under each perturbation of the default study, then
 ## results/robustness/ (after `make study`, whose runs the relatives-out column reads). Each perturbation alone:
-## make robustness-partitions (tunes each partition first), robustness-budget, robustness-224, robustness-designers
-ROBUST_PLANS := designers budget partitions 224
+## make robustness-partitions (tunes each partition first), robustness-budget, robustness-epochs30, robustness-224,
+## robustness-designers
+ROBUST_PLANS := designers budget epochs30 partitions 224
 robustness: $(STAMP)
 	@start=$$(date +%s); status=0; \
 	for name in $(ROBUST_PLANS); do $(MAKE) --no-print-directory robustness-$$name || { status=$$?; break; }; done; \
@@ -115,7 +116,7 @@ robustness-partitions: $(STAMP)
 	$(BIN)/dmlstudy tune plans/tune_partitions.yaml
 	$(BIN)/dmlstudy study run plans/robust_partitions.yaml
 
-robustness-budget robustness-224 robustness-designers: robustness-%: $(STAMP)
+robustness-budget robustness-epochs30 robustness-224 robustness-designers: robustness-%: $(STAMP)
 	$(BIN)/dmlstudy data generate --plan plans/robust_$*.yaml
 	$(BIN)/dmlstudy study run plans/robust_$*.yaml
 

@@ -53,6 +53,7 @@ PUBLISHED_STUDIES = (
     "confirm_dgcrl",
     "robust_partitions",
     "robust_budget",
+    "robust_epochs30",
     "robust_224",
     "robust_designers",
     "robustness",

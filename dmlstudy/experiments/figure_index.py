@@ -71,8 +71,9 @@ FIGURE_CAPTIONS = {  # figure name, or a prefix ending in "_" followed by the da
     "compare_recall_vs_time.png": "Each method's R@1 against its training wall-clock time; up and left is better.",
     "robustness_forest.png": "Each headline claim (one panel, its robustness label in the title) read in every "
     "column of the robustness study: the default study, each class partition and the pooled partitions (red), the "
-    "30-epoch cap, 224 px, unseen designers and relatives out of the gallery; filled: decided. A claim is robust "
-    "when its decided intervals all sit on one side of 0 (or all inside the grey ±margin band).",
+    "30-epoch schedule stopped by patience, 30 epochs without early stopping, 224 px, unseen designers and "
+    "relatives out of the gallery; filled: decided. A claim is robust only when every interval is decided and all "
+    "sit on one side of 0 (or all inside the grey ±margin band); an open circle never counts as agreement.",
     "tuning_best_so_far": "Best validation R@1 found so far against tuning trials, per method; a flat tail means the "
     "budget sufficed.",
 }
