@@ -308,3 +308,19 @@ def test_cross_attention_image_figures_carry_the_credit_and_keep_bars_and_titles
     titles = [axis.title.get_window_extent(renderer) for axis in data_axes(figure) if axis.get_title()]
     assert len(titles) == 2 * 3 * 2  # blocks 1 and 2 (blocks beyond N are left out) × 3 rows × 2 triples
     assert not any(a.overlaps(b) for index, a in enumerate(titles) for b in titles[index + 1 :])
+
+
+def test_the_parts_table_and_its_sentence_give_chance_in_percent_as_they_give_the_share(tiny_config):
+    from dmlstudy.experiments.cross_attention.tables import parts_reading
+    from dmlstudy.run_data import load_datasets
+
+    dataset = load_datasets(tiny_config())["query"]
+    method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2).eval()
+    _, table = cross_attention.part_discovery(method, dataset, queries=2, neighbours=3)
+    assert "chance (%)" in table.columns and "chance" not in table.columns
+    labels = np.asarray(dataset.labels)
+    for query, chance in zip(table["query image"], table["chance (%)"]):
+        expected = 100 * (np.sum(labels == labels[query]) - 1) / (len(labels) - 1)
+        assert float(chance) == pytest.approx(expected, abs=0.05)
+    chance = float(np.mean(table["chance (%)"].astype(float)))
+    assert f"(chance {chance:.1f}%)" in parts_reading(table)
