@@ -1,6 +1,7 @@
 """The study as a reader sees it without running it: each plan entry's executed notebook, cleaned, in a committed
 folder (``published/`` for the default study), as ``.ipynb`` (GitHub and JupyterLab render it) and as a static
-HTML page (nbconvert's ``lab`` template), with an index (``README.md`` and ``index.html``).
+HTML page (nbconvert's ``lab`` template, which loads MathJax from its CDN to typeset the equations), with an index
+(``README.md`` and ``index.html``).
 
     dmlstudy study publish plans/default.yaml     # what `make study` does last: from the executed notebooks in runs/
 
@@ -278,7 +279,8 @@ def write_index(
     copies = [folder / f"{p.name}.{kind}" for p in published for kind in (("ipynb", "html") if html else ("ipynb",))]
     ran_by = " (`make study`)" if study == PUBLISHED_STUDY else ""
     read = "Read them here (GitHub renders the notebooks)" + (
-        ", open them in JupyterLab (`make lab`), or open the HTML pages in a browser."
+        ", open them in JupyterLab (`make lab`), or open the HTML pages in a browser (their equations are typeset "
+        "by MathJax, which the page loads from its CDN; offline they show as TeX)."
         if html
         else " or open them in JupyterLab (`make lab`)."
     )
