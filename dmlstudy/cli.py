@@ -267,6 +267,14 @@ def _study_publish(args: argparse.Namespace) -> int:
     folder = study_outputs(study, "published", runs_root_override=args.runs_root or "")
     shown = folder.relative_to(project_root()) if folder.is_relative_to(project_root()) else folder
     print(f"published {len(published)} executed notebooks of study {study!r} into {shown}/ (index: {shown}/README.md)")
+    changed = [item.notebook for item in published if item.source_changed]
+    if changed:
+        print(
+            f"note: {', '.join(changed)} changed after {'it' if len(changed) == 1 else 'they'} executed, so "
+            f"{'its copy shows' if len(changed) == 1 else 'their copies show'} the old text; "
+            f"`dmlstudy study run {args.plan}` executes {'it' if len(changed) == 1 else 'them'} again (finished runs "
+            "are loaded, not retrained); publish after it (`make study` does both)"
+        )
     return 0
 
 

@@ -134,10 +134,16 @@ def test_an_edited_notebook_is_executed_again_and_an_unchanged_one_is_not(tmp_pa
     root = tmp_path / "runs"
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete"]
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["skipped"]
+    [copy] = publish.publish_plan(plan, root=root, html=False, revision=REVISION)
+    assert not copy.source_changed
     write_notebook(notebook, "Echo, explained better", "value: int = 1", "print(value)")
+    [copy] = publish.publish_plan(plan, root=root, html=False, revision=REVISION)  # published before it ran again
+    assert copy.source_changed and copy.title == "Echo"
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete"]
     executed = nbformat.read(root / "s" / "echo" / "echo.ipynb", as_version=4)
     assert publish.notebook_title(executed) == "Echo, explained better"
+    [copy] = publish.publish_plan(plan, root=root, html=False, revision=REVISION)
+    assert not copy.source_changed and copy.title == "Echo, explained better"
 
 
 def test_screen_png_shrinks_a_wide_figure_and_keeps_a_small_one_readable():

@@ -57,6 +57,7 @@ class PublishedEntry:
     name: str  # the copy's stem in the published folder
     title: str  # the notebook's first heading
     seconds: float  # how long the entry took to execute
+    source_changed: bool = False  # the notebook's source changed after this copy executed (its text may be old)
 
 
 def _machine_paths(root: Path) -> list[tuple[str, str]]:
@@ -228,7 +229,9 @@ def publish_plan(
     ``<project>/runs``) into the study's published folder (:func:`dmlstudy.paths.study_outputs`), with its HTML
     page when ``html``, and write the index; ``revision`` is what the copies say they were published from
     (default: the repository's, :func:`dmlstudy.records.git_revision`). Returns what was published, in plan
-    order."""
+    order; an entry whose notebook changed after it executed says so (``source_changed``: its copy shows the old
+    text, and ``dmlstudy study run`` executes it again with its runs loaded)."""
+    from dmlstudy.models.cards import sha256_file
     from dmlstudy.records import git_revision
     from dmlstudy.study import load_plan, plan_study
 
@@ -255,9 +258,16 @@ def publish_plan(
             (folder / f"{name}.html").write_text(export_html(cleaned), encoding="utf-8")
         else:
             (folder / f"{name}.html").unlink(missing_ok=True)
+        executed_from = status.get("inputs", {}).get("notebook")
+        changed = entry.notebook.is_file() and executed_from != sha256_file(entry.notebook)
         published.append(
             PublishedEntry(
-                entry.run_name, entry.notebook.name, name, notebook_title(cleaned), float(status.get("seconds", 0))
+                entry.run_name,
+                entry.notebook.name,
+                name,
+                notebook_title(cleaned),
+                float(status.get("seconds", 0)),
+                source_changed=changed,
             )
         )
     write_index(folder, published, study=study, plan=_shown(plan), revision=revision, html=html)
