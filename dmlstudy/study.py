@@ -22,9 +22,10 @@ fields), which a plan gives every entry from one YAML anchor::
         parameters: {protocol: *protocol, ablation_seeds: [0, 1, 2]}
 
 An
-entry whose ``study_entry.json`` says ``complete`` with the same parameters, tuned-values files and
+entry whose ``study_entry.json`` says ``complete`` with the same parameters, notebook, tuned-values files and
 checkpoint-selection rule (:func:`entry_inputs`: after ``make tune`` the entries that train with them run again,
-after a new rule every entry) is skipped, so re-running a plan resumes where it stopped; a failing notebook is
+after a new rule every entry, after an edit of a notebook that notebook's entries, which load their finished runs)
+is skipped, so re-running a plan resumes where it stopped; a failing notebook is
 recorded and the plan continues; the failures are listed at the end with the cell that failed.
 
 A plan may start from another study's runs: ``reuse_runs_of: default`` copies every finished run folder of
@@ -158,6 +159,12 @@ def _concurrent_entries(plan: dict[str, Any], path: Path) -> int:
     return value
 
 
+def plan_study(path: str | Path) -> str:
+    """The study a plan's runs go to: its ``study``, else the plan file's stem."""
+    path = Path(path)
+    return str(_read_plan(path).get("study") or path.stem)
+
+
 def load_plan(path: str | Path) -> list[PlanEntry]:
     """Read a plan file and expand every entry's grid into :class:`PlanEntry` objects."""
     path = Path(path)
@@ -237,15 +244,19 @@ class EntryOutcome:
     error: str = ""
 
 
-def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
+def entry_inputs(parameters: dict[str, Any], notebook: Path | None = None) -> dict[str, str]:
     """What an entry reads besides its parameters and its runs: the revision of the checkpoint-selection rule
     (:data:`dmlstudy.runs.SELECTION_RULE`, so that the entries run again, and retrain the runs the new rule
-    would choose differently, after it changes) and the tuned-values files under its ``tuned`` folder
+    would choose differently, after it changes), the tuned-values files under its ``tuned`` folder
     (``plans/tuned/**/*.yaml``, relative path → SHA-256), so that a plan re-executes an entry after ``make tune``
-    has changed the values it trains with."""
+    has changed the values it trains with, and the SHA-256 of its ``notebook``, so that an edited notebook is
+    executed again (its finished runs are loaded, not retrained) and its executed copy, the one
+    ``dmlstudy study publish`` publishes, says what its source now says."""
     from dmlstudy.models.cards import sha256_file
 
     inputs = {"selection rule": SELECTION_RULE}
+    if notebook is not None and Path(notebook).is_file():
+        inputs["notebook"] = sha256_file(Path(notebook))
     tuned = str(entry_setting(parameters, "tuned") or "")
     folder = Path(tuned) if Path(tuned).is_absolute() else project_root() / tuned
     if not tuned or not folder.is_dir():
@@ -253,7 +264,7 @@ def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
     return inputs | {str(file.relative_to(folder)): sha256_file(file) for file in sorted(folder.rglob("*.yaml"))}
 
 
-def _is_complete(record: Path, parameters: dict[str, Any]) -> bool:
+def _is_complete(record: Path, parameters: dict[str, Any], notebook: Path | None = None) -> bool:
     """Whether ``record`` (an entry's ``study_entry.json``) says complete with these parameters and inputs."""
     if not record.is_file():
         return False
@@ -261,7 +272,7 @@ def _is_complete(record: Path, parameters: dict[str, Any]) -> bool:
     return (
         stored.get("status") == "complete"
         and stored.get("parameters") == json.loads(json.dumps(parameters, default=str))
-        and stored.get("inputs", {}) == entry_inputs(parameters)
+        and stored.get("inputs", {}) == entry_inputs(parameters, notebook)
     )
 
 
@@ -382,7 +393,7 @@ def _run_plan(
     ):
         waiting = []
         for number, (entry, parameters) in enumerate(prepared, start=1):
-            if not overwrite and _is_complete(entry.run_dir(root) / "study_entry.json", parameters):
+            if not overwrite and _is_complete(entry.run_dir(root) / "study_entry.json", parameters, entry.notebook):
                 outcomes[number] = EntryOutcome(entry, "skipped")
                 shown.write(entry_line(number, len(prepared), entry, "skipped (up to date)", parameters=parameters))
                 shown.done(started=False)
@@ -485,7 +496,7 @@ def _execute_entry(
     ledger = run_dir / LEDGER_NAME
     ledger.write_text("", encoding="utf-8")
     manager = _kernel_manager({**kernel[1], LEDGER_VARIABLE: str(ledger)}, interrupts)
-    inputs = entry_inputs(parameters)
+    inputs = entry_inputs(parameters, entry.notebook)
     started = time.perf_counter()
     try:
         papermill.execute_notebook(

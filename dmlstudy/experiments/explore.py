@@ -13,6 +13,9 @@ its explanation drawn by the method's own analysis functions:
   (:func:`dmlstudy.experiments.crt.heatmap_figure`);
 * every other method: "no explanation for this method".
 
+The first view shows a method with an explanation (:func:`first_method`: DIML, then cross-attention, then CRT,
+where the study has their runs; else ``ms``): the explanation is what the explorer adds to the tables.
+
 Decisions: a run is listed when its folder holds ``metrics.json``, ``config.yaml``, ``embeddings.npz`` and
 ``checkpoint.pt`` (a complete run); it is loaded from those records with the public training functions
 (never retrained). Retrievals rank the stored test embeddings all against all (the query excluded), as the
@@ -20,8 +23,9 @@ run's evaluation did; datasets evaluated query → gallery (In-Shop) are not sho
 
 Which study it shows (:func:`choose_study`): the one named by ``study``; by default (``study = ""``) the
 published study (``default``, what ``make study`` trains) when it has complete runs, else the explorer's own
-study ``notebook-95_explore``, where one CI-sized MS run (:data:`FALLBACK_PROTOCOL`) is trained first when it is
-empty (a fresh clone), so the notebook always has something to show. A named study without runs is an error
+study ``notebook-95_explore``, where one CI-sized DIML run (:data:`FALLBACK_PROTOCOL`) is trained first when it
+is empty (a fresh clone), so the notebook always has something to show, explanation included: its own transport
+plans between the query's and each retrieval's grid cells. A named study without runs is an error
 listing the studies that have some; nothing is ever trained into a study the explorer does not own.
 """
 
@@ -57,7 +61,7 @@ MAX_EXPLAINED = 3  # retrievals explained (the figures grow with each)
 
 
 OWN_STUDY = "notebook-95_explore"  # the explorer's own study: its fallback run, when no other study has runs
-FALLBACK_METHOD = "ms"
+FALLBACK_METHOD = "diml"  # a fresh clone's one run: a method the explorer can explain (its transport plans)
 FALLBACK_PROTOCOL = {"datasets": ["synbirds"], "seeds": [0]}  # else ProtocolConfig's CI-sized defaults
 
 
@@ -70,7 +74,7 @@ class ExploreConfig(TypedConfig):
     runs_root: str = ""  # default: <project>/runs
     data_root: str = ""  # default: <project>/data
     dataset: str = ""  # dataset shown first ("": the first with runs)
-    method: str = ""  # method shown first ("": ms when it has runs, else the first found)
+    method: str = ""  # method shown first ("": the first with an explanation, diml, cross_attention, crt, else ms)
     run: str = ""  # run folder shown first ("": the lowest seed of that dataset and method)
     query: int = 0  # query image shown first (index into the run's test set)
     top_k: int = 5  # retrievals shown
@@ -130,6 +134,14 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
         .drop(columns="_variant")
         .reset_index(drop=True)
     )
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """What the notebook lists of the runs: dataset, method, run folder, seed and test R@1 in percent, one
+    decimal, as the explorer's menus show it."""
+    shown = runs[["dataset", "method", "run", "seed"]].copy()
+    shown["R@1 (%)"] = (100 * runs["R@1"]).round(1)
+    return shown.reset_index(drop=True)
 
 
 def studies_with_runs(*, runs_root: str | Path = "") -> list[str]:
@@ -298,6 +310,13 @@ EXPLAINERS: dict[str, Callable[[LoadedRun, int, Sequence[int], dict], plt.Figure
 }
 
 
+def first_method(methods: Sequence[str]) -> str:
+    """The method shown first among ``methods``: the first of :data:`EXPLAINERS` (in their order) present, else
+    ``ms``, else the first."""
+    explained = [name for name in EXPLAINERS if name in methods]
+    return explained[0] if explained else ("ms" if "ms" in methods else methods[0])
+
+
 def explanation(loaded: LoadedRun, query: int, *, top_k: int, cache: dict | None = None) -> plt.Figure | str:
     """The method's explanation of the query's first ``min(top_k, 3)`` retrievals (see the module docstring),
     or a sentence saying there is none. ``cache`` keeps per-run intermediate results between calls."""
@@ -355,7 +374,7 @@ class Explorer:
             methods = self.methods(dataset)
             if config.method and config.method not in methods:
                 raise ValueError(f"parameter 'method': no runs of {config.method!r} on {dataset!r}; found {methods}")
-            method = config.method or ("ms" if "ms" in methods else methods[0])
+            method = config.method or first_method(methods)
             row = runs[(runs["dataset"] == dataset) & (runs["method"] == method)].iloc[0]
         loaded = self.load(row["path"])
         return {
@@ -468,7 +487,7 @@ class ExplorerUI:
         try:
             methods = self.explorer.methods(self.dataset.value)
             self.method.options = methods
-            self.method.value = "ms" if "ms" in methods else methods[0]
+            self.method.value = first_method(methods)
             self._set_runs()
         finally:
             self._syncing = False
