@@ -5,8 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLAN ?= plans/default.yaml
+# an emoji build that differs from the published one writes a published study's outputs beside its runs, unless
+# `make study PUBLISH_DIFFERENT_BUILD=1` (dmlstudy/paths.py: different_build)
+ifdef PUBLISH_DIFFERENT_BUILD
+export DMLSTUDY_PUBLISH_DIFFERENT_BUILD := $(PUBLISH_DIFFERENT_BUILD)
+endif
 
-.PHONY: study test lint install lab data smoke full clean-runs notebooks tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-table
+.PHONY: study publish teach test lint install lab data smoke full clean-runs notebooks tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-epochs30 robustness-table
 
 $(STAMP): pyproject.toml requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,15 +24,30 @@ $(STAMP): pyproject.toml requirements.txt
 
 install: $(STAMP)
 
-## the default study: datasets, every default run, tables and figures (make study PLAN=plans/embedded.yaml: the generated sets)
+## the default study: datasets, every default run, tables, figures and the executed notebooks in published/
+## (make study PLAN=plans/embedded.yaml: the generated sets). Run again, it executes only the notebooks whose
+## source changed (their finished runs are loaded) and publishes again.
 study: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/dmlstudy data generate --plan $(PLAN) && \
 	$(BIN)/dmlstudy study run $(PLAN); status=$$?; \
 	[ $$status -ge 128 ] || $(BIN)/dmlstudy study table $$(basename $(PLAN) .yaml) --by dataset method || status=1; \
+	[ $$status -ge 128 ] || $(BIN)/dmlstudy study publish $(PLAN) || status=1; \
 	echo "study $$( [ $$status -ge 128 ] && echo stopped after || echo finished in ) $$(( $$(date +%s) - start )) s (status $$status)"; \
-	echo "runs and executed notebooks: runs/   tables: results/   figures: figures/"; \
+	echo "runs: runs/   tables: results/   figures: figures/   executed notebooks: published/"; \
 	exit $$status
+
+## the teaching preset (plans/teach.yaml): each paper notebook on emoji with EfficientNet-Lite0 at one seed, in
+## minutes once the data is built; `make teach ONLY=crt` for one notebook (an entry name, or a regular expression).
+## Executed notebooks: runs/teach/<entry>/, cleaned copies: runs/teach/published/
+teach: $(STAMP)
+	$(BIN)/dmlstudy data generate --plan plans/teach.yaml
+	$(BIN)/dmlstudy study run plans/teach.yaml $(if $(ONLY),--only '$(ONLY)')
+	$(BIN)/dmlstudy study publish plans/teach.yaml
+
+## publish the executed notebooks of a plan that has run (no training, no execution): published/ for the default study
+publish: $(STAMP)
+	$(BIN)/dmlstudy study publish $(PLAN)
 
 ## per-method Optuna tuning on validation classes, in every regime (make tune PLAN=plans/tune_smoke.yaml for the CI-sized one): plans/tuned/<dataset>.yaml, plans/tuned/<regime>/<dataset>.yaml and their best-so-far figures
 tune: PLAN = plans/tune_imagenet.yaml plans/tune.yaml plans/tune_pretrained.yaml
@@ -63,8 +83,10 @@ data: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/python -m dmlstudy.experiments.notebooks build
 
+## JupyterLab at the repository root (notebooks/, published/, figures/, results/ and docs/ in reach), on the
+## venv's kernel; as root (a container) it passes --allow-root
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab --ServerApp.root_dir=. $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 clean-runs:
 	rm -rf runs/
@@ -80,8 +102,9 @@ pretrain-check: $(STAMP)
 
 ## the robustness study (docs/protocol.md): the headline claims under each perturbation of the default study, then
 ## results/robustness/ (after `make study`, whose runs the relatives-out column reads). Each perturbation alone:
-## make robustness-partitions (tunes each partition first), robustness-budget, robustness-224, robustness-designers
-ROBUST_PLANS := designers budget partitions 224
+## make robustness-partitions (tunes each partition first), robustness-budget, robustness-epochs30, robustness-224,
+## robustness-designers
+ROBUST_PLANS := designers budget epochs30 partitions 224
 robustness: $(STAMP)
 	@start=$$(date +%s); status=0; \
 	for name in $(ROBUST_PLANS); do $(MAKE) --no-print-directory robustness-$$name || { status=$$?; break; }; done; \
@@ -93,7 +116,7 @@ robustness-partitions: $(STAMP)
 	$(BIN)/dmlstudy tune plans/tune_partitions.yaml
 	$(BIN)/dmlstudy study run plans/robust_partitions.yaml
 
-robustness-budget robustness-224 robustness-designers: robustness-%: $(STAMP)
+robustness-budget robustness-epochs30 robustness-224 robustness-designers: robustness-%: $(STAMP)
 	$(BIN)/dmlstudy data generate --plan plans/robust_$*.yaml
 	$(BIN)/dmlstudy study run plans/robust_$*.yaml
 

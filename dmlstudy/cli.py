@@ -144,6 +144,13 @@ def _generate(args: argparse.Namespace) -> int:
             from dmlstudy.data.emoji import fingerprint_report
 
             print(fingerprint_report(root / name))
+            if args.plan:
+                from dmlstudy.paths import different_build_message
+                from dmlstudy.study.plan import plan_study
+
+                message = different_build_message(plan_study(args.plan))
+                if message:
+                    print(message)
     return 0
 
 
@@ -226,11 +233,49 @@ def _study_run(args: argparse.Namespace) -> int:
     from dmlstudy.study.executor import run_plan
 
     _use_scheduler(args.scheduler)
+    from dmlstudy.paths import PUBLISH_DIFFERENT_BUILD, different_build_message
+    from dmlstudy.study.plan import plan_study
     from dmlstudy.study.plan_inputs import prepare_stem_caches, stem_configs
 
+    if args.publish_different_build:
+        os.environ[PUBLISH_DIFFERENT_BUILD] = "1"  # the notebooks' kernels inherit it
+    message = different_build_message(plan_study(args.plan))
+    if message:
+        print(message, flush=True)
     prepare_stem_caches(stem_configs(args.plan, only=args.only))
     outcomes = run_plan(args.plan, root=args.runs_root, only=args.only, overwrite=args.overwrite)
     return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
+def _study_publish(args: argparse.Namespace) -> int:
+    from dmlstudy.experiments.publish import publish_plan
+    from dmlstudy.paths import PUBLISH_DIFFERENT_BUILD, different_build_message, project_root, study_outputs
+    from dmlstudy.study.plan import plan_study
+
+    if args.publish_different_build:
+        os.environ[PUBLISH_DIFFERENT_BUILD] = "1"
+    study = plan_study(args.plan)
+    message = different_build_message(study)
+    if message:
+        print(message, flush=True)
+    published = publish_plan(args.plan, root=args.runs_root, html=not args.no_html)
+    figures = study_outputs(study, "figures", runs_root_override=args.runs_root or "")
+    if (figures / "README.md").is_file():  # written by the plan's notebooks before the copies existed
+        from dmlstudy.experiments.figure_index import write_figures_readme
+
+        write_figures_readme(figures, study=study)  # now it links them
+    folder = study_outputs(study, "published", runs_root_override=args.runs_root or "")
+    shown = folder.relative_to(project_root()) if folder.is_relative_to(project_root()) else folder
+    print(f"published {len(published)} executed notebooks of study {study!r} into {shown}/ (index: {shown}/README.md)")
+    changed = [item.notebook for item in published if item.source_changed]
+    if changed:
+        print(
+            f"note: {', '.join(changed)} changed after {'it' if len(changed) == 1 else 'they'} executed, so "
+            f"{'its copy shows' if len(changed) == 1 else 'their copies show'} the old text; "
+            f"`dmlstudy study run {args.plan}` executes {'it' if len(changed) == 1 else 'them'} again (finished runs "
+            "are loaded, not retrained); publish after it (`make study` does both)"
+        )
+    return 0
 
 
 def _use_scheduler(address: str) -> None:
@@ -455,7 +500,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="Dask scheduler to train on (e.g. tcp://host:8786; sets DMLSTUDY_SCHEDULER); default: a local cluster of the plan's workers",
     )
+    run.add_argument(
+        "--publish-different-build",
+        action="store_true",
+        help="write a published study's results/, figures/ and published/ even when the emoji build differs from "
+        "the published one (default: beside its runs, runs/<study>/…)",
+    )
     run.set_defaults(handler=_study_run)
+    publish = study_commands.add_parser(
+        "publish",
+        help="publish a plan's executed notebooks, cleaned, with HTML pages and an index (published/ for the "
+        "default study); trains and executes nothing",
+    )
+    publish.add_argument("plan", help="a plan file whose entries have run, e.g. plans/default.yaml")
+    publish.add_argument("--runs-root", default=None, help="where run folders are [default: <project>/runs]")
+    publish.add_argument("--no-html", action="store_true", help="only the executed .ipynb copies, no HTML pages")
+    publish.add_argument(
+        "--publish-different-build",
+        action="store_true",
+        help="publish into the repository's folder even when the emoji build differs from the published one",
+    )
+    publish.set_defaults(handler=_study_publish)
     table = study_commands.add_parser("table", help="gather metrics.json of a study into mean ± std tables")
     table.add_argument("study", help="a study name: the folder runs/<study>/ (e.g. default, smoke)")
     table.add_argument(

@@ -8,6 +8,7 @@ and runs of the repository), else the working directory.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -52,26 +53,72 @@ PUBLISHED_STUDIES = (
     "confirm_dgcrl",
     "robust_partitions",
     "robust_budget",
+    "robust_epochs30",
     "robust_224",
     "robust_designers",
     "robustness",
 )  # every study whose outputs are committed
 
 
-def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "") -> Path:
-    """Folder for a study's ``kind`` of output (``"figures"`` or ``"results"``).
+GENERATED_DATA_STUDIES = ("embedded", "headline10", "convergence")  # published studies on generated sets only
+PUBLISH_DIFFERENT_BUILD = "DMLSTUDY_PUBLISH_DIFFERENT_BUILD"  # "1": a differing emoji build still writes the outputs
 
-    The published study writes to ``<project>/figures`` and ``<project>/results``, the other committed ones
-    (:data:`PUBLISHED_STUDIES`: the generated datasets in their two regimes, the headline claims with 10 seeds,
-    DGCRL vs triplet under a 30-epoch cap, the sequential design on emoji and its confirmatory studies of CRT > MS
-    and DGCRL > lifted structure) to ``<project>/<kind>/<study>``; any other study (the CI-sized notebook
-    defaults, the smoke and full plans) to ``<runs>/<study>/<kind>``, so test runs never overwrite the committed
-    figures.
+
+def different_build() -> str:
+    """'' when the emoji build under the data root may write the published outputs: it is the published build (its
+    fingerprint equals the committed one), none is built yet, or ``$DMLSTUDY_PUBLISH_DIFFERENT_BUILD`` is ``1``;
+    else the sentence saying how it differs (:func:`dmlstudy.data.emoji_checks.fingerprint_difference`).
+
+    Decision: tables and figures of another build are not the published study's, so a differing build writes them
+    beside its runs until the user says otherwise; the generated sets are byte-identical everywhere and have no
+    such check."""
+    if os.environ.get(PUBLISH_DIFFERENT_BUILD, "") == "1":
+        return ""
+    built = data_root() / "emoji" / "fingerprint.tsv"
+    if not built.is_file():
+        return ""
+    return _build_difference(str(built), built.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _build_difference(built: str, modified: int) -> str:
+    from dmlstudy.data.emoji import PUBLISHED_FINGERPRINT
+    from dmlstudy.data.emoji_checks import fingerprint_difference, read_fingerprint
+
+    return fingerprint_difference(Path(built).read_text(encoding="utf-8"), read_fingerprint(PUBLISHED_FINGERPRINT))
+
+
+def different_build_message(study: str) -> str:
+    """What a published study says when :func:`different_build` keeps its outputs beside its runs ('' otherwise)."""
+    difference = different_build() if study in PUBLISHED_STUDIES and study not in GENERATED_DATA_STUDIES else ""
+    if not difference:
+        return ""
+    where = ", ".join(str(study_outputs(study, kind)) for kind in OUTPUT_KINDS)
+    return (
+        f"emoji: the build in {data_root() / 'emoji'} differs from the published build ({difference}), so study "
+        f"{study!r} writes its tables, figures and published notebooks to {where}, not into the repository's "
+        f"folders. To write them there anyway: make study PUBLISH_DIFFERENT_BUILD=1 (or "
+        f"{PUBLISH_DIFFERENT_BUILD}=1 in the environment)."
+    )
+
+
+OUTPUT_KINDS = ("results", "figures", "published")
+
+
+def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "") -> Path:
+    """Folder for a study's ``kind`` of output (``"figures"``, ``"results"`` or ``"published"``: its executed
+    notebooks, :mod:`dmlstudy.experiments.publish`).
+
+    The published study writes to ``<project>/figures``, ``<project>/results`` and ``<project>/published``, the
+    other committed ones (:data:`PUBLISHED_STUDIES`: the generated datasets in their two regimes, the headline
+    claims with 10 seeds, DGCRL vs triplet under a 30-epoch cap, the sequential design on emoji and its
+    confirmatory studies of CRT > MS and DGCRL > lifted structure) to ``<project>/<kind>/<study>``; any other
+    study (the CI-sized notebook defaults, the smoke and full plans) to ``<runs>/<study>/<kind>``, so test runs
+    never overwrite the committed figures. So does a published study on emoji when the emoji build on disk differs
+    from the published one (:func:`different_build`).
     """
-    if kind not in ("figures", "results"):
-        raise ValueError(f"study_outputs: kind must be 'figures' or 'results', got {kind!r}")
-    if study == PUBLISHED_STUDY:
-        return project_root() / kind
-    if study in PUBLISHED_STUDIES:
-        return project_root() / kind / study
+    if kind not in OUTPUT_KINDS:
+        raise ValueError(f"study_outputs: kind must be one of {list(OUTPUT_KINDS)}, got {kind!r}")
+    if study in PUBLISHED_STUDIES and (study in GENERATED_DATA_STUDIES or not different_build()):
+        return project_root() / kind if study == PUBLISHED_STUDY else project_root() / kind / study
     return Path(runs_root_override or runs_root()) / study / kind

@@ -126,15 +126,62 @@ def legend_outside(figure: plt.Figure, axes: Iterable[plt.Axes] | None = None, *
 
 
 def integer_ticks(axis: plt.Axes, which: str = "x") -> None:
-    """Only integer ticks on the ``which`` axis (epochs, counts); call after drawing the data. A view holding
-    fewer than two integers (one evaluated epoch) is widened to one unit either side of its centre, since
-    matplotlib's integer locator falls back to fractional ticks on so short a range."""
-    low, high = axis.get_xlim() if which == "x" else axis.get_ylim()
+    """Only integer ticks on the ``which`` axis (epochs, counts, matrix indices); call after drawing the data.
+    A view holding fewer than two integers (one evaluated epoch) is widened to one unit either side of its
+    centre, since matplotlib's integer locator falls back to fractional ticks on so short a range. An inverted
+    axis (``imshow`` draws row 0 at the top: y from ``n − 0.5`` down to ``−0.5``) keeps its view and direction."""
+    first, last = axis.get_xlim() if which == "x" else axis.get_ylim()
+    low, high = min(first, last), max(first, last)
     if np.floor(high) - np.ceil(low) < 1:
         centre = round((low + high) / 2)
-        limits = (min(low, centre - 1), max(high, centre + 1))
+        low, high = min(low, centre - 1), max(high, centre + 1)
+        limits = (high, low) if first > last else (low, high)
         axis.set_xlim(*limits) if which == "x" else axis.set_ylim(*limits)
     (axis.xaxis if which == "x" else axis.yaxis).set_major_locator(MaxNLocator(integer=True))
+
+
+def label_points(
+    axis: plt.Axes, points: Sequence[tuple[float, float, str, str]], *, fontsize: float = 8.0, spacing: float = 1.35
+) -> list:
+    """Name each point ``(x, y, label, colour)`` in a column just right of ``axis``, at the point's height where
+    the labels do not collide (pushed apart to ``spacing`` line heights, in order of height), joined to the
+    point by a thin leader line in its colour. Labels beside the points overprint error bars and each other
+    when points crowd; a column outside the data area cannot. Call once the limits and the axes' height are
+    final (after a first ``tight_layout``; a second one makes room for the column). Returns the annotations."""
+    if not points:
+        return []
+    low, high = axis.get_ylim()
+    height_points = axis.get_position().height * axis.figure.get_figheight() * 72
+    gap = spacing * fontsize / max(height_points, 1.0)  # one label's height, as a fraction of the axes
+    order = sorted(range(len(points)), key=lambda i: points[i][1])
+    wanted = [(points[i][1] - low) / (high - low) for i in order]
+    placed = []
+    for fraction in wanted:  # upwards: each at least one gap above the one below
+        placed.append(max(fraction, placed[-1] + gap) if placed else fraction)
+    overflow = placed[-1] - 1.0
+    if overflow > 0:  # the column ran past the top: shift it down, then keep the gaps downwards
+        placed = [value - overflow for value in placed]
+        for index in range(len(placed) - 2, -1, -1):
+            placed[index] = min(placed[index], placed[index + 1] - gap)
+    annotations = []
+    for index, fraction in zip(order, placed):
+        x, y, label, colour = points[index]
+        annotations.append(
+            axis.annotate(
+                label,
+                xy=(x, y),
+                xycoords="data",
+                xytext=(1.03, fraction),
+                textcoords="axes fraction",
+                va="center",
+                ha="left",
+                fontsize=fontsize,
+                color="0.15",
+                arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "alpha": 0.7, "shrinkA": 0},
+                annotation_clip=False,
+            )
+        )
+    return annotations
 
 
 def plain_log_ticks(axis: plt.Axes, ticks: Sequence[float], which: str = "x") -> None:
@@ -185,6 +232,12 @@ def save_figure(figure: plt.Figure, name: str, *, study: str, folder: str | Path
     )
     figure.savefig(path, dpi=dpi, bbox_inches="tight", metadata=metadata)
     return path
+
+
+def save_and_show(figure: plt.Figure, name: str, *, study: str, folder: str | Path | None = None) -> None:
+    """:func:`save_figure`, returning nothing: a notebook cell that ends with it shows the figure (the inline
+    backend draws it) and not the path it was saved to."""
+    save_figure(figure, name, study=study, folder=folder)
 
 
 def source_image(dataset, index: int) -> np.ndarray:

@@ -14,6 +14,10 @@
 # %% [markdown]
 # # A tour of the study's datasets
 #
+# **This notebook executed by the published study**, with its tables and figures:
+# [`published/00_datasets.ipynb`](../published/00_datasets.ipynb). Executed without a plan it tours the two
+# generated sets at CI size (a minute to build them); the default study's plan shows emoji.
+#
 # The default study runs on **emoji**: real, fine-grained images drawn by nine independent design families,
 # fetched from npm (pinned package versions, integrity checked) and rendered at 128 px by
 # `dmlstudy data generate emoji`. A class is one emoji (dozens of smiling faces, hands, clocks, animals); its
@@ -85,8 +89,9 @@ if "emoji" in tour.datasets:
 # %% [markdown]
 # ## Examples
 #
-# One row per class, random images of it. Look for what stays fixed within a row (the part attributes or
-# the character) and what does not (pose, colour cast, clutter, font, distortion).
+# One row per class, random images of it. Look for what stays fixed within a row (the emoji, whoever drew it;
+# a SynBirds class's part attributes; a glyph's character) and what does not (the designer's style, line and
+# palette; pose, colour cast, clutter; font, distortion).
 
 # %%
 for name in tour.datasets:
@@ -113,7 +118,8 @@ if "synbirds" in tour.datasets:
 #
 # Each test image is a query against all other test images, by cosine similarity of the raw pixels (self
 # excluded). This is the floor any learned embedding must beat: nuisance variation dominates pixel
-# distances, so Recall@1 is low. (With `knn_classes = 0` all 100 test classes are used, as in the README.)
+# distances, so Recall@1 is low. (With `knn_classes = 0` every test class is used: 561 on emoji, 100 on the
+# generated sets.)
 
 # %%
 pixel_knn_table(tour)

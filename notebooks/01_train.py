@@ -14,6 +14,11 @@
 # %% [markdown]
 # # Train one method on one dataset
 #
+# **This notebook executed by the published study** (the comparison's MS run of seed 0 on emoji, with
+# EfficientNet-Lite0 and its ImageNet weights at 128 px): [`published/01_train.ipynb`](../published/01_train.ipynb).
+# Executed without a plan it trains a CI-sized run: a 4-conv network from random initialisation on 16 SynBirds
+# classes, for seconds.
+#
 # The protocol of the study in one notebook: class-balanced batches (P classes × M images), a backbone
 # from timm, a method from `dmlstudy.methods`, evaluation on the **unseen** test classes (zero-shot, as in
 # CUB-200-2011) every `eval_every` epochs, and a run folder `runs/<study>/<run_name>/` holding

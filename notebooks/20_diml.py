@@ -14,7 +14,29 @@
 # %% [markdown]
 # # DIML — structural similarity by optimal transport (Zhao et al., ICCV 2021)
 #
-# **Idea.** A global embedding $\bar z$ averages the whole feature map away: two birds can have the same
+# **The paper.** Wenliang Zhao, Yongming Rao, Ziyi Wang, Jiwen Lu and Jie Zhou, *Towards Interpretable Deep
+# Metric Learning with Structural Matching*, ICCV 2021
+# ([CVF open access](https://openaccess.thecvf.com/content/ICCV2021/html/Zhao_Towards_Interpretable_Deep_Metric_Learning_With_Structural_Matching_ICCV_2021_paper.html);
+# [arXiv:2108.05889](https://arxiv.org/abs/2108.05889)).
+# **This notebook executed by the published study**, with every table and figure:
+# [`published/20_diml.ipynb`](../published/20_diml.ipynb).
+#
+# **What it shows.** Optimal transport between two grids on a worked example; DIML as test-time re-ranking of a
+# plain MS model, swept over the truncation $K$ and the grid size $G$ (the supplement's Tables 1 and 2); DIML in
+# training; the transport plans between real test queries and their retrievals; and what re-ranking costs.
+#
+# **Data and network.** The default study (`plans/default.yaml`) runs it on **emoji** (1,122 emoji classes
+# drawn by nine design families, rendered at 128 px) with **EfficientNet-Lite0** and its ImageNet weights, its
+# last stage fine-tuned on a frozen, cached stem (the `imagenet` regime), 5 paired seeds. Executed without a
+# plan, its parameters are CI-sized: a 4-conv network from random initialisation on 16 classes of the generated
+# SynBirds set at 64 px, trained for seconds, so that the code runs end to end; those numbers mean nothing.
+#
+# **What it costs** on 2 CPU cores (docs/time.md): at CI size about 2 CPU-minutes; with the teaching preset
+# (`make teach ONLY=diml`: emoji, EfficientNet-Lite0, one seed, at most 4 epochs) under 4 minutes once the data
+# is built and the stem cached; in the published study its runs are part of the 69 that `make study` trains in
+# 53 minutes.
+#
+# **Idea.** A global embedding $\bar z$ averages the whole feature map away: two drawings can have the same
 # average colour and still differ in *where* each colour sits. DIML keeps, next to $\bar z$, a $G \times G$
 # grid of **local embeddings** $\hat z_1, \dots, \hat z_{G^2}$ (the same embedding layer applied to each
 # cell of the backbone map, each L2-normalised) and compares two images by how cheaply the cells of one can
@@ -24,10 +46,11 @@
 # * a drop-in for cosine: at test time it re-ranks the cosine top-$K$ of any trained model (no
 #   retraining), and in training it replaces the similarity (or distance) inside a standard loss.
 #
-# This notebook builds both uses on our embedded datasets, sweeps the truncation $K$ and the grid size $G$
-# as the paper's supplement does (its Tables 1 and 2), shows transport plans between real retrievals, and
-# measures the cost. The defaults below are CI-sized (seconds, meaningless numbers); the study's plans
-# inject real sizes.
+# This notebook builds both uses on the protocol's datasets (the default study: emoji), sweeps the truncation
+# $K$ and the grid size $G$ as the paper's supplement does (its Tables 1 and 2), shows transport plans between
+# real retrievals, and measures the cost. One seed decides nothing: a row's R@1 varies by 0.8–2.4 points from
+# seed to seed in the default study, so with one seed the readings report differences, not verdicts. The
+# defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
 # `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
 # mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
 
@@ -107,7 +130,7 @@ print(
 
 # %%
 figure, example = diml_study.worked_example()
-plots.save_figure(figure, "diml_worked_example", study=config.protocol.study)
+plots.save_and_show(figure, "diml_worked_example", study=config.protocol.study)
 example.round(3)
 
 # %% [markdown]
@@ -116,10 +139,11 @@ example.round(3)
 # `dmlstudy/transport.py` and `dmlstudy/methods/diml.py` (tested against slow per-pair loops, an exact assignment solver and
 # pytorch-metric-learning in `tests/test_diml.py`):
 #
-# * **Grid.** Adaptive average pooling of the backbone map to $G \times G$. Our 64-px `dml_convnet` map is
-#   $4 \times 4$: $G = 1, 2, 4$ pool it, $G = 7$ first **bilinearly upsamples** it to $7 \times 7$ (as the
-#   authors' code does for sizes that do not divide the map) — so $G = 7$ adds no new information here,
-#   only finer interpolated cells. $G = 1$ is the global embedding itself: $s_{\text{struct}} = \cos$, so
+# * **Grid.** Adaptive average pooling of the backbone map to $G \times G$. The default study's map is
+#   $4 \times 4$ (EfficientNet-Lite0 at 128 px, stride 32; the CI-sized 4-conv network at 64 px, stride 16,
+#   too): $G = 1, 2, 4$ pool it, $G = 7$ first **bilinearly upsamples** it to $7 \times 7$ (as the authors'
+#   code does for sizes that do not divide the map) — so $G = 7$ adds no new information here, only finer
+#   interpolated cells. $G = 1$ is the global embedding itself: $s_{\text{struct}} = \cos$, so
 #   re-ranking by $\cos + s_{\text{struct}} = 2\cos$ changes nothing (the paper's $G = 1$ row equals its
 #   $K = 0$ row for the same reason).
 # * **Sinkhorn** runs in float32, on all pairs at once (a chunk of queries × all their candidates; the
@@ -139,7 +163,8 @@ example.round(3)
 # * **Metrics.** P@1, R-Precision and MAP@R with $R$ = the *other* images of the query's class. DIML's
 #   evaluation code counts the query itself in $R$, which lowers its RP and MAP@R: compare directions of
 #   effect with the paper's numbers, not levels (they are also on CUB-200 with an ImageNet-pretrained
-#   ResNet-50 and $7 \times 7$ maps; ours are a random-init 4-conv network on 64-px synthetic images).
+#   ResNet-50 and $7 \times 7$ maps; the default study's are EfficientNet-Lite0's $4 \times 4$ maps of
+#   128-px emoji).
 
 # %% [markdown]
 # ## Training the models
@@ -175,7 +200,7 @@ for sentence in diml_study.sweep_readings(
 ):
     print("•", sentence)
 figure = diml_study.sweep_figure(frame, sweep="K")
-plots.save_figure(figure, "diml_truncation", study=config.protocol.study)
+plots.save_and_show(figure, "diml_truncation", study=config.protocol.study)
 
 # %% [markdown]
 # ## Grid size G (supplement Table 2)
@@ -195,7 +220,7 @@ for sentence in diml_study.sweep_readings(
 ):
     print("•", sentence)
 figure = diml_study.sweep_figure(frame, sweep="G")
-plots.save_figure(figure, "diml_grid_size", study=config.protocol.study)
+plots.save_and_show(figure, "diml_grid_size", study=config.protocol.study)
 
 # %% [markdown]
 # ## DIML in training
@@ -218,10 +243,11 @@ for sentence in diml_study.training_readings(frame, top_k=config.reference_k()):
 # For a few test queries and their top cosine retrievals (blue title: same class; vermillion: another class):
 # the two images side by side with the transport plan drawn as lines between the centres of grid cells
 # (thicker and more opaque = more mass; the $G^2$ largest entries of $T$), and the two marginals as heat maps
-# over the cells (bright = much mass). Each cell stands for a region of the backbone map ($16 \times 16$
-# input pixels at stride 16; its receptive field is larger). Look for: mass concentrated on the bird rather
-# than the background (cross-correlation marginals), and lines that connect corresponding parts even when
-# the bird moved — and for how $s_{\text{struct}}$ compares with the cosine on wrong retrievals.
+# over the cells (bright = much mass). Each cell stands for a region of the backbone map ($32 \times 32$
+# input pixels of a 128-px emoji at stride 32; its receptive field is larger). Look for: mass concentrated on
+# the drawing rather than the white background (cross-correlation marginals), and lines that connect
+# corresponding parts of two designers' drawings even where the parts sit elsewhere — and for how
+# $s_{\text{struct}}$ compares with the cosine on wrong retrievals.
 
 # %%
 example_run = diml_study.example_run(results, config)
@@ -235,7 +261,7 @@ figure = kit.explained_retrievals(
     explain=partial(transport_explanation, grid_size=config.grid_size, options=config.transport_options()),
 )
 print("model:", example_run.run_dir.name)
-plots.save_figure(figure, "diml_transport_plans", study=config.protocol.study)
+plots.save_and_show(figure, "diml_transport_plans", study=config.protocol.study)
 
 # %% [markdown]
 # ## Cost of re-ranking
@@ -255,4 +281,23 @@ cost = diml_study.rerank_cost(
     options=config.transport_options(),
 )
 display(cost.round(2))
-plots.save_figure(diml_study.cost_figure(cost), "diml_cost", study=config.protocol.study)
+plots.save_and_show(diml_study.cost_figure(cost), "diml_cost", study=config.protocol.study)
+
+# %% [markdown]
+# ## Exercises
+#
+# Each uses this notebook's own outputs; run it with the teaching preset (`make teach ONLY=diml`, the executed
+# copy in `runs/teach/diml/20_diml.ipynb`), or edit the parameters cell and run all.
+#
+# 1. **Predict, then look.** In the truncation table, from which $K$ on can P@1 no longer change, and why does
+#    RP stop changing once $K$ reaches about $R$? *Hint:* P@1 changes only when re-ranking moves a new image
+#    into the first position, RP only through the first $R$ positions; an emoji test class has about 7.5
+#    images (4,196 images, 561 classes), so $R \approx 6.5$.
+# 2. **Change one parameter.** Set `epsilon = 0.5` (ten times the paper's 0.05) and re-run the worked example
+#    and the transport plans. What happens to the lines, and to $s_{\text{struct}}$ of a correct retrieval?
+#    *Hint:* the marginals do not depend on $\varepsilon$; the plan blurs towards $\mu^s {\mu^t}^\top$, so
+#    $s_{\text{struct}}$ tends to the marginal-weighted mean of all cell similarities.
+# 3. **Read a figure.** In the transport plans, compare $s_{\text{struct}}$ with the cosine for the vermillion
+#    (wrong) retrievals and the blue (right) ones. Re-ranking sorts by their sum: would it move the wrong ones
+#    down? *Hint:* only the difference between candidates matters for the order; the truncation table says
+#    whether it did on average (one seed: a difference, not a verdict).

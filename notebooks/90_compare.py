@@ -14,6 +14,11 @@
 # %% [markdown]
 # # The headline comparison: every method under one protocol
 #
+# **This notebook executed by the published study** (emoji, EfficientNet-Lite0 with its ImageNet weights at
+# 128 px, 5 paired seeds), with every table, verdict and figure of `results/` and `figures/`:
+# [`published/90_compare.ipynb`](../published/90_compare.ipynb). Executed without a plan its parameters are
+# CI-sized (a 4-conv network on 16 SynBirds classes, one seed): the verdicts it prints then decide nothing.
+#
 # Each of the four papers reports its method beside numbers copied from other papers — other backbones,
 # image sizes, embedding sizes, batches, schedules. Here every method is trained under **one protocol**
 # (printed above each table): the same backbone started the same way (the protocol's regime: in the default
@@ -96,7 +101,8 @@ main_results, classic_results, frame = headline.main, headline.classic, headline
 # when it is larger than about two standard deviations over the seeds.
 #
 # The re-ranked row only reorders each query's cosine top-K. Its NMI is the MS embeddings' by
-# construction; and when K is at most R (the number of other images of the query's class, 39 in SynBirds),
+# construction; and when K is at most R (the number of other images of the query's class: about 6.5 on emoji,
+# 39 on SynBirds),
 # the first R results keep their members, so RP cannot change. Only the order inside them changes, which
 # moves Recall@K and MAP@R.
 
@@ -166,8 +172,8 @@ if len(comparisons) > 1:
 # at the cap the table says the largest |Δ| the data still allow. A claim on epochs-to-best whose runs reached
 # the epoch cap still improving (censored) reads **undecided (censored)** where that could overturn it.
 # **Holm p** adjusts the decisions' p-values across each regime's claims. Every row recomputes from
-# `runs_per_seed.csv`, written beside `claims.csv`. The paper's Δ (its backbone, its data: CUB-200 beside
-# SynBirds, Cars196 beside Glyphs) is for scale only.
+# `runs_per_seed.csv`, written beside `claims.csv`. The paper's Δ (its backbone, its data: CUB-200 beside emoji
+# in the default study, beside SynBirds in the embedded one; Cars196 beside Glyphs) is for scale only.
 
 # %%
 claim_table = regime_comparison.all_claims(comparisons)
@@ -188,7 +194,7 @@ for sentence in claim_readings:
 
 # %%
 figure = claims.forest_figure(claim_table)
-plots.save_figure(figure, "claims_forest", study=config.protocol.study)
+plots.save_and_show(figure, "claims_forest", study=config.protocol.study)
 plt.show()
 
 # %% [markdown]
@@ -263,7 +269,7 @@ cost = tables.cost_table(frame)
 display(cost)
 write_table(cost, results_folder / "compare_cost")
 figure = tables.time_figure(frame)
-plots.save_figure(figure, "compare_recall_vs_time", study=config.protocol.study)
+plots.save_and_show(figure, "compare_recall_vs_time", study=config.protocol.study)
 plt.show()
 
 # %% [markdown]

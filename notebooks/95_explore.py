@@ -14,6 +14,9 @@
 # %% [markdown]
 # # Exploring by hand: what does each model retrieve, and why?
 #
+# **This notebook executed by the published study** (its first view, without the controls):
+# [`published/95_explore.ipynb`](../published/95_explore.ipynb). Open it here to use the controls.
+#
 # Tables average over thousands of queries; this notebook shows single ones. Choose a **dataset**, a
 # **method** and one of its **runs** (every finished run folder under `runs/<study>/`), then a **query**
 # image of that run's test set. You see the query's top-K retrievals by cosine similarity of the stored
@@ -30,8 +33,9 @@
 #
 # **Which runs.** By default (`study = ''`) it opens on the published study, `default` — the runs `make study`
 # trained, the ones behind `figures/` and `results/` — as soon as they exist under `runs/default/`. Without
-# them (a fresh clone) it opens on its own study `notebook-95_explore`, training one CI-sized MS run there
-# first, so there is always something to look at. To look at another study (`smoke`, `full`, your own), set
+# them (a fresh clone) it opens on its own study `notebook-95_explore`, training one CI-sized DIML run there
+# first (under a minute on 2 cores), so there is always something to look at, explanation included. It shows
+# first a method with an explanation (DIML, cross-attention, then CRT), else MS. To look at another study (`smoke`, `full`, your own), set
 # `study` below; the first cell prints which study is shown and which others have runs.
 #
 # Run it in JupyterLab to use the controls. Executed without a live kernel (CI, papermill) the controls are
@@ -43,7 +47,7 @@ study: str = ''  # "": the published study ('default') when it has runs, else th
 runs_root: str = ''  # default: <project>/runs
 data_root: str = ''  # default: <project>/data
 dataset: str = ''  # dataset shown first ("": the first with runs)
-method: str = ''  # method shown first ("": ms when it has runs, else the first found)
+method: str = ''  # method shown first ("": the first with an explanation, diml, cross_attention, crt, else ms)
 run: str = ''  # run folder shown first ("": the lowest seed of that dataset and method)
 query: int = 0  # query image shown first (index into the run's test set)
 top_k: int = 5  # retrievals shown
@@ -58,14 +62,14 @@ config = explore.ExploreConfig.from_namespace(globals())
 seed_everything(0)
 shown_study, runs = explore.ensure_runs(config)
 print(explore.study_header(config, runs))
-print(runs[["dataset", "method", "run", "seed", "R@1"]].to_string(index=False))
+explore.runs_table(runs)
 
 # %% [markdown]
 # ## The explorer
 #
 # Changing the dataset lists its methods; changing the method lists its runs (folder name and test R@1).
-# The query slider indexes the run's test set; top K is the number of retrievals shown (the explanation
-# covers the first three).
+# The query slider indexes the run's test set; the top-K slider sets the number of retrievals shown (the
+# explanation covers the first three).
 
 # %%
 from IPython.display import display

@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 
 from dmlstudy import explanations, plots  # noqa: E402
 from dmlstudy.experiments import cross_attention, dgcrl, diml, tables  # noqa: E402
@@ -24,6 +25,7 @@ from dmlstudy.experiments.papers import crt  # noqa: E402
 from dmlstudy.methods import build_method, list_methods  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.rows import RERANK, method_label, row_info  # noqa: E402
+from dmlstudy.study.tuning import plot_best_so_far  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -146,7 +148,7 @@ def test_a_method_has_one_colour_in_every_figure():
 @pytest.mark.parametrize(
     "draw",
     [
-        lambda: tables.time_figure(comparison_frame()),
+        lambda: plot_best_so_far({("emoji", row): [0.3, 0.5, 0.6] for row in ("ms", "crt", "lifted")}),
         lambda: plots.spectrum({name: np.random.default_rng(1).normal(size=(30, 6)) for name in ("ms", "crt", "x")}),
         lambda: dgcrl.alpha_figure(alpha_frame([1, 16, 64])),
         lambda: dgcrl.toy_figure(steps=5),
@@ -155,10 +157,22 @@ def test_a_method_has_one_colour_in_every_figure():
         ),
         lambda: diml.sweep_figure(sweep_frame(), sweep="G"),
     ],
-    ids=["time", "spectrum", "alpha", "toy", "cost", "sweep"],
+    ids=["tuning", "spectrum", "alpha", "toy", "cost", "sweep"],
 )
 def test_legends_lie_outside_the_data(draw):
     assert_legends_clear(draw())
+
+
+def test_the_time_figure_names_each_method_once_beside_its_panel():
+    """No legend: each point is named in a column right of its panel (outside the data), joined by a leader line."""
+    figure = tables.time_figure(comparison_frame())
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    axis = figure.axes[0]
+    names = [text.get_text() for text in axis.texts]
+    assert sorted(names) == sorted(method_label(v) for v in comparison_frame()["variant"].unique())
+    right = axis.get_window_extent(renderer).x1
+    assert all(Text.get_window_extent(text, renderer).x0 > right for text in axis.texts)
 
 
 def test_epoch_axes_have_integer_ticks():
@@ -302,3 +316,19 @@ def test_cross_attention_image_figures_carry_the_credit_and_keep_bars_and_titles
     titles = [axis.title.get_window_extent(renderer) for axis in data_axes(figure) if axis.get_title()]
     assert len(titles) == 2 * 3 * 2  # blocks 1 and 2 (blocks beyond N are left out) × 3 rows × 2 triples
     assert not any(a.overlaps(b) for index, a in enumerate(titles) for b in titles[index + 1 :])
+
+
+def test_the_parts_table_and_its_sentence_give_chance_in_percent_as_they_give_the_share(tiny_config):
+    from dmlstudy.experiments.cross_attention.tables import parts_reading
+    from dmlstudy.run.data import load_datasets
+
+    dataset = load_datasets(tiny_config())["query"]
+    method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2).eval()
+    _, table = cross_attention.part_discovery(method, dataset, queries=2, neighbours=3)
+    assert "chance (%)" in table.columns and "chance" not in table.columns
+    labels = np.asarray(dataset.labels)
+    for query, chance in zip(table["query image"], table["chance (%)"]):
+        expected = 100 * (np.sum(labels == labels[query]) - 1) / (len(labels) - 1)
+        assert float(chance) == pytest.approx(expected, abs=0.05)
+    chance = float(np.mean(table["chance (%)"].astype(float)))
+    assert f"(chance {chance:.1f}%)" in parts_reading(table)

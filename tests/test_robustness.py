@@ -1,5 +1,6 @@
 """The robustness study's readings: each column by the study's rule, the pooled partitions over partition means,
-the robust / fragile / open label, and the relatives-out recall, each against an independent computation."""
+the amended label and the label as first declared, their false rates under no effect, each claim's chain of
+readings, and the relatives-out recall, each against an independent computation."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from scipy import stats
 
 from dmlstudy.experiments import robustness
 from dmlstudy.experiments.claims import Claim
+from dmlstudy.experiments.robustness import RELATIVES_OUT, SCHEDULE
 
 CLAIM = Claim(name="A > B", kind="headline", a="a", b="b", runs="protocol", source="test")
 
@@ -53,14 +55,60 @@ def test_each_column_and_the_pooled_partitions_against_scipy():
     pooled = cells.loc[robustness.POOLED]
     assert [pooled["Δ"], pooled["CI low"], pooled["CI high"]] == pytest.approx([mean, low, high], abs=0.006)
     assert pooled["model"] == "partition means" and pooled["seeds"] == 3 and "partitions" in pooled["covers"]
-    assert cells.loc["30-epoch cap", "outcome"] == "not run" and cells.loc["30-epoch cap", "verdict"] == "not run"
+    schedule = cells.loc[robustness.SCHEDULE]
+    assert schedule["outcome"] == "not run" and schedule["verdict"] == "not run"
     assert cells.loc["default", "outcome"] == "held"
+    assert table["robustness"].iloc[0].endswith("so far")  # columns not run yet
+
+
+def test_an_undecided_cell_gives_the_seeds_that_would_decide_it():
+    differences = np.array([1.5, -0.5, 2.0, 0.2, 1.1])
+    a = list(50 + differences)
+    table = robustness.robustness_table(per_seed("default", "emoji", a, [50.0] * 5), [CLAIM])
+    cell = table.set_index("perturbation").loc["default"]
+    assert cell["outcome"] == "undecided"
+    mean, sd = differences.mean(), differences.std(ddof=1)
+    half = lambda n: stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)  # noqa: E731
+    # the first n at which the interval, at this Δ and spread, clears 0 or fits inside ±1
+    needed = next(n for n in range(2, 10_000) if half(n) < abs(mean) or abs(mean) + half(n) < 1)
+    assert cell["seeds to decide"] == needed
+    assert f"(≈ {needed} seeds)" in robustness.cell_text(cell.to_dict())
+
+
+def cells_of(outcomes: dict[str, tuple[str, float]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "perturbation": list(outcomes),
+            "outcome": [o for o, _ in outcomes.values()],
+            "Δ": [d for _, d in outcomes.values()],
+        }
+    )
 
 
 @pytest.mark.parametrize(
     ("outcomes", "label"),
     [
-        ({"default": "held", "30-epoch cap": "held", "224 px": "undecided"}, "robust"),
+        ({"default": ("held", 2.0), "224 px": ("held", 1.5), RELATIVES_OUT: ("held", 2.0)}, "robust"),
+        ({"default": ("reversed", -3.0), "unseen designers": ("reversed", -1.0)}, "robust"),
+        ({"default": ("not held", 0.2), "224 px": ("not held", -0.1)}, "robust"),  # equivalent everywhere
+        # an undecided cell never counts as agreement
+        ({"default": ("held", 2.0), "224 px": ("undecided", 0.5)}, "consistent"),
+        ({"default": ("held", 2.0), "224 px": ("not held", 0.3)}, "consistent"),  # a direction beside an equivalence
+        ({"default": ("reversed", -3.5), SCHEDULE: ("undecided", 0.3)}, "unstable"),  # the sign flipped
+        ({"default": ("held", 2.0), "224 px": ("reversed", -1.2), "unseen designers": ("undecided", 0.1)}, "fragile"),
+        ({"partition 1": ("held", 1.5), "partition 2": ("reversed", -1.5)}, "fragile"),  # every cell counts
+        ({"default": ("undecided", 0.4), "224 px": ("undecided", 0.8)}, "open"),
+        ({"default": ("undecided", 0.4), "224 px": ("undecided", -0.8)}, "unstable"),
+    ],
+)
+def test_the_amended_label(outcomes, label):
+    assert robustness.robustness_label(cells_of(outcomes)) == label
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "label"),
+    [
+        ({"default": "held", SCHEDULE: "held", "224 px": "undecided"}, "robust"),
         ({"default": "reversed", "unseen designers": "reversed"}, "robust"),
         ({"default": "held", "224 px": "reversed"}, "fragile"),
         ({"default": "undecided", "224 px": "not run"}, "open"),
@@ -68,13 +116,96 @@ def test_each_column_and_the_pooled_partitions_against_scipy():
         (
             {"default": "undecided", "partition 1": "held", "partition 2": "reversed"},
             "open",
-        ),  # partitions alone do not count
+        ),  # partitions alone did not count
         ({"partitions pooled": "reversed", "partition 1": "held"}, "robust"),
     ],
 )
-def test_robustness_label(outcomes, label):
+def test_the_label_as_first_declared_is_kept(outcomes, label):
     cells = pd.DataFrame({"perturbation": list(outcomes), "outcome": list(outcomes.values())})
-    assert robustness.robustness_label(cells) == label
+    assert robustness.declared_label(cells) == label
+
+
+def test_the_table_labels_by_both_rules_and_counts_shared_runs_once():
+    """The default and relatives-out cells are one reading; the label as first declared still reads 'robust'
+    where the amended one does not, so the table shows both."""
+    rng = np.random.default_rng(3)
+    b = rng.normal(50, 1, 5)
+    frames = [
+        per_seed("default", "emoji", list(b + 3 + rng.normal(0, 0.3, 5)), list(b)),
+        per_seed(RELATIVES_OUT, "emoji", list(b + 3 + rng.normal(0, 0.3, 5)), list(b)),
+        per_seed("unseen designers", "emoji_designers", list(b + 0.2 + rng.normal(0, 3, 5)), list(b)),
+    ]
+    table = robustness.robustness_table(pd.concat(frames, ignore_index=True), [CLAIM])
+    first = table.iloc[0]
+    assert first["robustness"] == "consistent so far"
+    assert first["label as first declared"] == "robust"
+    assert first["readings decided"] == "held in 1 of 2 readings"
+
+
+def test_simulated_label_rates_against_the_closed_form():
+    """With two independent columns whose spread is too wide for an equivalence, each decides 'held' and
+    'reversed' with probability p = 2.5 % under no effect: the amended rule labels robust-with-a-direction with
+    probability 2p², the rule first declared with 2[(1 − p)² − (1 − 2p)²] (some cell decided, none opposite)."""
+    rows = []
+    for name, dataset in (("default", "emoji"), ("unseen designers", "emoji_designers")):
+        rng = np.random.default_rng(len(name))
+        differences = rng.normal(0, 1, 5)
+        differences = 10 * (differences - differences.mean()) / differences.std(ddof=1)  # sd exactly 10
+        rows.append(per_seed(name, dataset, list(50 + differences), [50.0] * 5))
+    simulation = robustness.simulate_labels(pd.concat(rows, ignore_index=True), [CLAIM], draws=100_000)
+    ran = simulation[simulation["columns"] == "run so far"].set_index("rule")
+    assert ran.loc["amended", "cells"] == 2
+    p = 0.025
+    assert ran.loc["amended", "robust with a direction"] == pytest.approx(2 * p**2, abs=0.0006)
+    assert ran.loc["as first declared", "robust with a direction"] == pytest.approx(
+        2 * ((1 - p) ** 2 - (1 - 2 * p) ** 2), abs=0.004
+    )
+    alone = simulation[simulation["columns"] == "default alone"].set_index("rule")
+    assert alone.loc["amended", "robust with a direction"] == pytest.approx(2 * p, abs=0.003)  # one look: 5 %
+    everything = simulation[simulation["columns"] == "all declared"].set_index("rule")
+    assert everything.loc["amended", "robust with a direction"] <= robustness.FALSE_ROBUST_BOUND
+    assert everything.loc["as first declared", "robust with a direction"] > robustness.FALSE_ROBUST_BOUND
+
+
+def test_the_chain_error_is_the_sum_of_the_levels_up_to_the_first_reading_that_reached_the_verdict(tmp_path):
+    from dmlstudy.experiments import chain
+
+    claims = [CLAIM, Claim(name="C > D", kind="headline", a="c", b="d", runs="protocol", source="test")]
+    # build 1: the first five seeds decide neither claim on their own
+    rows = []
+    for row, values in (("a", [50, 51, 49, 52, 48]), ("b", [50, 50, 50, 50, 50])):
+        rows += [
+            {"regime": "imagenet", "dataset": "emoji", "row": row, "seed": s, "R@1": v} for s, v in enumerate(values)
+        ]
+    for row, values in (("c", [55, 56, 54, 55, 57]), ("d", [50, 50, 50, 50, 50])):  # C > D held at once
+        rows += [
+            {"regime": "imagenet", "dataset": "emoji", "row": row, "seed": s, "R@1": v} for s, v in enumerate(values)
+        ]
+    folders = {study: tmp_path / study for study in ("sequential", "confirm", "confirm_dgcrl", "default")}
+    for folder in folders.values():
+        folder.mkdir()
+    pd.DataFrame(rows).to_csv(folders["sequential"] / "runs_per_seed.csv", index=False)
+
+    def claims_table(study, entries):
+        pd.DataFrame(
+            [{"claim": name, "Δ": delta, "seeds": seeds, "verdict": text} for name, delta, seeds, text in entries]
+        ).to_csv(folders[study] / "claims.csv", index=False)
+
+    claims_table(
+        "sequential",
+        [("A > B", 0.5, 20, "undecided at the cap (20 seeds)"), ("C > D", 5.4, 5, "held at look 1 (5 seeds)")],
+    )
+    claims_table("confirm", [("A > B", 0.9, 40, "held"), ("C > D", math.nan, 0, "not evaluated (no c runs)")])
+    claims_table("confirm_dgcrl", [("A > B", math.nan, 0, "not evaluated"), ("C > D", math.nan, 0, "not evaluated")])
+    claims_table("default", [("A > B", 1.2, 5, "held"), ("C > D", 5.0, 5, "held")])
+    readings = chain.chain_readings(claims, outputs=lambda study: folders[study])
+    errors = chain.chain_errors(readings).set_index("claim")
+    assert readings.query("claim == 'A > B'")["outcome"].tolist() == ["undecided", "undecided", "held", "held"]
+    assert errors.loc["A > B", "first reached by"] == "confirmatory study (build 1)"
+    assert errors.loc["A > B", "error"] == pytest.approx(0.15)  # a later agreeing look does not lower it
+    assert errors.loc["C > D", "error"] == pytest.approx(0.05)
+    assert errors.loc["C > D", "chain"] == "held → held → not run → held"
+    assert [chain.error_text(e) for e in (0.05, 0.15)] == ["5 %", "≤ 15 %"]
 
 
 def test_relative_mask_removes_self_and_the_relative_family_only():
@@ -141,11 +272,31 @@ def test_reranked_recall_with_one_candidate_is_the_cosine_recall_and_never_picks
 
 
 def test_the_front_page_shows_the_committed_robustness_table():
-    """The README's robustness table is the one `dmlstudy study robustness` writes, not a hand copy."""
+    """The README's robustness table is the one `dmlstudy study robustness` writes (with each claim's published
+    verdict and its error from the committed chain), not a hand copy."""
     from pathlib import Path
 
+    from dmlstudy.experiments import chain
+
     root = Path(__file__).resolve().parents[1]
-    table = pd.read_csv(root / "results" / "robustness" / "claims.csv")
-    assert robustness.readme_markdown(table) in (root / "README.md").read_text()
+    folder = root / "results" / "robustness"
+    table = pd.read_csv(folder / "claims.csv")
+    errors = pd.read_csv(folder / "chain.csv").drop_duplicates("claim")
+    readme = (root / "README.md").read_text()
+    assert robustness.readme_markdown(table, errors) in readme
     for name in robustness.columns_not_run(table):
-        assert name in (root / "README.md").read_text().split("## Two commands")[0] or name.startswith("partition")
+        assert name in readme.split("## Two commands")[0] or name.startswith("partition")
+    recomputed = chain.chain_errors(chain.chain_readings())
+    committed = errors.set_index("claim").loc[recomputed["claim"]]
+    assert committed["error"].tolist() == pytest.approx(recomputed["error"].tolist())
+    assert committed["published verdict"].tolist() == recomputed["published verdict"].tolist()
+
+
+def test_the_committed_label_simulation_keeps_the_declared_bound():
+    from pathlib import Path
+
+    simulation = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "robustness" / robustness.SIMULATION)
+    amended = simulation[simulation["rule"] == "amended"]
+    assert set(amended["columns"]) == {"default alone", "run so far", "all declared"}
+    labelled = amended[amended["columns"] != "default alone"]  # one look alone is the scale: about 5 %
+    assert (labelled["robust with a direction"] <= robustness.FALSE_ROBUST_BOUND).all()

@@ -143,7 +143,7 @@ def test_an_entry_runs_again_when_the_tuned_values_it_reads_change(toy_notebooks
     (tuned / "pretrained" / "synbirds.yaml").write_text("rows: {ms: {overrides: {lr: 0.001}}}\n")
     assert [o.status for o in run_plan(plan, root=root, progress=False)] == ["complete", "skipped"]
     record = json.loads((root / "s" / "reads" / "study_entry.json").read_text())
-    assert set(record["inputs"]) == {"selection rule", "synbirds.yaml", "pretrained/synbirds.yaml"}
+    assert set(record["inputs"]) == {"selection rule", "notebook", "synbirds.yaml", "pretrained/synbirds.yaml"}
 
 
 def test_the_runner_puts_study_and_runs_root_into_a_study_notebooks_protocol(tmp_path):

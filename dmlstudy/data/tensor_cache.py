@@ -58,7 +58,6 @@ import torch
 from filelock import FileLock
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
-from tqdm.auto import tqdm
 
 from dmlstudy.data.base import ImageListDataset
 from dmlstudy.data.batch_transforms import (
@@ -67,6 +66,7 @@ from dmlstudy.data.batch_transforms import (
     normalize_batch,
 )
 from dmlstudy.data.transforms import RESIZE_RATIO
+from dmlstudy.progress_bars import transient_bar
 from dmlstudy.records import write_bytes_atomically
 
 CACHE_FORMAT = 1
@@ -179,7 +179,7 @@ def _decode(dataset: ImageListDataset, layout: TensorLayout) -> np.ndarray:
     one); a bar over the images on a terminal (a real benchmark's split takes minutes to decode once)."""
     height, width = layout.height, layout.width
     array = np.empty((len(dataset), 3, height, width), dtype=np.uint8)
-    for index in tqdm(range(len(dataset)), desc=f"decoding {dataset.name}", unit="image", leave=False, disable=None):
+    for index in transient_bar(range(len(dataset)), desc=f"decoding {dataset.name}", unit="image", disable=None):
         image = dataset.read_image(index)
         pixels = np.asarray(image if layout.side is None else _square(image, layout.side))
         if pixels.shape != (height, width, 3):

@@ -6,6 +6,10 @@ its explanation: what the trained method itself shows about the query and its fi
 (:meth:`dmlstudy.methods.Method.explain`: DIML's transport plans, cross-attention's attention maps, CRT's prototype
 codes), drawn by its kind (:func:`dmlstudy.explanations.explanation_figure`); a method that explains nothing says so.
 
+The first view shows a method with an explanation (:func:`first_method`: the explorer's own DIML first, then
+the others that explain, where the study has their runs; else ``ms``): the explanation is what the explorer adds
+to the tables.
+
 Decisions: a run is listed when its folder holds ``metrics.json``, ``config.yaml``, ``embeddings.npz`` and
 ``checkpoint.pt`` (a complete run); it is loaded from those records with the public training functions
 (never retrained). Retrievals rank the stored test embeddings all against all (the query excluded), as the
@@ -13,8 +17,9 @@ run's evaluation did; datasets evaluated query → gallery (In-Shop) are not sho
 
 Which study it shows (:func:`choose_study`): the one named by ``study``; by default (``study = ""``) the
 published study (``default``, what ``make study`` trains) when it has complete runs, else the explorer's own
-study ``notebook-95_explore``, where one CI-sized MS run (:data:`FALLBACK_PROTOCOL`) is trained first when it is
-empty (a fresh clone), so the notebook always has something to show. A named study without runs is an error
+study ``notebook-95_explore``, where one CI-sized DIML run (:data:`FALLBACK_PROTOCOL`) is trained first when it
+is empty (a fresh clone), so the notebook always has something to show, explanation included: its own transport
+plans between the query's and each retrieval's grid cells. A named study without runs is an error
 listing the studies that have some; nothing is ever trained into a study the explorer does not own.
 """
 
@@ -34,6 +39,7 @@ import pandas as pd
 from dmlstudy import plots
 from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.experiments.kit import explained_retrievals, top_k_retrievals
+from dmlstudy.methods import METHODS, Method
 from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
 from dmlstudy.run.compute import resolve_device
@@ -49,7 +55,7 @@ MAX_EXPLAINED = 3  # retrievals explained (the figures grow with each)
 
 
 OWN_STUDY = "notebook-95_explore"  # the explorer's own study: its fallback run, when no other study has runs
-FALLBACK_METHOD = "ms"
+FALLBACK_METHOD = "diml"  # a fresh clone's one run: a method the explorer can explain (its transport plans)
 FALLBACK_PROTOCOL = {"datasets": ["synbirds"], "seeds": [0]}  # else ProtocolConfig's CI-sized defaults
 
 
@@ -62,7 +68,7 @@ class ExploreConfig(TypedConfig):
     runs_root: str = ""  # default: <project>/runs
     data_root: str = ""  # default: <project>/data
     dataset: str = ""  # dataset shown first ("": the first with runs)
-    method: str = ""  # method shown first ("": ms when it has runs, else the first found)
+    method: str = ""  # method shown first ("": the first with an explanation, diml, cross_attention, crt, else ms)
     run: str = ""  # run folder shown first ("": the lowest seed of that dataset and method)
     query: int = 0  # query image shown first (index into the run's test set)
     top_k: int = 5  # retrievals shown
@@ -122,6 +128,14 @@ def find_runs(study: str, *, runs_root: str | Path = "") -> pd.DataFrame:
         .drop(columns="_variant")
         .reset_index(drop=True)
     )
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """What the notebook lists of the runs: dataset, method, run folder, seed and test R@1 in percent, one
+    decimal, as the explorer's menus show it."""
+    shown = runs[["dataset", "method", "run", "seed"]].copy()
+    shown["R@1 (%)"] = (100 * runs["R@1"]).round(1)
+    return shown.reset_index(drop=True)
 
 
 def studies_with_runs(*, runs_root: str | Path = "") -> list[str]:
@@ -240,6 +254,18 @@ def retrieval_figure(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure
     return figure
 
 
+def explains(method: str) -> bool:
+    """Whether the registered method ``method`` explains its retrievals (its own :meth:`Method.explain`)."""
+    return method in METHODS and METHODS[method].explain is not Method.explain
+
+
+def first_method(methods: Sequence[str]) -> str:
+    """The method shown first among ``methods``: one that explains its retrievals (:func:`explains`), the
+    explorer's own :data:`FALLBACK_METHOD` before the others, else ``ms``, else the first."""
+    explaining = sorted((name for name in methods if explains(name)), key=lambda name: name != FALLBACK_METHOD)
+    return explaining[0] if explaining else ("ms" if "ms" in methods else methods[0])
+
+
 def explanation(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure | str:
     """The method's explanation of the query and its first ``min(top_k, 3)`` retrievals
     (:func:`~dmlstudy.experiments.kit.explained_retrievals`), or a sentence saying there is none."""
@@ -292,7 +318,7 @@ class Explorer:
             methods = self.methods(dataset)
             if config.method and config.method not in methods:
                 raise ValueError(f"parameter 'method': no runs of {config.method!r} on {dataset!r}; found {methods}")
-            method = config.method or ("ms" if "ms" in methods else methods[0])
+            method = config.method or first_method(methods)
             row = runs[(runs["dataset"] == dataset) & (runs["method"] == method)].iloc[0]
         loaded = self.load(row["path"])
         return {
@@ -405,7 +431,7 @@ class ExplorerUI:
         try:
             methods = self.explorer.methods(self.dataset.value)
             self.method.options = methods
-            self.method.value = "ms" if "ms" in methods else methods[0]
+            self.method.value = first_method(methods)
             self._set_runs()
         finally:
             self._syncing = False

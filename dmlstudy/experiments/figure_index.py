@@ -25,6 +25,7 @@ FIGURE_PREFIXES = {  # file-name prefix → the notebook that writes figures wit
 
 FIGURE_COMMANDS = {  # figures that no notebook draws → the command that writes them
     "tuning_best_so_far.png": "`make tune` (`dmlstudy tune plans/tune.yaml`)",
+    "tuning_best_so_far_imagenet.png": "`make tune PLAN=plans/tune_imagenet.yaml` (`dmlstudy tune plans/tune_imagenet.yaml`)",
     "tuning_best_so_far_pretrained.png": "`make tune` (`dmlstudy tune plans/tune_pretrained.yaml`)",
     "robustness_forest.png": "`dmlstudy study robustness` (`make robustness`)",
 }
@@ -57,8 +58,10 @@ FIGURE_CAPTIONS = {  # figure name, or a prefix ending in "_" followed by the da
     "dgcrl_toy_decorrelation.png": "DGCRL's decorrelation on three 3-D centres: the paper's push makes them "
     "orthogonal, the authors' code regulariser more slowly; right: with the softmax loss.",
     "dgcrl_alpha_sweep.png": "DGCRL's R@K and training accuracy against α.",
-    "dgcrl_loss_curves.png": "Training curves of the DGCRL variants at equal settings.",
-    "dgcrl_tsne.png": "t-SNE of unseen test classes per DGCRL variant; tight, separated clusters are what R@1 rewards.",
+    "dgcrl_loss_curves.png": "Validation R@1 per epoch of each loss the notebook's `losses` lists on DGCRL's head at "
+    "equal settings, with DGCRL's own (first seed); a study that lists none shows DGCRL alone.",
+    "dgcrl_tsne.png": "t-SNE of unseen test classes, one panel per variant the notebook's `tsne_variants` lists (the "
+    "default: DGCRL alone); tight, separated clusters are what R@1 rewards.",
     "claims_forest.png": "Each headline claim's Δ with its interval against the grey ±margin band; the colour is the "
     "claim's outcome, a black ring a verdict that survives Holm's adjustment.",
     "compare_spectrum_": "Singular-value spectra of every method's test embeddings (first seed), ρ in the legend; a "
@@ -68,8 +71,9 @@ FIGURE_CAPTIONS = {  # figure name, or a prefix ending in "_" followed by the da
     "compare_recall_vs_time.png": "Each method's R@1 against its training wall-clock time; up and left is better.",
     "robustness_forest.png": "Each headline claim (one panel, its robustness label in the title) read in every "
     "column of the robustness study: the default study, each class partition and the pooled partitions (red), the "
-    "30-epoch cap, 224 px, unseen designers and relatives out of the gallery; filled: decided. A claim is robust "
-    "when its decided intervals all sit on one side of 0 (or all inside the grey ±margin band).",
+    "30-epoch schedule stopped by patience, 30 epochs without early stopping, 224 px, unseen designers and "
+    "relatives out of the gallery; filled: decided. A claim is robust only when every interval is decided and all "
+    "sit on one side of 0 (or all inside the grey ±margin band); an open circle never counts as agreement.",
     "tuning_best_so_far": "Best validation R@1 found so far against tuning trials, per method; a flat tail means the "
     "budget sufficed.",
 }
@@ -119,6 +123,35 @@ def figure_notebook(name: str) -> str | None:
     return FIGURE_PREFIXES[max(matches, key=len)] if matches else None
 
 
+def plan_note(study: str) -> str:
+    """The ``note`` of ``plans/<study>.yaml`` ('' without one): what a reader of the study's figures must know
+    first, such as the data build it ran on."""
+    plan = project_root() / "plans" / f"{study}.yaml"
+    return str((load_yaml(plan.read_text()) or {}).get("note") or "").strip() if plan.is_file() else ""
+
+
+def published_copy(study: str, notebook: str, folder: Path) -> str:
+    """A Markdown link from ``folder`` to the published copy of ``notebook`` (:mod:`dmlstudy.experiments.publish`)
+    when it exists, else ''."""
+    import os
+
+    from dmlstudy.experiments.publish import published_names
+    from dmlstudy.paths import study_outputs
+    from dmlstudy.study.plan import load_plan
+
+    plan = project_root() / "plans" / f"{study}.yaml"
+    if not plan.is_file():
+        return ""
+    entries = [entry for entry in load_plan(plan) if entry.notebook.name == notebook]
+    names = published_names(load_plan(plan))
+    for entry in entries[:1]:
+        copy = study_outputs(study, "published") / f"{names[entry.run_name]}.ipynb"
+        if copy.is_file():
+            link = Path(os.path.relpath(copy, folder)).as_posix()
+            return f"[`{copy.relative_to(project_root()).as_posix()}`]({link})"
+    return ""
+
+
 def plan_entries(study: str) -> dict[str, str]:
     """Notebook file name → the entry of ``plans/<study>.yaml`` that runs it (empty when no such plan)."""
     plan = project_root() / "plans" / f"{study}.yaml"
@@ -141,9 +174,11 @@ def figures_readme(folder: str | Path, *, study: str = "") -> str:
     by_notebook: dict[str | None, list[str]] = {}
     for name in names:
         by_notebook.setdefault(figure_notebook(name), []).append(name)
+    note = plan_note(study) if study else ""
     lines = [
         "# Figures",
         "",
+        *([note, ""] if note else []),
         "Written by the study's notebooks (`make study` regenerates them from the run records; do not edit by hand).",
         "Each figure names the notebook that made it, from its file-name prefix.",
         "",
@@ -153,9 +188,14 @@ def figures_readme(folder: str | Path, *, study: str = "") -> str:
             continue
         lines += [f"## {notebook or 'not made by a notebook'}", ""]
         if notebook in entries:
+            copy = published_copy(study, notebook, folder)
+            executed = (
+                f"the executed notebook, with its outputs: {copy}"
+                if copy
+                else f"executed notebook `runs/{study}/{entries[notebook]}/{notebook}`"
+            )
             lines += [
-                f"Plan entry `{entries[notebook]}` of `plans/{study}.yaml`; executed notebook "
-                f"`runs/{study}/{entries[notebook]}/{notebook}`; runs under `runs/{study}/`.",
+                f"Plan entry `{entries[notebook]}` of `plans/{study}.yaml`; {executed}; runs under `runs/{study}/`.",
                 "",
             ]
         for name in by_notebook[notebook]:

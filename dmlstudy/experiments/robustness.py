@@ -9,13 +9,19 @@ the 95 % t-interval, margin ±1 R@1 point; Holm across the claims of the column)
   on its own validation fold; ``partitions pooled`` reads the three partitions together: Δ is the mean of the
   three partitions' mean paired differences and its interval the t-interval over those three means (2 degrees
   of freedom), so it covers seeds, partitions and tuning;
-* ``30-epoch cap``, ``224 px``, ``unseen designers``: the comparison with a longer cap, at 224 px, and with test
-  images drawn only by families no training image came from;
+* ``30-epoch schedule, patience 2``: every row capped at 30 epochs on the 30-epoch cosine schedule, stopped by
+  patience as in the default study (it reads a longer schedule, not more training alone);
+* ``30 epochs, no early stopping``: the 30-epoch schedule run to its end, the checkpoint the best validation R@1 of
+  all 30 evaluations (the reading of "does more training change the verdict");
+* ``224 px``, ``unseen designers``: the comparison at 224 px, and with test images drawn only by families no
+  training image came from;
 * ``relatives out of the gallery``: the default study's runs, each query's relative family (Noto / Noto v1,
   EmojiOne v1 / v2) removed from its gallery (:func:`relatives_out_recall`), DIML's re-ranking included.
 
 Every cell recomputes from ``results/robustness/runs_per_seed.csv`` (its ``perturbation`` column names the
-column a per-seed row belongs to). The last column labels each claim (:func:`robustness_label`).
+column a per-seed row belongs to). Each claim is labelled by the amended rule (:func:`robustness_label`: robust,
+consistent, unstable, fragile, open) and, over the four columns that ran before the amendment, by the rule first
+declared (:func:`declared_label`); :func:`simulate_labels` gives both rules' false-label rates under no effect.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ RELATIVES_PER_SEED = "relatives_per_seed.csv"  # the relatives-out column's per-
 RELATIVES = {"noto": "noto-v1", "noto-v1": "noto", "emojione": "emojione-v1", "emojione-v1": "emojione"}
 POOLED = "partitions pooled"
 RELATIVES_OUT = "relatives out of the gallery"
+SCHEDULE = "30-epoch schedule, patience 2"
 
 
 @dataclass(frozen=True)
@@ -52,20 +59,38 @@ class Perturbation:
     study: str
     dataset: str
     covers: str
-    labelled: bool = True  # counts towards the robustness label (each partition alone does not: the pooled does)
+    labelled: bool = True  # counted by the label as first declared (each partition alone was not: the pooled was)
+    reading: str = ""  # the reading its runs belong to, where cells share runs (the label counts a reading once)
 
 
+DEFAULT_RUNS, PARTITION_RUNS = "default runs", "class partitions"
 PERTURBATIONS: tuple[Perturbation, ...] = (
-    Perturbation("default", "default", "emoji", "seeds"),
-    Perturbation("partition 1", "robust_partitions", "emoji_p1", "seeds (partition 1, its own tuning)", False),
-    Perturbation("partition 2", "robust_partitions", "emoji_p2", "seeds (partition 2, its own tuning)", False),
-    Perturbation(POOLED, "", "", "seeds + partitions + tuning"),
-    Perturbation("30-epoch cap", "robust_budget", "emoji", "seeds"),
+    Perturbation("default", "default", "emoji", "seeds", reading=DEFAULT_RUNS),
+    Perturbation(
+        "partition 1", "robust_partitions", "emoji_p1", "seeds (partition 1, its own tuning)", False, PARTITION_RUNS
+    ),
+    Perturbation(
+        "partition 2", "robust_partitions", "emoji_p2", "seeds (partition 2, its own tuning)", False, PARTITION_RUNS
+    ),
+    Perturbation(POOLED, "", "", "seeds + partitions + tuning", reading=PARTITION_RUNS),
+    Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds"),
+    Perturbation("30 epochs, no early stopping", "robust_epochs30", "emoji", "seeds"),
     Perturbation("224 px", "robust_224", "emoji224", "seeds"),
     Perturbation("unseen designers", "robust_designers", "emoji_designers", "seeds"),
-    Perturbation(RELATIVES_OUT, "", "emoji", "seeds"),
+    Perturbation(RELATIVES_OUT, "", "emoji", "seeds", reading=DEFAULT_RUNS),
 )
 PARTITIONS = ("default", "partition 1", "partition 2")  # the columns the pooled reading pools
+DECLARED_COLUMNS = ("default", SCHEDULE, "unseen designers", RELATIVES_OUT)  # run before the label's amendment
+
+
+def reading_of(perturbation: str) -> str:
+    """The reading a column's cells belong to: cells that share runs (the default and relatives-out cells; the
+    partitions and their pooled cell) are one reading, every other column its own."""
+    found = next(p for p in PERTURBATIONS if p.name == perturbation)
+    return found.reading or found.name
+
+
+READINGS = tuple(dict.fromkeys(reading_of(p.name) for p in PERTURBATIONS))
 
 
 def headline_claims() -> tuple[Claim, ...]:
@@ -130,6 +155,7 @@ def _cell(claim: Claim, perturbation: Perturbation, values: np.ndarray, *, margi
         **verdict.columns(),
         "verdict": verdict.text if ran else "not run",
         "outcome": verdict.outcome if ran else "not run",
+        "seeds to decide": verdict.seeds_to_decide if ran else None,
         "A": claim.a,
         "B": claim.b,
         "metric": claim.metric,
@@ -158,28 +184,185 @@ def robustness_table(
                 rows.append(_cell(claim, perturbation, values, margin=margin, model="paired seeds"))
     table = pd.DataFrame(rows)
     table = verdicts.holm_columns(table, family=("perturbation",))
-    labels = {claim.name: robustness_label(table[table["claim"] == claim.name]) for claim in claims}
-    labelled = [p.name for p in PERTURBATIONS if p.labelled]
-    pending = table["perturbation"].isin(labelled) & (table["outcome"] == "not run")
-    unfinished = set(table.loc[pending, "claim"])
-    labels = {
-        name: f"{label} so far" if label == "robust" and name in unfinished else label for name, label in labels.items()
-    }
-    return table.assign(robustness=table["claim"].map(labels))
+    columns = {}
+    for claim in claims:
+        cells = table[table["claim"] == claim.name]
+        ran = cells[cells["outcome"] != "not run"]
+        label = robustness_label(ran) if len(ran) else "not run"
+        pending = len(ran) < len(cells)
+        columns[claim.name] = {
+            "robustness": f"{label} so far" if pending and label not in ("fragile", "not run") else label,
+            "readings decided": readings_decided(ran),
+            "label as first declared": declared_label(cells[cells["perturbation"].isin(DECLARED_COLUMNS)]),
+        }
+    return table.assign(**{key: table["claim"].map({c: v[key] for c, v in columns.items()}) for key in LABEL_COLUMNS})
 
 
+LABEL_COLUMNS = ("robustness", "readings decided", "label as first declared")
 DECIDED = ("held", "reversed", "not held")  # the decided outcomes of a claim "A > B" (not held: an equivalence)
+LABELS = ("fragile", "robust", "consistent", "unstable", "open")  # the amended rule's labels, in its order
+
+
+def label_outcomes(outcomes: np.ndarray, deltas: np.ndarray) -> np.ndarray:
+    """The amended label (docs/protocol.md, "Amendment to the robustness study") of each row of a draws × cells
+    table of outcomes and Δ, every cell one that ran; the first that applies:
+
+    * **fragile**: one cell held and another reversed;
+    * **robust**: every cell decided, all with one outcome (held, reversed or equivalent everywhere);
+    * **consistent**: no opposite decision, Δ of one sign in every cell, at least one cell decided;
+    * **unstable**: no opposite decision, Δ of both signs among the cells;
+    * **open**: nothing decided, Δ of one sign everywhere.
+
+    An undecided cell never counts as agreement: it can only keep a claim from *robust*. Δ = 0 counts as either
+    sign."""
+    outcomes, deltas = np.atleast_2d(np.asarray(outcomes)), np.atleast_2d(np.asarray(deltas, dtype=float))
+    decided = np.isin(outcomes, DECIDED)
+    fragile = (outcomes == "held").any(axis=1) & (outcomes == "reversed").any(axis=1)
+    robust = decided.all(axis=1) & (outcomes == outcomes[:, :1]).all(axis=1)
+    one_sign = (deltas >= 0).all(axis=1) | (deltas <= 0).all(axis=1)
+    conditions = [fragile, robust, one_sign & decided.any(axis=1), ~one_sign]
+    return np.select(conditions, list(LABELS[:4]), default=LABELS[4])
 
 
 def robustness_label(cells: pd.DataFrame) -> str:
-    """**robust** when a labelled column decided the claim and every decided labelled column gave the same
-    outcome; **fragile** when one held it and another reversed it; **open** otherwise (nothing decided, or a
-    direction beside an equivalence). Each partition alone does not count: the pooled reading does."""
-    labelled = {p.name for p in PERTURBATIONS if p.labelled}
-    outcomes = {o for name, o in zip(cells["perturbation"], cells["outcome"]) if name in labelled and o in DECIDED}
-    if {"held", "reversed"} <= outcomes:
-        return "fragile"
-    return "robust" if len(outcomes) == 1 else "open"
+    """The amended label (:func:`label_outcomes`) of one claim over its cells that ran (``outcome``, ``Δ``)."""
+    return str(label_outcomes(cells["outcome"].to_numpy()[None, :], cells["Δ"].to_numpy()[None, :])[0])
+
+
+def readings_decided(cells: pd.DataFrame) -> str:
+    """``"held in 3 of 5 readings"``: the readings (:func:`reading_of`: cells sharing runs count once) that
+    decided the claim, each only when all its cells that ran gave that outcome, over the readings that ran."""
+    by_reading = cells.assign(reading=[reading_of(p) for p in cells["perturbation"]]).groupby("reading", sort=False)
+    outcomes = [set(group["outcome"]) for _, group in by_reading]
+    decided = [next(iter(o)) for o in outcomes if len(o) == 1 and next(iter(o)) in DECIDED]
+    if not outcomes:
+        return ""
+    counts = pd.Series(decided, dtype=object).value_counts()
+    words = {"not held": "equivalent"}
+    parts = [f"{words.get(outcome, outcome)} in {count}" for outcome, count in counts.items()]
+    return f"{' and '.join(parts) or 'decided in 0'} of {len(outcomes)} readings"
+
+
+def declared_label_outcomes(outcomes: np.ndarray) -> np.ndarray:
+    """The label as first declared (docs/protocol.md, "The robustness study") of each row of a draws × cells
+    table of outcomes, over its labelled cells: **robust** when a cell decided the claim and every decided cell
+    gave the same outcome; **fragile** when one held it and another reversed it; **open** otherwise. An
+    undecided cell counted as agreement under this rule, which is why it was amended."""
+    outcomes = np.atleast_2d(np.asarray(outcomes))
+    decided = {outcome: (outcomes == outcome).any(axis=1) for outcome in DECIDED}
+    distinct = sum(decided.values())
+    fragile = decided["held"] & decided["reversed"]
+    return np.select([fragile, distinct == 1], ["fragile", "robust"], default="open")
+
+
+def declared_label(cells: pd.DataFrame) -> str:
+    """The label as first declared (:func:`declared_label_outcomes`) of one claim, kept beside the amended one
+    over the columns that ran before the amendment (:data:`DECLARED_COLUMNS`); each partition alone did not
+    count under it (the pooled reading did)."""
+    labelled = cells[cells["perturbation"].isin([p.name for p in PERTURBATIONS if p.labelled])]
+    return str(declared_label_outcomes(labelled["outcome"].to_numpy()[None, :])[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# The labels' false rates under no effect
+# ----------------------------------------------------------------------------------------------
+def _read_draws(values: np.ndarray, *, margin: float) -> tuple[np.ndarray, np.ndarray]:
+    """(outcome, Δ) of each row of ``values`` (draws × n) by the study's rule (the t-interval of the row's mean,
+    :func:`dmlstudy.verdicts.read_interval`), vectorised over the draws."""
+    n = values.shape[1]
+    mean, sd = values.mean(axis=1), values.std(axis=1, ddof=1)
+    width = verdicts.t_half_width(sd, n)
+    texts = verdicts.read_interval(mean - width, mean + width, margin=margin)
+    outcome = np.full(texts.shape, verdicts.UNDECIDED, dtype=object)
+    for text, decided in verdicts.RULE[">"].items():
+        outcome[texts == text] = decided
+    return outcome.astype(str), mean
+
+
+def observed_spreads(per_seed: pd.DataFrame, claim: Claim) -> dict[str, float]:
+    """The paired sd of ``claim``'s differences in each column that ran (≥ 2 seeds), and under the key
+    :data:`RELATIVES_OUT` the sd of the relatives-out cell's per-seed shift from the default's differences."""
+    spreads = {}
+    for perturbation in PERTURBATIONS:
+        if perturbation.name in (POOLED, RELATIVES_OUT):
+            continue
+        values = claim_differences(per_seed, claim, perturbation.name) if len(per_seed) else np.zeros(0)
+        if len(values) >= 2:
+            spreads[perturbation.name] = float(values.std(ddof=1))
+    default = claim_differences(per_seed, claim, "default") if len(per_seed) else np.zeros(0)
+    relatives = claim_differences(per_seed, claim, RELATIVES_OUT) if len(per_seed) else np.zeros(0)
+    if len(relatives) >= 2 and len(relatives) == len(default):
+        spreads[RELATIVES_OUT] = float((relatives - default).std(ddof=1))
+    return spreads
+
+
+def simulate_labels(
+    per_seed: pd.DataFrame,
+    claims: Sequence[Claim] | None = None,
+    *,
+    draws: int = 20_000,
+    seeds: int = 5,
+    random_seed: int = 0,
+) -> pd.DataFrame:
+    """Each label's rate under no effect, for both rules, by simulation (docs/protocol.md, "Amendment to the
+    robustness study"): per claim, ``draws`` tables with Δ = 0 in every column, ``seeds`` paired differences per
+    cell drawn N(0, sd²) with each column's observed paired sd (:func:`observed_spreads`; the default's where a
+    column has not run), the relatives-out cell the default's differences plus N(0, shift sd²), the pooled cell
+    the t-interval of the three partitions' means. Each draw is labelled over the columns that ran
+    (``columns = "run so far"``), over every declared column (``"all declared"``) and, for scale, over the default
+    column alone (``"default alone"``: one look, about 5 %), by the amended rule
+    (:func:`label_outcomes`) and by the rule first declared (:func:`declared_label_outcomes`, its labelled
+    columns). ``robust with a direction``: robust with every cell held, or every cell reversed — the false label
+    the declared bound keeps at ≤ 5 %."""
+    claims = tuple(claims or headline_claims())
+    ran = {name for name in (per_seed["perturbation"].unique() if len(per_seed) else ())}
+    if set(PARTITIONS) <= ran:
+        ran.add(POOLED)
+    names = [p.name for p in PERTURBATIONS]
+    labelled = [p.name for p in PERTURBATIONS if p.labelled]
+    rows = []
+    for index, claim in enumerate(claims):
+        rng = np.random.default_rng([random_seed, index])
+        margin = claim.margin or verdicts.MARGIN
+        spreads = observed_spreads(per_seed, claim)
+        base = spreads.get("default", 1.0)
+        values = {
+            name: rng.normal(0.0, spreads.get(name, base), (draws, seeds))
+            for name in names
+            if name not in (POOLED, RELATIVES_OUT)
+        }
+        values[RELATIVES_OUT] = values["default"] + rng.normal(0.0, spreads.get(RELATIVES_OUT, 0.0), (draws, seeds))
+        values[POOLED] = np.stack([values[name].mean(axis=1) for name in PARTITIONS], axis=1)
+        read = {name: _read_draws(values[name], margin=margin) for name in names}
+        sets = (("default alone", ["default"]), ("run so far", [n for n in names if n in ran]), ("all declared", names))
+        for columns, chosen in sets:
+            if not chosen:
+                continue
+            outcomes = np.stack([read[name][0] for name in chosen], axis=1)
+            deltas = np.stack([read[name][1] for name in chosen], axis=1)
+            first = [i for i, name in enumerate(chosen) if name in labelled]
+            for rule, labels, seen in (
+                ("amended", label_outcomes(outcomes, deltas), outcomes),
+                ("as first declared", declared_label_outcomes(outcomes[:, first]), outcomes[:, first]),
+            ):
+                robust = labels == "robust"
+                directed = robust & np.isin(seen, ("held", "reversed")).any(axis=1)
+                rows.append(
+                    {
+                        "claim": claim.name,
+                        "columns": columns,
+                        "cells": len(chosen),
+                        "rule": rule,
+                        "draws": draws,
+                        "robust with a direction": directed.mean(),
+                        "robust (equivalent)": (robust & ~directed).mean(),
+                        **{label: (labels == label).mean() for label in LABELS if label != "robust"},
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+FALSE_ROBUST_BOUND = 0.05  # the declared bound on "robust with a direction" under no effect
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,56 +424,151 @@ def relatives_out_reranked_recall(
 # ----------------------------------------------------------------------------------------------
 # Markdown and the forest figure
 # ----------------------------------------------------------------------------------------------
-def cell_text(row: Mapping[str, Any]) -> str:
+VERDICT_WORDS = {"held": "**held**", "reversed": "**reversed**", "not held": "equivalent"}
+
+
+def cell_text(row: Mapping[str, Any], *, interval: bool = True) -> str:
+    """``+1.94 [+0.38, +3.49] **held** ✓`` (✓: survives Holm in its column); an undecided cell adds the paired
+    seeds (partitions, for the pooled cell) that would decide it at the observed spread, ``(≈ 12 seeds)``.
+    ``interval=False`` leaves the interval out (the front page's compact table)."""
     if row["outcome"] == "not run":
         return "not run"
     if row["seeds"] < 2:
         return "no verdict"
-    verdict = {"held": "**held**", "reversed": "**reversed**", "not held": "equivalent"}.get(
-        row["outcome"], "undecided"
-    )
+    verdict = VERDICT_WORDS.get(row["outcome"], "undecided")
+    if row["outcome"] == verdicts.UNDECIDED:
+        unit = "partitions" if row.get("model") == "partition means" else "seeds"
+        needed = row.get("seeds to decide")
+        found = needed is not None and np.isfinite(float(needed))
+        verdict += f" (≈ {int(needed)} {unit})" if found else f" (> {verdicts.MAX_SEEDS} {unit})"
     holm = " ✓" if row.get("survives Holm at 5 %") else ""
-    return f"{row['Δ']:+.2f} [{row['CI low']:+.2f}, {row['CI high']:+.2f}] {verdict}{holm}"
+    bounds = f" [{row['CI low']:+.2f}, {row['CI high']:+.2f}]" if interval else ""
+    return f"{row['Δ']:+.2f}{bounds} {verdict}{holm}"
 
 
-def wide_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Claims × columns of :func:`cell_text`, and the robustness label last."""
+def wide_table(table: pd.DataFrame, *, interval: bool = True) -> pd.DataFrame:
+    """Claims × columns of :func:`cell_text`, then the amended label, the readings that decided the claim and the
+    label as first declared."""
     order = [p.name for p in PERTURBATIONS]
-    wide = table.assign(cell=[cell_text(r) for r in table.to_dict("records")]).pivot(
+    wide = table.assign(cell=[cell_text(r, interval=interval) for r in table.to_dict("records")]).pivot(
         index="claim", columns="perturbation", values="cell"
     )
     wide = wide[[name for name in order if name in wide.columns]]
     claims = list(dict.fromkeys(table["claim"]))
     wide = wide.loc[claims]
-    wide["robustness"] = table.drop_duplicates("claim").set_index("claim").loc[claims, "robustness"]
+    labels = table.drop_duplicates("claim").set_index("claim").loc[claims]
+    for column in LABEL_COLUMNS:
+        wide[column] = labels[column]
     return wide.reset_index()
 
 
-def robustness_markdown(table: pd.DataFrame) -> str:
-    covers = "; ".join(f"**{p.name}**: {p.covers}" for p in PERTURBATIONS)
+LABEL_RULE = (
+    "**robust**: every cell decided, all alike; **consistent**: Δ of one sign everywhere, no opposite decision, "
+    "some cells undecided; **unstable**: Δ of both signs, nothing opposite decided; **fragile**: held in one cell, "
+    'reversed in another; **open**: nothing decided (docs/protocol.md, "Amendment to the robustness study"). '
+    '"… so far" while a declared column has not run. An undecided cell never counts as agreement. "readings '
+    'decided": the default and relatives-out cells (the same runs) count as one reading, the partitions and their '
+    "pooled cell as one; a reading counts as decided when all its cells decided alike. **label as first declared**: "
+    "the rule declared before the runs (robust when every *decided* cell agrees), over the four columns that ran "
+    "before the amendment (default, 30-epoch schedule, unseen designers, relatives out), kept as it was read"
+)
+
+
+def chain_markdown(chain: pd.DataFrame) -> str:
+    """Each claim's chain of readings (``chain.csv``: :func:`dmlstudy.experiments.chain.chain_readings` with
+    :func:`~dmlstudy.experiments.chain.chain_errors`): every reading's Δ, seeds and verdict, then the published
+    verdict, the reading that first reached it and the error it carries."""
+    from dmlstudy.experiments.chain import error_text
+
+    readings = chain.pivot(index="claim", columns="reading", values="outcome")
+    seeds = chain.pivot(index="claim", columns="reading", values="seeds")
+    deltas = chain.pivot(index="claim", columns="reading", values="Δ")
+    order = list(dict.fromkeys(chain.sort_values("order")["reading"]))
+    claims = list(dict.fromkeys(chain["claim"]))
+    shown = pd.DataFrame(index=claims)
+    for name in order:
+        shown[name] = [
+            readings.loc[c, name]
+            if readings.loc[c, name] == "not run"
+            else f"{deltas.loc[c, name]:+.2f} ({int(seeds.loc[c, name])}) {readings.loc[c, name].replace('not held', 'equivalent')}"
+            for c in claims
+        ]
+    errors = chain.drop_duplicates("claim").set_index("claim").loc[claims]
+    shown["published verdict"] = errors["published verdict"]
+    shown["first reached by"] = errors["first reached by"]
+    shown["error"] = [error_text(e) for e in errors["error"]]
     return (
-        "# The headline claims under the study's own compromises\n\n"
-        "Each cell: Δ R@1 points (A − B) [95 % interval] and the verdict by the rule declared before the runs "
-        '(docs/protocol.md, "The robustness study"): paired seeds 0–4, margin ±1; ✓: survives Holm across the '
-        "column's 8 claims. **robust**: every decided column (each partition alone aside: the pooled reading "
-        "counts) gives the same verdict (**robust so far** while one of them has not run); **fragile**: held in "
-        'one column, reversed in another; **open**: otherwise. "not run": the column\'s study has not been run yet '
-        "(`make robustness`). The relatives-out column re-reads the default study's runs, so it shares their seed "
-        "noise: it tests the gallery, not the training. What each interval "
-        f"covers: {covers}. Every cell recomputes from `runs_per_seed.csv` beside this table (column "
-        "`perturbation`; the pooled cells from the three partitions' mean paired differences).\n\n"
-        + wide_table(table).to_markdown(index=False)
+        "## Each claim's chain of readings, and the error of its verdict\n\n"
+        "The tests each headline claim went through, in the order they were made (Δ, paired seeds in brackets, the "
+        "outcome; the full verdict texts in `chain.csv`): build 1's default look, the sequential design, a confirmatory study where one ran, build 2's "
+        "default look. The published verdict is the latest decided reading's; it carries the sum of the levels of "
+        'the readings up to the first that reached it (docs/protocol.md, "Amendment to the robustness study"), '
+        "recomputed in `chain.csv` from the committed tables.\n\n"
+        + shown.rename_axis("claim").reset_index().to_markdown(index=False)
         + "\n"
     )
 
 
+def robustness_markdown(
+    table: pd.DataFrame, simulation: pd.DataFrame | None = None, chain: pd.DataFrame | None = None
+) -> str:
+    covers = "; ".join(f"**{p.name}**: {p.covers}" for p in PERTURBATIONS)
+    text = (
+        "# The headline claims under the study's own compromises\n\n"
+        "Each cell: Δ R@1 points (A − B) [95 % interval] and the verdict by the rule declared before the runs "
+        '(docs/protocol.md, "The robustness study"): paired seeds 0–4, margin ±1; ✓: survives Holm across the '
+        "column's 8 claims; an undecided cell gives the paired seeds (for the pooled cell: partitions) that would "
+        f'decide it if Δ and the spread stayed as observed. {LABEL_RULE}. "not run": the column\'s study has not '
+        "been run yet (`make robustness`). The relatives-out column re-reads the default study's runs, so it shares "
+        "their seed noise: it tests the gallery, not the training. The 30-epoch schedule column stretches the cosine "
+        "schedule with the cap and stops runs by patience (a longer schedule, not more training alone); the column "
+        "with 30 epochs and no early stopping runs the schedule to its end and reads whether more training changes "
+        f"a verdict. What each interval covers: {covers}. Every cell recomputes from `runs_per_seed.csv` beside this "
+        "table (column `perturbation`; the pooled cells from the three partitions' mean paired differences).\n\n"
+        + wide_table(table).to_markdown(index=False)
+        + "\n"
+    )
+    if chain is not None and len(chain):
+        text += "\n" + chain_markdown(chain)
+    if simulation is not None and len(simulation):
+        text += "\n" + simulation_markdown(simulation)
+    return text
+
+
+def simulation_summary(simulation: pd.DataFrame) -> pd.DataFrame:
+    """Per column set and rule: the largest rate over the claims of each label under no effect."""
+    rates = ["robust with a direction", "robust (equivalent)", *[label for label in LABELS if label != "robust"]]
+    return simulation.groupby(["columns", "rule"], sort=False).agg({"cells": "max", **dict.fromkeys(rates, "max")})
+
+
+def simulation_markdown(simulation: pd.DataFrame) -> str:
+    """The labels' false rates under no effect (:func:`simulate_labels`), the largest over the 8 claims."""
+    summary = simulation_summary(simulation).reset_index()
+    shown = summary.assign(**{c: [f"{100 * v:.2f} %" for v in summary[c]] for c in summary.columns[3:]})
+    labelled = simulation[(simulation["rule"] == "amended") & (simulation["columns"] != "default alone")]
+    bound = (labelled["robust with a direction"] <= FALSE_ROBUST_BOUND).all()
+    draws = int(simulation["draws"].iloc[0])
+    return (
+        "## The labels under no effect\n\n"
+        f"Each label's rate when no claim has any effect (Δ = 0 in every column), from {draws:,} simulated tables per "
+        "claim with this study's seed counts and each cell's observed paired spread (`label_simulation.csv`, "
+        "`robustness.simulate_labels`); the largest rate over the 8 claims; *default alone*, one look, is the scale. "
+        "**robust with a direction** is the false "
+        f"label the amendment bounds at {100 * FALSE_ROBUST_BOUND:.0f} %: "
+        + ("the amended rule keeps it there." if bound else "**the amended rule exceeds it.**")
+        + " Under no effect *robust (equivalent)* is a true label, and *unstable* the expected one: with Δ = 0 the "
+        "cells' signs differ by chance." + "\n\n" + shown.to_markdown(index=False) + "\n"
+    )
+
+
 def forest_figure(table: pd.DataFrame) -> plt.Figure:
-    """One panel per claim, one interval per column (filled: decided), the ±margin band shaded."""
+    """One panel per claim, one interval per column (filled: decided; red: the pooled partitions), the ±margin band
+    shaded, the amended label in the title."""
     claims = list(dict.fromkeys(table["claim"]))
     order = [p.name for p in PERTURBATIONS]
     columns = 2
     rows = math.ceil(len(claims) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(11, 2.3 * rows), squeeze=False, sharey=True)
+    figure, axes = plt.subplots(rows, columns, figsize=(11, 0.3 * len(order) * rows + 1), squeeze=False, sharey=True)
     for axis, claim in zip(axes.flat, claims):
         cells = table[table["claim"] == claim].set_index("perturbation").reindex(order)
         positions = np.arange(len(order))[::-1]
@@ -376,33 +654,48 @@ def relatives_per_seed(
 STUDY = "robustness"  # its tables go to results/robustness/, its figure to figures/robustness/
 
 
+SIMULATION = "label_simulation.csv"
+CHAIN = "chain.csv"
+
+
 def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
-    """``claims.csv``, ``claims.md`` and ``runs_per_seed.csv`` in ``results/robustness/``, the forest figure
-    ``figures/robustness/robustness_forest.png`` and its README; returns the table."""
+    """``claims.csv``, ``claims.md``, ``runs_per_seed.csv``, the labels' simulation under no effect
+    (``label_simulation.csv``) and each claim's chain of readings (``chain.csv``) in ``results/robustness/``, the
+    forest figure ``figures/robustness/robustness_forest.png`` and its README; returns the table."""
     from dmlstudy import plots
+    from dmlstudy.experiments.chain import chain_errors, chain_readings
     from dmlstudy.experiments.figure_index import write_figures_readme
 
     folder = study_outputs(STUDY, "results")
     folder.mkdir(parents=True, exist_ok=True)
     per_seed = collect_per_seed(relatives)
     table = robustness_table(per_seed)
+    simulation = simulate_labels(per_seed)
+    readings = chain_readings()
+    errors = chain_errors(readings)
     per_seed.to_csv(folder / PER_SEED, index=False)
     table.to_csv(folder / "claims.csv", index=False)
-    (folder / "claims.md").write_text(robustness_markdown(table), encoding="utf-8")
+    simulation.to_csv(folder / SIMULATION, index=False)
+    chain = readings.merge(errors, on="claim")
+    chain.to_csv(folder / CHAIN, index=False)
+    (folder / "claims.md").write_text(robustness_markdown(table, simulation, chain), encoding="utf-8")
     plots.save_figure(forest_figure(table), "robustness_forest", study=STUDY)
     write_figures_readme(study_outputs(STUDY, "figures"), study=STUDY)
     return table
 
 
-def readme_markdown(table: pd.DataFrame) -> str:
-    """The front page's robustness table: the columns run so far (a column not run anywhere left out), each
-    claim's cells and label; the README names the columns not run yet below it."""
-    ran = [
-        name
-        for name in dict.fromkeys(table["perturbation"])
-        if (table[table["perturbation"] == name]["outcome"] != "not run").any()
-    ]
-    wide = wide_table(table[table["perturbation"].isin(ran)])
+def readme_markdown(table: pd.DataFrame, errors: pd.DataFrame | None = None) -> str:
+    """The front page's robustness table: every declared column (its cells without intervals: Δ and the
+    verdict, the seeds an undecided cell needs), the amended label, the label as first declared and, given the
+    chain (:func:`dmlstudy.experiments.chain.chain_errors`), each claim's published verdict with its error."""
+    from dmlstudy.experiments.chain import error_text
+
+    wide = wide_table(table, interval=False).drop(columns=["readings decided"])
+    if errors is not None:
+        by_claim = errors.set_index("claim")
+        wide["published verdict (error)"] = [
+            f"{by_claim.loc[c, 'published verdict']} ({error_text(by_claim.loc[c, 'error'])})" for c in wide["claim"]
+        ]
     return wide.rename(columns={"claim": "claim (A > B)"}).to_markdown(index=False)
 
 

@@ -270,36 +270,97 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
 
 
-def time_figure(frame: pd.DataFrame) -> plt.Figure:
-    """R@1 (%) against training seconds per method, one panel per dataset, mean ± std over seeds. The re-ranked
-    row sits at the MS runs' training time (its cost is at test time). Each method keeps its colour and marker of
-    every figure (:func:`dmlstudy.plots.method_style`); labels are moved apart where points crowd (adjustText)."""
-    from adjustText import adjust_text
+def time_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """What :func:`time_figure` draws, per dataset and row: training seconds (``seconds_mean``, ``seconds_std``)
+    and test R@1 in % (``recall_mean``, ``recall_std``), mean and std over seeds (std NaN for one seed)."""
+    records = []
+    for (dataset, variant), group in frame.groupby(["dataset", "variant"], sort=False):
+        seconds, recall = group["train_seconds"], 100 * group["R@1"]
+        records.append(
+            {
+                "dataset": dataset,
+                "variant": variant,
+                "seconds_mean": seconds.mean(),
+                "seconds_std": seconds.std() if len(group) > 1 else np.nan,
+                "recall_mean": recall.mean(),
+                "recall_std": recall.std() if len(group) > 1 else np.nan,
+            }
+        )
+    return pd.DataFrame.from_records(records)
 
-    datasets = list(dict.fromkeys(frame["dataset"]))
-    figure, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
+
+def time_summary_of_tables(folder: str | Path, *, regime: str) -> pd.DataFrame:
+    """:func:`time_summary` read back from a study's published tables in ``folder``: ``compare_cost.csv`` (training
+    seconds, ``mean ± std``, of the protocol's regime) and ``compare_main_<dataset><suffix>.csv`` of that
+    ``regime`` (R@1 mean and std; :func:`table_suffix`), so the figure can be redrawn without the runs."""
+    folder = Path(folder)
+    cost = pd.read_csv(folder / "compare_cost.csv")
+    mains = [
+        pd.read_csv(folder / f"compare_main_{dataset}{table_suffix(regime)}.csv")
+        for dataset in cost["dataset"].unique()
+    ]
+    recall = pd.concat(mains).set_index(["dataset", "variant"])
+
+    def mean_std(text: str) -> tuple[float, float]:
+        mean, _, std = str(text).partition("±")
+        return float(mean), float(std) if std.strip() else np.nan
+
+    records = []
+    for dataset, variant, seconds in zip(cost["dataset"], cost["variant"], cost["train_seconds"]):
+        if (dataset, variant) not in recall.index:
+            continue
+        row = recall.loc[(dataset, variant)]
+        seconds_mean, seconds_std = mean_std(seconds)
+        records.append(
+            {
+                "dataset": dataset,
+                "variant": variant,
+                "seconds_mean": seconds_mean,
+                "seconds_std": seconds_std,
+                "recall_mean": float(row["R@1_mean"]),
+                "recall_std": float(row["R@1_std"]),
+            }
+        )
+    return pd.DataFrame.from_records(records)
+
+
+def time_figure(frame: pd.DataFrame) -> plt.Figure:
+    """R@1 (%) against training seconds per method, one panel per dataset, mean ± std over seeds (``frame``: one
+    row per run; :func:`draw_time_figure` draws a :func:`time_summary`)."""
+    return draw_time_figure(time_summary(frame))
+
+
+def draw_time_figure(summary: pd.DataFrame) -> plt.Figure:
+    """:func:`time_figure` from its :func:`time_summary`. The re-ranked row sits at the MS runs' training time (its
+    cost is at test time). Each method keeps its colour and marker of every figure
+    (:func:`dmlstudy.plots.method_style`) and is named in a column right of its panel, at its point's height, with
+    a leader line (:func:`dmlstudy.plots.label_points`): names beside crowded points overprinted each other and
+    the error bars."""
+    datasets = list(dict.fromkeys(summary["dataset"]))
+    figure, axes = plt.subplots(1, len(datasets), figsize=(6.4 * len(datasets), 4.0), squeeze=False)
+    labels = {}
     for axis, dataset in zip(axes[0], datasets):
-        rows = frame[frame["dataset"] == dataset]
-        labels = []
-        for variant, group in rows.groupby("variant", sort=False):
-            x, y = group["train_seconds"], 100 * group["R@1"]
-            style = plots.method_style(variant)
+        points = []
+        for row in summary[summary["dataset"] == dataset].itertuples(index=False):
+            style = plots.method_style(row.variant)
             axis.errorbar(
-                x.mean(),
-                y.mean(),
-                xerr=x.std() if len(group) > 1 else None,
-                yerr=y.std() if len(group) > 1 else None,
+                row.seconds_mean,
+                row.recall_mean,
+                xerr=None if np.isnan(row.seconds_std) else row.seconds_std,
+                yerr=None if np.isnan(row.recall_std) else row.recall_std,
                 marker=style.marker,
                 color=style.colour,
                 capsize=3,
                 linestyle="none",
-                label=method_label(variant),
+                label=method_label(row.variant),
             )
-            labels.append(axis.text(x.mean(), y.mean(), method_label(variant), fontsize=8))
+            points.append((row.seconds_mean, row.recall_mean, method_label(row.variant), style.colour))
         axis.set(xlabel="training seconds (whole run)", ylabel="R@1 (%)", title=dataset)
         axis.grid(alpha=0.3)
-        adjust_text(labels, ax=axis, arrowprops=dict(arrowstyle="-", color="0.5", linewidth=0.5))
+        labels[axis] = points
     figure.suptitle("R@1 against training time (circles: the papers' methods; squares, triangles: classic baselines)")
-    figure.tight_layout()
-    plots.legend_outside(figure)
+    figure.tight_layout()  # the panels' final height first: the names are spaced in it
+    for axis, points in labels.items():
+        plots.label_points(axis, points)
+    figure.tight_layout()  # then room for the names
     return figure

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from dmlstudy import distributed
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data.loading import evaluation_batches
 from dmlstudy.methods import EVAL_BATCH_SIZE, Method
+from dmlstudy.progress_bars import transient_bar
 from dmlstudy.run.compute import autocast_context
 
 
@@ -42,7 +42,7 @@ def embed(
     size = int(np.ceil(len(dataset) / distributed.world_size()))
     chunks = []
     with autocast_context(device, autocast):
-        for images in tqdm(
+        for images in transient_bar(
             evaluation_batches(
                 dataset,
                 shard,
@@ -54,7 +54,6 @@ def embed(
             desc=f"embedding {len(shard)} images",
             total=-(-len(shard) // batch_size),
             unit="batch",
-            leave=False,
             disable=not progress,
         ):
             chunks.append(method(images).float())

@@ -41,6 +41,7 @@ from dmlstudy import distributed
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.methods import EVAL_BATCH_SIZE, Method
 from dmlstudy.paths import runs_root
+from dmlstudy.progress_bars import transient_bar
 from dmlstudy.records import (
     environment_info,
     save_torch,
@@ -474,11 +475,10 @@ def _train_epoch(training: _Training, epoch: int) -> dict[str, float]:
         group["lr"] = lr
     method.train()
     started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
-    for images, labels in tqdm(
+    for images, labels in transient_bar(
         training_batches(training.train, sampler, training.loader, training.device, config.channels_last),
         desc=f"epoch {epoch + 1}",
         total=len(sampler),
-        leave=False,
         disable=not training.shows_progress,
     ):
         guard.check_stop(training.run_dir, config.epochs)

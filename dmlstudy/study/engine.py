@@ -363,7 +363,8 @@ def run_tasks(
     (:func:`train_task`) is noted in the study runner's ledger when submitted and when failed
     (:func:`note_run_event`)."""
     from distributed import as_completed
-    from tqdm.auto import tqdm
+
+    from dmlstudy.progress_bars import transient_bar
 
     futures, runs = {}, {}
     noted = bool(os.environ.get(RUN_EVENTS_VARIABLE))
@@ -375,7 +376,7 @@ def run_tasks(
         if runs[future]:
             note_run_event("submitted", runs[future], epochs=int(args[0]["epochs"]))
     results, failures = {}, []
-    bar = tqdm(total=len(futures), desc=what, leave=False, disable=not progress)
+    bar = transient_bar(total=len(futures), desc=what, disable=not progress)
     completed = as_completed(list(futures), loop=client.loop)
     watched = _engine.get("client") is client and _engine.get("cluster") is not None  # a local cluster of ours
     watch: dict[str, float] = {}

@@ -158,7 +158,7 @@ def _run_plan(
     ):
         waiting = []
         for number, (entry, parameters) in enumerate(prepared, start=1):
-            if not overwrite and is_up_to_date(entry.run_dir(root) / "study_entry.json", parameters):
+            if not overwrite and is_up_to_date(entry.run_dir(root) / "study_entry.json", parameters, entry.notebook):
                 outcomes[number] = EntryOutcome(entry, "skipped")
                 shown.write(entry_line(number, len(prepared), entry, "skipped (up to date)", parameters=parameters))
                 shown.done(started=False)
@@ -261,7 +261,7 @@ def _execute_entry(
     ledger = run_dir / LEDGER_NAME
     ledger.write_text("", encoding="utf-8")
     manager = _kernel_manager({**kernel[1], LEDGER_VARIABLE: str(ledger)}, interrupts)
-    inputs = entry_inputs(parameters)
+    inputs = entry_inputs(parameters, entry.notebook)
     started = time.perf_counter()
     try:
         papermill.execute_notebook(

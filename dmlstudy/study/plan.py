@@ -23,9 +23,10 @@ fields), which a plan gives every entry from one YAML anchor::
         parameters: {protocol: *protocol, ablation_seeds: [0, 1, 2]}
 
 An
-entry whose ``study_entry.json`` says ``complete`` with the same parameters, tuned-values files and
+entry whose ``study_entry.json`` says ``complete`` with the same parameters, notebook, tuned-values files and
 checkpoint-selection rule (:func:`entry_inputs`: after ``make tune`` the entries that train with them run again,
-after a new rule every entry) is skipped, so re-running a plan resumes where it stopped; a failing notebook is
+after a new rule every entry, after an edit of a notebook that notebook's entries, which load their finished runs)
+is skipped, so re-running a plan resumes where it stopped; a failing notebook is
 recorded and the plan continues; the failures are listed at the end with the cell that failed.
 
 A plan may start from another study's runs: ``reuse_runs_of: default`` copies every finished run folder of
@@ -120,6 +121,12 @@ def concurrent_entries(plan: dict[str, Any], path: Path) -> int:
     return value
 
 
+def plan_study(path: str | Path) -> str:
+    """The study a plan's runs go to: its ``study``, else the plan file's stem."""
+    path = Path(path)
+    return str(read_plan(path).get("study") or path.stem)
+
+
 def load_plan(path: str | Path) -> list[PlanEntry]:
     """Read a plan file and expand every entry's grid into :class:`PlanEntry` objects."""
     path = Path(path)
@@ -191,15 +198,19 @@ def injected_parameters(
     return parameters
 
 
-def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
+def entry_inputs(parameters: dict[str, Any], notebook: Path | None = None) -> dict[str, str]:
     """What an entry reads besides its parameters and its runs: the revision of the checkpoint-selection rule
     (:data:`dmlstudy.run.identity.SELECTION_RULE`, so that the entries run again, and retrain the runs the new rule
-    would choose differently, after it changes) and the tuned-values files under its ``tuned`` folder
+    would choose differently, after it changes), the tuned-values files under its ``tuned`` folder
     (``plans/tuned/**/*.yaml``, relative path → SHA-256), so that a plan re-executes an entry after ``make tune``
-    has changed the values it trains with."""
+    has changed the values it trains with, and the SHA-256 of its ``notebook``, so that an edited notebook is
+    executed again (its finished runs are loaded, not retrained) and its executed copy, the one
+    ``dmlstudy study publish`` publishes, says what its source now says."""
     from dmlstudy.models.cards import sha256_file
 
     inputs = {"selection rule": SELECTION_RULE}
+    if notebook is not None and Path(notebook).is_file():
+        inputs["notebook"] = sha256_file(Path(notebook))
     tuned = str(entry_setting(parameters, "tuned") or "")
     folder = Path(tuned) if Path(tuned).is_absolute() else project_root() / tuned
     if not tuned or not folder.is_dir():
@@ -207,7 +218,7 @@ def entry_inputs(parameters: dict[str, Any]) -> dict[str, str]:
     return inputs | {str(file.relative_to(folder)): sha256_file(file) for file in sorted(folder.rglob("*.yaml"))}
 
 
-def is_up_to_date(record: Path, parameters: dict[str, Any]) -> bool:
+def is_up_to_date(record: Path, parameters: dict[str, Any], notebook: Path | None = None) -> bool:
     """Whether ``record`` (an entry's ``study_entry.json``) says complete with these parameters and inputs."""
     if not record.is_file():
         return False
@@ -215,7 +226,7 @@ def is_up_to_date(record: Path, parameters: dict[str, Any]) -> bool:
     return (
         stored.get("status") == "complete"
         and stored.get("parameters") == json.loads(json.dumps(parameters, default=str))
-        and stored.get("inputs", {}) == entry_inputs(parameters)
+        and stored.get("inputs", {}) == entry_inputs(parameters, notebook)
     )
 
 

@@ -578,31 +578,34 @@ def trials_to_plateau(values: list[float | None], tolerance: float) -> int:
 
 
 def plot_best_so_far(values: dict[tuple[str, str], list[float | None]]):
-    """Best-so-far validation R@1 against trial number, one line per row, one panel per dataset on its own
-    scale: a flat end says the row's search has plateaued."""
+    """Best-so-far validation R@1 against trial number, one line per row in its method's colour and marker
+    (:func:`dmlstudy.plots.method_style`), one panel per dataset on its own scale, one legend for all panels
+    outside them (inside, it covered the lowest curves): a flat end says the row's search has plateaued."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    from dmlstudy.plots import legend_outside, method_style
+    from dmlstudy.rows import method_label
+
     datasets = list(dict.fromkeys(dataset for dataset, _ in values))
-    rows = list(dict.fromkeys(row for _, row in values))
-    colours = {row: plt.get_cmap("tab20")(index % 20) for index, row in enumerate(rows)}  # one colour per row
     figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False, sharey=False)
     for axis, dataset in zip(axes[0], datasets):
         for (name, row), row_values in values.items():
             if name == dataset:
                 curve = best_so_far(row_values)
+                style = method_style(row)
                 axis.plot(
                     range(len(curve)),
                     curve,
                     drawstyle="steps-post",
-                    marker="o",
-                    markersize=3,
-                    label=row,
-                    color=colours[row],
+                    marker=style.marker,
+                    markersize=4,
+                    label=method_label(row),
+                    color=style.colour,
                 )
         axis.set(title=dataset, xlabel="trial (0: paper defaults)", ylabel="best validation R@1 so far")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, loc="lower right", ncol=2)
     figure.tight_layout()
+    legend_outside(figure)
     return figure

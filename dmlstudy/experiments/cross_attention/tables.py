@@ -132,6 +132,6 @@ def parts_reading(table: pd.DataFrame) -> str:
     """Computed sentence: share of same-class matches among the retrieved parts against chance."""
     hits = [tuple(int(v) for v in text.split("/")) for text in table["same class among top"]]
     share = sum(h for h, _ in hits) / max(sum(n for _, n in hits), 1)
-    chance = float(np.mean(table["chance"].astype(float)))
+    chance = float(np.mean(table["chance (%)"].astype(float))) / 100
     verdict = "above" if share > chance else "not above"
     return f"Local parts: {share:.0%} of the retrieved parts come from the query's class (chance {chance:.1%}) → {verdict} chance."

@@ -118,8 +118,10 @@ def toy_figure(*, steps: int = 60, paper_weight: float = 1.0) -> plt.Figure:
         for k, vector in enumerate(unit):
             axis.quiver(0, 0, 0, *vector, color=f"C{k}", linewidth=2, arrow_length_ratio=0.15)
         axis.set(xlim=(-1, 1), ylim=(-1, 1), zlim=(-1, 1))
+        for ticks in (axis.set_xticks, axis.set_yticks, axis.set_zticks):  # three ticks: nine crowd a small 3-D box
+            ticks([-1, 0, 1])
         axis.set_title(f"{title}\nmean |cos| {float(mean_abs_cosine(torch.as_tensor(centres))):.2f}", fontsize=9)
-        axis.tick_params(labelsize=6)
+        axis.tick_params(labelsize=7, pad=0)
     axis = figure.add_subplot(1, len(panels) + 1, len(panels) + 1)
     for name, run in {**alone, **with_loss}.items():
         axis.plot(run["abs_cos"], label=name, linestyle="--" if name in alone else "-")
