@@ -17,7 +17,9 @@ import numpy as np
 from PIL import Image
 
 from dmlstudy.data import build_dataset
-from dmlstudy.experiments.robustness import RELATIVES, relative_mask, test_families
+from dmlstudy.data.emoji import test_split_families
+from dmlstudy.data.emoji_sources import RELATIVES
+from dmlstudy.metrics import relative_mask
 
 
 def main() -> None:
@@ -27,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(args.data_root) / args.dataset
     split = build_dataset(args.dataset, root, "test")
-    families = np.asarray(test_families(args.dataset, args.data_root))
+    families = np.asarray(test_split_families(args.dataset, args.data_root))
     labels = np.asarray(split.labels)
     pixels = np.stack(
         [
@@ -54,7 +56,7 @@ def main() -> None:
         print(f"  relatives {f} → {g}: {rates[f, g]:.3f} ({rates[f, g] / average:.1f}×)")
     recall = 100 * same_emoji
     masked = similarity.copy()
-    masked[relative_mask(families)] = -np.inf
+    masked[relative_mask(families, relatives=RELATIVES)] = -np.inf
     recall_out = 100 * (labels[masked.argmax(axis=1)] == labels)
     print(
         f"pixel R@1: {recall.mean():.1f} with every family, {recall_out.mean():.1f} with each query's relative family out"

@@ -462,7 +462,7 @@ def test_torch_and_faiss_share_a_process():
 # --------------------------------------------------------------------------------------------------
 # the package: public names, callers, no import cycles
 
-SUBMODULES = {"inputs", "neighbours", "retrieval", "clustering", "geometry", "evaluation"}
+SUBMODULES = {"inputs", "neighbours", "relatives", "retrieval", "clustering", "geometry", "evaluation"}
 PROJECT = Path(__file__).resolve().parents[1]
 
 

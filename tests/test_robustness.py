@@ -11,9 +11,11 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from dmlstudy.data.emoji_sources import RELATIVES
 from dmlstudy.experiments import robustness
 from dmlstudy.experiments.claims import Claim
 from dmlstudy.experiments.robustness import RELATIVES_OUT, SCHEDULE
+from dmlstudy.metrics import relative_mask, relatives_out_recall
 
 CLAIM = Claim(name="A > B", kind="headline", a="a", b="b", runs="protocol", source="test")
 
@@ -210,7 +212,7 @@ def test_the_chain_error_is_the_sum_of_the_levels_up_to_the_first_reading_that_r
 
 def test_relative_mask_removes_self_and_the_relative_family_only():
     families = ["noto", "noto-v1", "twemoji", "noto", "emojione-v1", "emojione"]
-    mask = robustness.relative_mask(families)
+    mask = relative_mask(families, relatives=RELATIVES)
     expected = np.array(
         [
             [
@@ -237,17 +239,17 @@ def test_relatives_out_recall_against_a_plain_loop():
     normed = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
     hits = []
     for i in range(30):
-        allowed = [j for j in range(30) if j != i and robustness.RELATIVES.get(families[i]) != families[j]]
+        allowed = [j for j in range(30) if j != i and RELATIVES.get(families[i]) != families[j]]
         best = max(allowed, key=lambda j: normed[i] @ normed[j])
         hits.append(labels[best] == labels[i])
-    assert robustness.relatives_out_recall(embeddings, labels, families) == pytest.approx(100 * np.mean(hits))
+    assert relatives_out_recall(embeddings, labels, families, relatives=RELATIVES) == pytest.approx(100 * np.mean(hits))
     plain = 100 * np.mean(
         [
             labels[max((j for j in range(30) if j != i), key=lambda j: normed[i] @ normed[j])] == labels[i]
             for i in range(30)
         ]
     )
-    assert plain > robustness.relatives_out_recall(embeddings, labels, families)  # the relatives helped
+    assert plain > relatives_out_recall(embeddings, labels, families, relatives=RELATIVES)  # the relatives helped
 
 
 def test_reranked_recall_with_one_candidate_is_the_cosine_recall_and_never_picks_a_relative(monkeypatch):
@@ -257,7 +259,7 @@ def test_reranked_recall_with_one_candidate_is_the_cosine_recall_and_never_picks
     embeddings = rng.normal(size=(24, 6)) + labels[:, None]
     local = rng.normal(size=(24, 4, 6)).astype(np.float32)
     assert robustness.relatives_out_reranked_recall(embeddings, local, labels, families, top_k=1) == pytest.approx(
-        robustness.relatives_out_recall(embeddings, labels, families)
+        relatives_out_recall(embeddings, labels, families, relatives=RELATIVES)
     )
     chosen = {}
 
@@ -267,7 +269,7 @@ def test_reranked_recall_with_one_candidate_is_the_cosine_recall_and_never_picks
 
     monkeypatch.setattr("dmlstudy.transport.candidate_structural_similarity", structural)
     robustness.relatives_out_reranked_recall(embeddings, local, labels, families, top_k=10)
-    mask = robustness.relative_mask(families)
+    mask = relative_mask(families, relatives=RELATIVES)
     assert not np.take_along_axis(mask, chosen["candidates"], axis=1).any()
 
 

@@ -16,7 +16,7 @@ the 95 % t-interval, margin ±1 R@1 point; Holm across the claims of the column)
 * ``224 px``, ``unseen designers``: the comparison at 224 px, and with test images drawn only by families no
   training image came from;
 * ``relatives out of the gallery``: the default study's runs, each query's relative family (Noto / Noto v1,
-  EmojiOne v1 / v2) removed from its gallery (:func:`relatives_out_recall`), DIML's re-ranking included.
+  EmojiOne v1 / v2) removed from its gallery (:func:`dmlstudy.metrics.relatives_out_recall`), DIML's re-ranking included.
 
 Every cell recomputes from ``results/robustness/runs_per_seed.csv`` (its ``perturbation`` column names the
 column a per-seed row belongs to). Each claim is labelled by the amended rule (:func:`robustness_label`: robust,
@@ -37,14 +37,15 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy import verdicts
+from dmlstudy.data.emoji import test_split_families
+from dmlstudy.data.emoji_sources import RELATIVES
 from dmlstudy.experiments.claims import Claim, load_claims
-from dmlstudy.metrics import l2_normalize
+from dmlstudy.metrics.relatives import masked_cosine, relatives_out_recall
 from dmlstudy.paths import study_outputs
 
 REGIME = "imagenet"
 PER_SEED = "runs_per_seed.csv"
 RELATIVES_PER_SEED = "relatives_per_seed.csv"  # the relatives-out column's per-seed rows, computed from runs
-RELATIVES = {"noto": "noto-v1", "noto-v1": "noto", "emojione": "emojione-v1", "emojione-v1": "emojione"}
 POOLED = "partitions pooled"
 RELATIVES_OUT = "relatives out of the gallery"
 SCHEDULE = "30-epoch schedule, patience 2"
@@ -368,31 +369,6 @@ FALSE_ROBUST_BOUND = 0.05  # the declared bound on "robust with a direction" und
 # ----------------------------------------------------------------------------------------------
 # Relatives out of the gallery
 # ----------------------------------------------------------------------------------------------
-def relative_mask(families: Sequence[str], relatives: Mapping[str, str] = RELATIVES) -> np.ndarray:
-    """``Q × Q`` boolean: item j is removed from query i's gallery (itself, or drawn by i's relative family)."""
-    families = np.asarray(families, dtype=object)
-    partner = np.asarray([relatives.get(f, "") for f in families], dtype=object)
-    mask = partner[:, None] == families[None, :]
-    np.fill_diagonal(mask, True)
-    return mask
-
-
-def masked_cosine(embeddings: np.ndarray, families: Sequence[str]) -> np.ndarray:
-    """``Q × Q`` cosine similarities of the L2-normalised embeddings, ``-inf`` where :func:`relative_mask` removes
-    the item from the query's gallery."""
-    normed = l2_normalize(embeddings)
-    cosine = normed @ normed.T
-    cosine[relative_mask(families)] = -np.inf
-    return cosine
-
-
-def relatives_out_recall(embeddings: np.ndarray, labels: Sequence[int], families: Sequence[str]) -> float:
-    """R@1 in points, all against all (the query excluded), each query's relative family out of its gallery:
-    the label of the most cosine-similar remaining item equals the query's."""
-    labels = np.asarray(labels)
-    return float(100.0 * np.mean(labels[masked_cosine(embeddings, families).argmax(axis=1)] == labels))
-
-
 def relatives_out_reranked_recall(
     global_embeddings: np.ndarray,
     local_embeddings: Any,
@@ -408,7 +384,7 @@ def relatives_out_reranked_recall(
     from dmlstudy.transport import candidate_structural_similarity
 
     global_embeddings = np.asarray(global_embeddings, dtype=np.float32)
-    cosine = masked_cosine(global_embeddings, families)
+    cosine = masked_cosine(global_embeddings, families, relatives=RELATIVES)
     k = min(top_k, len(labels) - 1)
     nearest = np.argpartition(-cosine, k - 1, axis=1)[:, :k]
     order = np.argsort(-np.take_along_axis(cosine, nearest, axis=1), axis=1, kind="stable")
@@ -599,19 +575,6 @@ def forest_figure(table: pd.DataFrame) -> plt.Figure:
 # ----------------------------------------------------------------------------------------------
 # From the default study's runs, and the files the study commits
 # ----------------------------------------------------------------------------------------------
-def test_families(dataset: str = "emoji", data_root: str | Path = "") -> list[str]:
-    """The design family of every image of ``dataset``'s test split, in the split's order (``designs.json``)."""
-    import json
-
-    from dmlstudy.data import build_dataset
-    from dmlstudy.paths import data_root as default_data_root
-
-    root = Path(data_root or default_data_root()) / dataset
-    split = build_dataset(dataset, root, "test")
-    family = {record["image"]: record["family"] for record in json.loads((root / "designs.json").read_text())}
-    return [family[str(Path(path).relative_to(root / "images"))] for path in split.paths]
-
-
 def relatives_per_seed(
     default_per_seed: pd.DataFrame, runs_folder: str | Path, *, rerank_top_k: int = 100, rerank_grid: int = 4
 ) -> pd.DataFrame:
@@ -623,7 +586,7 @@ def relatives_per_seed(
 
     rows = {name for claim in headline_claims() for name in (claim.a, claim.b)}
     here = default_per_seed[(default_per_seed["regime"] == REGIME) & default_per_seed["row"].isin(rows)]
-    families = test_families("emoji")
+    families = test_split_families("emoji")
     records = []
     for entry in here.to_dict("records"):
         found = sorted(Path(runs_folder).glob(f"*-{entry['digest']}"))  # one configuration may carry two labels
@@ -644,7 +607,7 @@ def relatives_per_seed(
                 query.global_, query.local[rerank_grid], labels, families, top_k=rerank_top_k, device=sets["device"]
             )
         else:
-            recall = relatives_out_recall(embeddings, labels, families)
+            recall = relatives_out_recall(embeddings, labels, families, relatives=RELATIVES)
         records.append(
             {"regime": REGIME, "dataset": "emoji", "row": entry["row"], "seed": entry["seed"], "R@1": recall}
         )

@@ -7,6 +7,7 @@ One module per concept, every public name re-exported here (``from dmlstudy.metr
 * :mod:`~dmlstudy.metrics.retrieval`: Recall@K, P@1, R-Precision, MAP@R.
 * :mod:`~dmlstudy.metrics.clustering`: NMI of k-means clusters (scikit-learn or faiss).
 * :mod:`~dmlstudy.metrics.geometry`: embedding-space density and spectral decay ρ.
+* :mod:`~dmlstudy.metrics.relatives`: R@1 with each query's relative family (a near copy) out of its gallery.
 * :mod:`~dmlstudy.metrics.evaluation`: all of them in one call.
 
 Conventions shared by every function:
@@ -50,6 +51,7 @@ from .neighbours import (
     index_parameters,
     nearest_neighbors,
 )
+from .relatives import masked_cosine, relative_mask, relatives_out_recall
 from .retrieval import (
     DEFAULT_KS,
     class_subset_recall,
@@ -80,10 +82,13 @@ __all__ = [
     "index_parameters",
     "kmeans_assignments",
     "l2_normalize",
+    "masked_cosine",
     "nearest_neighbors",
     "nmi",
     "nmi_backend_for",
     "recall_at_k",
+    "relative_mask",
+    "relatives_out_recall",
     "relevant_counts",
     "retrieval_metrics",
     "retrieval_metrics_from_neighbors",
