@@ -27,6 +27,7 @@ FIGURE_COMMANDS = {  # figures that no notebook draws → the command that write
     "tuning_best_so_far.png": "`make tune` (`dmlstudy tune plans/tune.yaml`)",
     "tuning_best_so_far_imagenet.png": "`make tune PLAN=plans/tune_imagenet.yaml` (`dmlstudy tune plans/tune_imagenet.yaml`)",
     "tuning_best_so_far_pretrained.png": "`make tune` (`dmlstudy tune plans/tune_pretrained.yaml`)",
+    "tuning_best_so_far_partitions.png": "`make robustness-partitions` (`dmlstudy tune plans/tune_partitions.yaml`)",
     "robustness_forest.png": "`dmlstudy study robustness` (`make robustness`)",
 }
 
