@@ -408,7 +408,7 @@ def test_explorer_loads_runs_and_draws_each_method(tiny_runs, tiny_config):
         assert isinstance(items[0], str) and method in items[0]
         assert isinstance(items[1], matplotlib.figure.Figure)
         if method == "ms":
-            assert items[2] == f"ms: {explore.NO_EXPLANATION}"
+            assert items[2] == f"ms: {kit.NO_EXPLANATION}"
         else:
             assert isinstance(items[2], matplotlib.figure.Figure), (method, items[2])
         matplotlib.pyplot.close("all")
