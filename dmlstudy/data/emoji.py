@@ -332,12 +332,12 @@ for _variant, _settings in EMOJI_VARIANTS.items():
     _register_variant(_variant, _settings)
 
 
-def test_split_families(dataset: str = "emoji", data_root: str | Path = "") -> list[str]:
-    """The design family of every image of ``dataset``'s test split, in the split's order (``designs.json``)."""
+def test_split_families(dataset: str, data_root: str | Path) -> list[str]:
+    """The design family of every image of ``dataset``'s test split under ``data_root``, in the split's order
+    (``designs.json``)."""
     from dmlstudy.data import build_dataset
-    from dmlstudy.paths import data_root as default_data_root
 
-    root = Path(data_root or default_data_root()) / dataset
+    root = Path(data_root) / dataset
     split = build_dataset(dataset, root, "test")
     family = {record["image"]: record["family"] for record in json.loads((root / "designs.json").read_text())}
     return [family[str(Path(path).relative_to(root / "images"))] for path in split.paths]

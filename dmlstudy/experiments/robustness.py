@@ -41,7 +41,7 @@ from dmlstudy.data.emoji import test_split_families
 from dmlstudy.data.emoji_sources import RELATIVES
 from dmlstudy.experiments.claims import Claim, load_claims
 from dmlstudy.metrics.relatives import masked_cosine, relatives_out_recall
-from dmlstudy.paths import study_outputs
+from dmlstudy.paths import data_root, study_outputs
 
 REGIME = "imagenet"
 PER_SEED = "runs_per_seed.csv"
@@ -586,7 +586,7 @@ def relatives_per_seed(
 
     rows = {name for claim in headline_claims() for name in (claim.a, claim.b)}
     here = default_per_seed[(default_per_seed["regime"] == REGIME) & default_per_seed["row"].isin(rows)]
-    families = test_split_families("emoji")
+    families = test_split_families("emoji", data_root())
     records = []
     for entry in here.to_dict("records"):
         found = sorted(Path(runs_folder).glob(f"*-{entry['digest']}"))  # one configuration may carry two labels
