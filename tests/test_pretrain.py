@@ -66,13 +66,14 @@ def test_fractal_classes_are_distinct_contractive_attractors():
 
 def test_fractal_classes_are_disjoint_from_the_study_sets():
     """Disjoint by construction: the generator shares no code, renderer, font or palette with SynBirds or
-    Glyphs (its only project imports are the layout writer/reader and the registry), and no class name is shared."""
+    Glyphs (its only project import is the generated sets' common module: layout, random streams, registration),
+    and no class name is shared."""
     tree = ast.parse(inspect.getsource(fractals))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
         alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
     }
     project = {name for name in imported if name and name.startswith("dmlstudy")}
-    assert project == {"dmlstudy.data.base", "dmlstudy.data.cub", "dmlstudy.data.embedded"}
+    assert project == {"dmlstudy.data.embedded"}
     assert not {"PIL", "matplotlib", "fontTools"} & {name.split(".")[0] for name in imported if name}
 
     names = {
@@ -129,7 +130,7 @@ def test_shape_classes_are_distinct_layouts_disjoint_from_the_study_sets():
     tree = ast.parse(inspect.getsource(shapes))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     project = {name for name in imported if name and name.startswith("dmlstudy")}
-    assert project == {"dmlstudy.data.base", "dmlstudy.data.cub", "dmlstudy.data.embedded", "dmlstudy.data.fractals"}
+    assert project == {"dmlstudy.data.embedded", "dmlstudy.data.fractals"}
     assert "ImageFont" not in inspect.getsource(shapes)  # no font: no glyph
     names = {shapes.class_name(c, p).lower() for c, p in enumerate(classes)}
     assert len(names) == shapes.DEFAULT_CLASSES
