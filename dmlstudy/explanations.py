@@ -86,7 +86,7 @@ def local_parts_figure(
                 "query image": int(query),
                 "location (row, col)": divmod(cell, width),
                 "same class among top": f"{same}/{len(order)}",
-                "chance": f"{(np.sum(labels == labels[query]) - 1) / (count - 1):.3f}",
+                "chance (%)": f"{100 * (np.sum(labels == labels[query]) - 1) / (count - 1):.1f}",
             }
         )
     figure.tight_layout()

@@ -8,14 +8,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
-from matplotlib.patches import FancyBboxPatch, Rectangle
+from matplotlib.patches import FancyBboxPatch
 
 from dmlstudy import plots
 from dmlstudy.experiments.kit import device_of
+from dmlstudy.explanations import COLOURBAR_SPACE, kind_colourbars, local_parts_figure
 from dmlstudy.methods import EVAL_BATCH_SIZE
 from dmlstudy.methods.cross_attention import AttentionRecorder, CrossAttention, feature_maps
-from dmlstudy.plots import CORRECT, OVERLAY_CMAP, WRONG, arrow, box, seen_image
+from dmlstudy.plots import OVERLAY_CMAP, arrow, box, seen_image
 
 
 def grid_heatmap(grid: pd.DataFrame, *, title: str = "") -> plt.Figure:
@@ -183,35 +183,12 @@ def attention_figure(
         axis.set_xticks([])
         axis.set_yticks([])
     figure.tight_layout(rect=(0, COLOURBAR_SPACE / figure.get_figheight(), 1, 1))
-    _kind_colourbars(
+    kind_colourbars(
         figure,
         axes,
         [(overlays[False], "attention / panel maximum"), (overlays[True], "(a − b) / panel max |Δ|")],
     )
     return plots.credit(figure, dataset)
-
-
-COLOURBAR_SPACE = 0.8  # inches under the attention maps for their colour bars
-
-
-def _kind_colourbars(figure: plt.Figure, panels: np.ndarray, kinds: Sequence[tuple], *, height: float = 0.12) -> None:
-    """One horizontal colour bar per panel kind (``kinds``: the overlay drawn with its scale, the bar's label),
-    side by side in the :data:`COLOURBAR_SPACE` under the whole width of ``panels`` (a single block column is too
-    narrow for two labelled bars): the kinds alternate by row, so a bar beside the panels would span rows of both.
-    Opaque although the overlays are translucent. Call after ``tight_layout``."""
-    left = min(axis.get_position().x0 for axis in panels.flat)
-    right = max(axis.get_position().x1 for axis in panels.flat)
-    gap = 0.1 * (right - left)
-    width = (right - left - gap * (len(kinds) - 1)) / len(kinds)
-    inch = 1 / figure.get_figheight()
-    for index, (overlay, label) in enumerate(kinds):
-        cax = figure.add_axes((left + index * (width + gap), COLOURBAR_SPACE * inch * 0.55, width, height * inch))
-        colourbar = figure.colorbar(overlay, cax=cax, orientation="horizontal")
-        colourbar.solids.set(alpha=1.0)
-        low, high = overlay.get_clim()
-        colourbar.set_ticks([low, (low + high) / 2, high])
-        colourbar.set_label(label, fontsize=7)
-        colourbar.ax.tick_params(labelsize=7)
 
 
 def part_discovery(
@@ -228,75 +205,4 @@ def part_discovery(
     framed blue (same class as the query) or vermillion; with the share of same-class matches per query."""
     device = device_of(method)
     maps = feature_maps(method, dataset, batch_size=batch_size, device=device)  # N × C × H × W
-    count, channels, height, width = maps.shape
-    locations = F.normalize(maps.flatten(2).transpose(1, 2), dim=-1)  # N × T × C
-    labels = np.asarray(dataset.labels)
-    chosen = np.random.default_rng(seed).choice(count, size=min(queries, count), replace=False)
-    figure, axes = plt.subplots(
-        len(chosen), neighbours + 1, figsize=(1.45 * (neighbours + 1), 1.6 * len(chosen)), squeeze=False
-    )
-    rows = []
-    interior = torch.zeros(height, width, dtype=torch.bool, device=maps.device)
-    interior[1:-1, 1:-1] = True
-    if not interior.any():  # grids smaller than 3 × 3 have no interior
-        interior[:] = True
-    for row, query in enumerate(chosen):
-        activation = maps[query].norm(dim=0).masked_fill(~interior, float("-inf"))  # H × W
-        cell = int(activation.flatten().argmax())
-        similarity = torch.einsum("c,ntc->nt", locations[query, cell], locations)  # N × T
-        best, where = similarity.max(dim=1)
-        best[query] = float("-inf")
-        order = best.argsort(descending=True)[:neighbours].cpu().numpy()
-        picture = seen_image(dataset, query)
-        _crop_axis(axes[row, 0], picture, cell, (height, width), frame="#ff7f00", title="query part")
-        same = 0
-        for column, other in enumerate(order, start=1):
-            colour = CORRECT if labels[other] == labels[query] else WRONG
-            same += int(labels[other] == labels[query])
-            _crop_axis(
-                axes[row, column],
-                seen_image(dataset, int(other)),
-                int(where[other]),
-                (height, width),
-                frame=colour,
-                title=f"cos {float(best[other]):.2f}",
-                crop=True,
-            )
-        rows.append(
-            {
-                "query image": int(query),
-                "location (row, col)": divmod(cell, width),
-                "same class among top": f"{same}/{len(order)}",
-                "chance (%)": f"{100 * (np.sum(labels == labels[query]) - 1) / (count - 1):.1f}",
-            }
-        )
-    figure.tight_layout()
-    return plots.credit(figure, dataset), pd.DataFrame(rows)
-
-
-def _crop_axis(
-    axis, picture: np.ndarray, cell: int, grid: tuple[int, int], *, frame: str, title: str, crop: bool = False
-) -> None:
-    """Show the whole picture with the cell outlined, or (``crop``) a two-cell window around the cell, framed."""
-    rows, columns = grid
-    size_y, size_x = picture.shape[0] / rows, picture.shape[1] / columns
-    row, column = divmod(cell, columns)
-    if crop:
-        centre_y, centre_x = (row + 0.5) * size_y, (column + 0.5) * size_x
-        top = int(np.clip(round(centre_y - size_y), 0, picture.shape[0] - 2 * size_y))
-        left = int(np.clip(round(centre_x - size_x), 0, picture.shape[1] - 2 * size_x))
-        patch = picture[top : top + int(2 * size_y), left : left + int(2 * size_x)]
-        axis.imshow(patch)
-        axis.add_patch(
-            Rectangle((0, 0), patch.shape[1] - 1, patch.shape[0] - 1, fill=False, edgecolor=frame, linewidth=4)
-        )
-    else:
-        axis.imshow(picture)
-        axis.add_patch(
-            Rectangle(
-                (column * size_x - 0.5, row * size_y - 0.5), size_x, size_y, fill=False, edgecolor=frame, linewidth=2
-            )
-        )
-    axis.set_title(title, fontsize=7)
-    axis.set_xticks([])
-    axis.set_yticks([])
+    return local_parts_figure(maps, dataset, queries=queries, neighbours=neighbours, seed=seed)
