@@ -15,7 +15,8 @@ from typing import Any
 
 from dmlstudy.methods import MethodInfo, list_methods, method_info
 
-RERANK = "diml_rerank"  # the pseudo-method: ``ms`` runs re-ranked by DIML at test time
+BASELINE = "ms"  # the baseline every paper builds on: the first main row, and the runs DIML re-ranks at test time
+RERANK = "diml_rerank"  # the pseudo-method: the :data:`BASELINE` runs re-ranked by DIML at test time
 SHARED_VARIANTS: dict[str, dict] = {  # named runs one notebook trains and another shows (same name, same spec)
     "softmax": {"method": "dgcrl", "method_kwargs": {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}},
 }
@@ -57,12 +58,12 @@ def method_label(name: str) -> str:
 
 def main_rows() -> list[str]:
     """Every main row the study can show: ``ms``, the registered paper methods, and :data:`EXTRA_ROWS`."""
-    return ["ms", *list_methods(group="paper"), *EXTRA_ROWS]
+    return [BASELINE, *list_methods(group="paper"), *EXTRA_ROWS]
 
 
 def classic_rows() -> list[str]:
     """Every classic baseline the registry has (group ``classic``), ``ms`` aside (a main row)."""
-    return [name for name in list_methods(group="classic") if name != "ms"]
+    return [name for name in list_methods(group="classic") if name != BASELINE]
 
 
 def method_grid(methods: Iterable[str]) -> dict[str, dict[str, Any]]:

@@ -220,7 +220,7 @@ for metric, title in kit.GEOMETRY.items():
     print(f"\n{title}")
     display(geometry[[c for c in geometry.columns if not c.endswith("_mean") and c != "variant"]])
     geometry_written += write_table(geometry, results_folder / f"compare_{metric.lower()}")
-geometry_readings = kit.geometry_readings(tables.own_embedding_rows(frame))
+geometry_readings = tables.geometry_readings(frame)
 for sentence in geometry_readings:
     print("→", sentence)
 

@@ -473,11 +473,11 @@ def test_geometry_tables_and_readings_from_the_numbers():
         and esd.loc["crt", "paper (CUB)"] == 0.90
         and esd.loc["triplet", "paper (CUB)"] == "–"
     )
-    first, second = kit.geometry_readings(tables.own_embedding_rows(frame))
+    first, second = tables.geometry_readings(frame)
     assert "ESD +1.000, ρ -1.000" in first and first.endswith("both held.")
     assert "+1.00 for ESD and -1.00 for ρ" in second and "ESD agrees, ρ agrees" in second
     flat = frame.assign(rho=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
-    assert "ρ shows no clear relation" in kit.geometry_readings(tables.own_embedding_rows(flat))[1]
+    assert "ρ shows no clear relation" in tables.geometry_readings(flat)[1]
 
 
 def test_diml_rerank_rows_from_parallel_processes_equal_the_serial_ones(tiny_config):

@@ -71,7 +71,7 @@ from dmlstudy.experiments.rerank import Reranking, claim_rerank_results, rerank_
 from dmlstudy.experiments.tables import comparison_frame, comparison_table, table_note
 from dmlstudy.methods import list_methods
 from dmlstudy.paths import study_outputs
-from dmlstudy.rows import EXTRA_ROWS, RERANK, method_grid
+from dmlstudy.rows import BASELINE, EXTRA_ROWS, RERANK, method_grid
 from dmlstudy.run.data import class_split_counts
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.regimes import regime
@@ -224,7 +224,7 @@ CLAIMS_BY_NAME = {claim.name: claim for claim in CLAIMS}
 
 def trained_methods(methods: Sequence[str]) -> list[str]:
     """The registered methods to train for ``methods``: ``diml_rerank`` needs the ``ms`` runs."""
-    names = [("ms" if name == RERANK else name) for name in methods]
+    names = [(BASELINE if name == RERANK else name) for name in methods]
     return list(dict.fromkeys(names))
 
 
@@ -348,13 +348,13 @@ def run_more_seeds(config: CompareStudy, needs: dict[str, int]) -> tuple[list, l
     reranked = {RERANK, *claim_reranks()}
     trained: dict[str, int] = {}
     for name, count in needs.items():
-        run_name = "ms" if name in reranked else name
+        run_name = BASELINE if name in reranked else name
         trained[run_name] = max(trained.get(run_name, 0), count)
     grid = []
     for name, count in trained.items():
         grid += config.protocol.with_seeds(seed_sequence(config, count)).grid(method_grid([name]))
     results = run_grid(grid, workers=config.protocol.workers)
-    ms = [(name, result) for name, result in results if name == "ms"]
+    ms = [(name, result) for name, result in results if name == BASELINE]
     reranking = config.reranking()
     rerank_missing(ms, reranking)
     reranks = [*rerank_results(ms, reranking), *claim_rerank_results(ms, reranking)]
@@ -364,7 +364,7 @@ def run_more_seeds(config: CompareStudy, needs: dict[str, int]) -> tuple[list, l
 def caveats(config: CompareStudy, frame: pd.DataFrame) -> list[str]:
     """What limits the reading, with this study's actual settings."""
     parameters = frame.groupby("variant")["parameters"].first() if "parameters" in frame else pd.Series(dtype=float)
-    base = f" ({parameters['ms'] / 1e6:.2f} M parameters with the MS head)" if "ms" in parameters else ""
+    base = f" ({parameters[BASELINE] / 1e6:.2f} M parameters with the MS head)" if BASELINE in parameters else ""
     classic = f"; classic baselines {len(set(config.classic_seeds))} seed(s)" if config.classic_methods else ""
     protocol = config.protocol
     return [

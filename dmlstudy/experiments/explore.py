@@ -42,6 +42,7 @@ from dmlstudy.experiments.kit import explained_retrievals, top_k_retrievals
 from dmlstudy.methods import METHODS, Method
 from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
+from dmlstudy.rows import BASELINE
 from dmlstudy.run.compute import resolve_device
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.identity import superseded_runs
@@ -263,7 +264,7 @@ def first_method(methods: Sequence[str]) -> str:
     """The method shown first among ``methods``: one that explains its retrievals (:func:`explains`), the
     explorer's own :data:`FALLBACK_METHOD` before the others, else ``ms``, else the first."""
     explaining = sorted((name for name in methods if explains(name)), key=lambda name: name != FALLBACK_METHOD)
-    return explaining[0] if explaining else ("ms" if "ms" in methods else methods[0])
+    return explaining[0] if explaining else (BASELINE if BASELINE in methods else methods[0])
 
 
 def explanation(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure | str:

@@ -391,11 +391,13 @@ def geometry_summary(
     *,
     metric: str,
     paper: Mapping[str, tuple[float, float]],
+    pair: tuple[str, str],
     label: Callable[[str], str] = str,
     decimals: int = 3,
 ) -> pd.DataFrame:
     """Rows = variants, columns = datasets: mean ± std over seeds of ``metric`` (``ESD`` or ``rho``) of the runs'
-    test embeddings, with the CRT paper's MS / +CRT numbers (``paper``: paper dataset → (MS, +CRT)) beside."""
+    test embeddings, with the paper's numbers of the ``pair`` (baseline, method) beside (``paper``: paper
+    dataset → (baseline, method))."""
     if metric not in GEOMETRY:
         raise ValueError(f"geometry_summary: metric must be one of {sorted(GEOMETRY)}, got {metric!r}")
     stats = frame.groupby(["variant", "dataset"], sort=False)[metric].agg(["mean", "std", "count"]).reset_index()
@@ -415,9 +417,9 @@ def geometry_summary(
             )
             line[f"{dataset}_mean"] = math.nan if cell.empty else float(cell["mean"].iloc[0])
         for dataset in datasets:
-            pair = paper.get(paper_dataset(dataset))
+            values = paper.get(paper_dataset(dataset))
             line[f"paper ({paper_dataset(dataset, '–')})"] = (
-                (pair[0] if variant == "ms" else pair[1]) if pair and variant in ("ms", "crt") else "–"
+                values[pair.index(variant)] if values and variant in pair else "–"
             )
         out.append(line)
     return pd.DataFrame(out)
@@ -438,16 +440,18 @@ def agreement(correlation: float, *, expected: int) -> str:
     return "agrees" if np.sign(correlation) == expected else "disagrees"
 
 
-def geometry_readings(frame: pd.DataFrame) -> list[str]:
-    """Per dataset: did CRT raise ESD and lower ρ against MS (the CRT paper's claim), and how do ESD and ρ rank
-    with R@1 across all variants (Roth et al.: denser, flatter-spectrum embeddings generalise better)?"""
+def geometry_readings(frame: pd.DataFrame, *, pair: tuple[str, str]) -> list[str]:
+    """Per dataset: did CRT raise ESD and lower ρ against MS (the CRT paper's claim; ``pair``: the runs of its
+    baseline and its method), and how do ESD and ρ rank with R@1 across all variants (Roth et al.: denser,
+    flatter-spectrum embeddings generalise better)?"""
     means = frame.groupby(["dataset", "variant"], sort=False)[["ESD", "rho", "R@1"]].mean()
     sentences = []
     for dataset in dict.fromkeys(frame["dataset"]):
         group = means.loc[dataset]
-        if {"ms", "crt"} <= set(group.index):
-            esd = group.loc["crt", "ESD"] - group.loc["ms", "ESD"]
-            rho = group.loc["crt", "rho"] - group.loc["ms", "rho"]
+        baseline, method = pair
+        if set(pair) <= set(group.index):
+            esd = group.loc[method, "ESD"] - group.loc[baseline, "ESD"]
+            rho = group.loc[method, "rho"] - group.loc[baseline, "rho"]
             held = [name for name, ok in (("ESD up", esd > 0), ("ρ down", rho < 0)) if ok]
             sentences.append(
                 f"{dataset}: CRT − MS: ESD {esd:+.3f}, ρ {rho:+.3f}; the CRT paper has ESD up and ρ down on all four of its datasets → "

@@ -20,7 +20,7 @@ from dmlstudy.experiments import kit
 from dmlstudy.experiments.claims import claim_reranks
 from dmlstudy.records import write_json
 from dmlstudy.reranking import reranked_retrieval_metrics
-from dmlstudy.rows import RERANK
+from dmlstudy.rows import BASELINE, RERANK
 from dmlstudy.run.train import RunResult, TrainConfig, run
 from dmlstudy.study.grids import call_in_processes
 from dmlstudy.transport import TransportOptions
@@ -115,7 +115,7 @@ def _missing_reranks(results: Sequence[tuple[str, RunResult]], *, top_k: int, gr
     return [
         (result.config.to_dict(), top_k, grid)
         for name, result in results
-        if name == "ms"
+        if name == BASELINE
         and not _rerank_cache(
             result.run_dir, _rerank_settings(result.config, top_k=top_k, grid=grid, options=options)
         ).is_file()
@@ -156,7 +156,7 @@ def rerank_results(
     _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=reranking.workers)
     rows = []
     for name, result in results:
-        if name != "ms":
+        if name != BASELINE:
             continue
         reranked = rerank_metrics(result, top_k=top_k, grid=grid)
         row = {

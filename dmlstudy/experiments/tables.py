@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy import plots
-from dmlstudy.experiments import kit
+from dmlstudy.experiments import ablations, kit
 from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.metrics import class_subset_recall
 from dmlstudy.rows import RERANK, method_label
@@ -192,8 +192,25 @@ def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd
     CRT paper's MS / +CRT numbers beside. The re-ranked row is left out (same embeddings as ``ms``)."""
     paper = numbers("crt", "ESD" if metric == "ESD" else "RHO")
     return kit.geometry_summary(
-        own_embedding_rows(frame), metric=metric, paper=paper, label=method_label, decimals=decimals
+        own_embedding_rows(frame),
+        metric=metric,
+        paper=paper,
+        pair=geometry_pair(),
+        label=method_label,
+        decimals=decimals,
     )
+
+
+def geometry_pair() -> tuple[str, str]:
+    """The runs of the CRT paper's geometry claim (ESD up and ρ down against its baseline): the rows of its
+    declaration's main table, baseline first."""
+    baseline, method = (name for name, _ in ablations.table_rows(ablations.declaration("crt"), "main").values())
+    return baseline, method
+
+
+def geometry_readings(frame: pd.DataFrame) -> list[str]:
+    """:func:`kit.geometry_readings` of the rows with embeddings of their own, for the CRT paper's pair."""
+    return kit.geometry_readings(own_embedding_rows(frame), pair=geometry_pair())
 
 
 def own_embedding_rows(frame: pd.DataFrame) -> pd.DataFrame:
