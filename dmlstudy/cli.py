@@ -294,7 +294,7 @@ def _use_scheduler(address: str) -> None:
 def _study_robustness(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from dmlstudy.experiments import robustness
+    from dmlstudy.experiments import rerank, robustness
     from dmlstudy.paths import runs_root, study_outputs
 
     kept = study_outputs(robustness.STUDY, "results") / robustness.RELATIVES_PER_SEED
@@ -304,7 +304,7 @@ def _study_robustness(args: argparse.Namespace) -> int:
     elif runs.is_dir():
         print(f"relatives out of the gallery: evaluating the default study's runs in {runs}", flush=True)
         default_per_seed = pd.read_csv(study_outputs("default", "results") / robustness.PER_SEED)
-        relatives = robustness.relatives_per_seed(default_per_seed, runs)
+        relatives = rerank.relatives_per_seed(default_per_seed, runs)
         kept.parent.mkdir(parents=True, exist_ok=True)
         relatives.to_csv(kept, index=False)
     else:

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from dmlstudy.data.emoji_sources import RELATIVES
-from dmlstudy.experiments import robustness
+from dmlstudy.experiments import rerank, robustness
 from dmlstudy.experiments.claims import Claim
 from dmlstudy.experiments.robustness import RELATIVES_OUT, SCHEDULE
 from dmlstudy.metrics import relative_mask, relatives_out_recall
@@ -258,7 +258,7 @@ def test_reranked_recall_with_one_candidate_is_the_cosine_recall_and_never_picks
     labels = np.repeat(np.arange(6), 4)
     embeddings = rng.normal(size=(24, 6)) + labels[:, None]
     local = rng.normal(size=(24, 4, 6)).astype(np.float32)
-    assert robustness.relatives_out_reranked_recall(embeddings, local, labels, families, top_k=1) == pytest.approx(
+    assert rerank.relatives_out_reranked_recall(embeddings, local, labels, families, top_k=1) == pytest.approx(
         relatives_out_recall(embeddings, labels, families, relatives=RELATIVES)
     )
     chosen = {}
@@ -268,7 +268,7 @@ def test_reranked_recall_with_one_candidate_is_the_cosine_recall_and_never_picks
         return np.zeros(candidates.shape, dtype=np.float32)
 
     monkeypatch.setattr("dmlstudy.transport.candidate_structural_similarity", structural)
-    robustness.relatives_out_reranked_recall(embeddings, local, labels, families, top_k=10)
+    rerank.relatives_out_reranked_recall(embeddings, local, labels, families, top_k=10)
     mask = relative_mask(families, relatives=RELATIVES)
     assert not np.take_along_axis(mask, chosen["candidates"], axis=1).any()
 

@@ -15,11 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from dmlstudy import transport
 from dmlstudy.data import evaluation_protocol
-from dmlstudy.experiments import kit
+from dmlstudy.data.emoji import test_split_families
+from dmlstudy.data.emoji_sources import RELATIVES
+from dmlstudy.experiments import kit, robustness
 from dmlstudy.experiments.claims import claim_reranks
+from dmlstudy.metrics.relatives import masked_cosine, relatives_out_recall
+from dmlstudy.paths import data_root
 from dmlstudy.records import write_json
-from dmlstudy.reranking import reranked_retrieval_metrics
+from dmlstudy.reranking import rerank_top_k, reranked_retrieval_metrics
 from dmlstudy.rows import BASELINE, RERANK
 from dmlstudy.run.train import RunResult, TrainConfig, run
 from dmlstudy.study.grids import call_in_processes
@@ -192,3 +200,67 @@ def claim_rerank_results(results: Sequence[tuple[str, RunResult]], reranking: Re
         for name, top_k, grid in rerank_variants(reranking)[1:]
         for row in rerank_results(results, reranking, variant=name, top_k=top_k, grid=grid)
     ]
+
+
+# ----------------------------------------------------------------------------------------------
+# The robustness study's relatives-out column, from the default study's runs
+# ----------------------------------------------------------------------------------------------
+def relatives_out_reranked_recall(
+    global_embeddings: np.ndarray,
+    local_embeddings: Any,
+    labels: Sequence[int],
+    families: Sequence[str],
+    *,
+    top_k: int,
+    device: Any = None,
+) -> float:
+    """R@1 in points after DIML's re-ranking (:func:`dmlstudy.reranking.rerank_top_k`: cos + s_struct) of each
+    query's cosine top-``top_k`` among the items left once its relative family is out."""
+    global_embeddings = np.asarray(global_embeddings, dtype=np.float32)
+    cosine = masked_cosine(global_embeddings, families, relatives=RELATIVES)
+    k = min(top_k, len(labels) - 1)
+    nearest = np.argpartition(-cosine, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(cosine, nearest, axis=1), axis=1, kind="stable")
+    candidates = np.take_along_axis(nearest, order, axis=1)  # the cosine top-k, best first
+    structural = transport.candidate_structural_similarity(
+        global_embeddings, local_embeddings, global_embeddings, local_embeddings, candidates, device=device
+    )
+    reranked = rerank_top_k(candidates, np.take_along_axis(cosine, candidates, axis=1), structural, top_k=k)
+    labels = np.asarray(labels)
+    return float(100.0 * np.mean(labels[reranked[:, 0]] == labels))
+
+
+def relatives_per_seed(
+    default_per_seed: pd.DataFrame, runs_folder: str | Path, *, rerank_top_k: int = 100, rerank_grid: int = 4
+) -> pd.DataFrame:
+    """The relatives-out column's per-seed rows (``regime, dataset, row, seed, R@1``): each headline row's run
+    of the default study (found by the digest its per-seed row records) evaluated with each query's relative
+    family out of its gallery; DIML's re-ranking row re-ranks its MS run's embeddings the same way."""
+    rows = {name for claim in robustness.headline_claims() for name in (claim.a, claim.b)}
+    here = default_per_seed[(default_per_seed["regime"] == robustness.REGIME) & default_per_seed["row"].isin(rows)]
+    families = test_split_families("emoji", data_root())
+    records = []
+    for entry in here.to_dict("records"):
+        found = sorted(Path(runs_folder).glob(f"*-{entry['digest']}"))  # one configuration may carry two labels
+        named = BASELINE if entry["row"] == RERANK else entry["row"]
+        run_dir = next((d for d in found if f"-{named}-seed{entry['seed']}-" in d.name), found[0] if found else None)
+        if run_dir is None:
+            raise FileNotFoundError(
+                f"no run folder *-{entry['digest']} in {runs_folder} ({entry['row']}, seed {entry['seed']})"
+            )
+        with np.load(run_dir / "embeddings.npz") as stored:
+            embeddings, labels = stored["embeddings"], stored["labels"]
+        if len(labels) != len(families):
+            raise ValueError(f"{run_dir}: {len(labels)} test embeddings, but the test split has {len(families)} images")
+        if entry["row"] == RERANK:
+            sets = kit.evaluation_sets(run(TrainConfig.of_run_folder(run_dir)), grid_sizes=[rerank_grid])
+            query = sets["query"]
+            recall = relatives_out_reranked_recall(
+                query.global_, query.local[rerank_grid], labels, families, top_k=rerank_top_k, device=sets["device"]
+            )
+        else:
+            recall = relatives_out_recall(embeddings, labels, families, relatives=RELATIVES)
+        records.append(
+            {"regime": robustness.REGIME, "dataset": "emoji", "row": entry["row"], "seed": entry["seed"], "R@1": recall}
+        )
+    return pd.DataFrame(records)

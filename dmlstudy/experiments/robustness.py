@@ -16,7 +16,8 @@ the 95 % t-interval, margin ±1 R@1 point; Holm across the claims of the column)
 * ``224 px``, ``unseen designers``: the comparison at 224 px, and with test images drawn only by families no
   training image came from;
 * ``relatives out of the gallery``: the default study's runs, each query's relative family (Noto / Noto v1,
-  EmojiOne v1 / v2) removed from its gallery (:func:`dmlstudy.metrics.relatives_out_recall`), DIML's re-ranking included.
+  EmojiOne v1 / v2) removed from its gallery (:func:`dmlstudy.metrics.relatives_out_recall`), DIML's re-ranking
+  included (:func:`dmlstudy.experiments.rerank.relatives_per_seed`).
 
 Every cell recomputes from ``results/robustness/runs_per_seed.csv`` (its ``perturbation`` column names the
 column a per-seed row belongs to). Each claim is labelled by the amended rule (:func:`robustness_label`: robust,
@@ -37,11 +38,8 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy import verdicts
-from dmlstudy.data.emoji import test_split_families
-from dmlstudy.data.emoji_sources import RELATIVES
 from dmlstudy.experiments.claims import Claim, load_claims
-from dmlstudy.metrics.relatives import masked_cosine, relatives_out_recall
-from dmlstudy.paths import data_root, study_outputs
+from dmlstudy.paths import study_outputs
 
 REGIME = "imagenet"
 PER_SEED = "runs_per_seed.csv"
@@ -367,37 +365,6 @@ FALSE_ROBUST_BOUND = 0.05  # the declared bound on "robust with a direction" und
 
 
 # ----------------------------------------------------------------------------------------------
-# Relatives out of the gallery
-# ----------------------------------------------------------------------------------------------
-def relatives_out_reranked_recall(
-    global_embeddings: np.ndarray,
-    local_embeddings: Any,
-    labels: Sequence[int],
-    families: Sequence[str],
-    *,
-    top_k: int,
-    device: Any = None,
-) -> float:
-    """R@1 in points after DIML's re-ranking (:func:`dmlstudy.reranking.rerank_top_k`: cos + s_struct) of each
-    query's cosine top-``top_k`` among the items left once its relative family is out."""
-    from dmlstudy.reranking import rerank_top_k
-    from dmlstudy.transport import candidate_structural_similarity
-
-    global_embeddings = np.asarray(global_embeddings, dtype=np.float32)
-    cosine = masked_cosine(global_embeddings, families, relatives=RELATIVES)
-    k = min(top_k, len(labels) - 1)
-    nearest = np.argpartition(-cosine, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(cosine, nearest, axis=1), axis=1, kind="stable")
-    candidates = np.take_along_axis(nearest, order, axis=1)  # the cosine top-k, best first
-    structural = candidate_structural_similarity(
-        global_embeddings, local_embeddings, global_embeddings, local_embeddings, candidates, device=device
-    )
-    reranked = rerank_top_k(candidates, np.take_along_axis(cosine, candidates, axis=1), structural, top_k=k)
-    labels = np.asarray(labels)
-    return float(100.0 * np.mean(labels[reranked[:, 0]] == labels))
-
-
-# ----------------------------------------------------------------------------------------------
 # Markdown and the forest figure
 # ----------------------------------------------------------------------------------------------
 VERDICT_WORDS = {"held": "**held**", "reversed": "**reversed**", "not held": "equivalent"}
@@ -573,47 +540,8 @@ def forest_figure(table: pd.DataFrame) -> plt.Figure:
 
 
 # ----------------------------------------------------------------------------------------------
-# From the default study's runs, and the files the study commits
+# The files the study commits
 # ----------------------------------------------------------------------------------------------
-def relatives_per_seed(
-    default_per_seed: pd.DataFrame, runs_folder: str | Path, *, rerank_top_k: int = 100, rerank_grid: int = 4
-) -> pd.DataFrame:
-    """The relatives-out column's per-seed rows (``regime, dataset, row, seed, R@1``): each headline row's run
-    of the default study (found by the digest its per-seed row records) evaluated with each query's relative
-    family out of its gallery; DIML's re-ranking row re-ranks its MS run's embeddings the same way."""
-    from dmlstudy.experiments.kit import evaluation_sets
-    from dmlstudy.run.train import TrainConfig, run
-
-    rows = {name for claim in headline_claims() for name in (claim.a, claim.b)}
-    here = default_per_seed[(default_per_seed["regime"] == REGIME) & default_per_seed["row"].isin(rows)]
-    families = test_split_families("emoji", data_root())
-    records = []
-    for entry in here.to_dict("records"):
-        found = sorted(Path(runs_folder).glob(f"*-{entry['digest']}"))  # one configuration may carry two labels
-        named = "ms" if entry["row"] == "diml_rerank" else entry["row"]
-        run_dir = next((d for d in found if f"-{named}-seed{entry['seed']}-" in d.name), found[0] if found else None)
-        if run_dir is None:
-            raise FileNotFoundError(
-                f"no run folder *-{entry['digest']} in {runs_folder} ({entry['row']}, seed {entry['seed']})"
-            )
-        with np.load(run_dir / "embeddings.npz") as stored:
-            embeddings, labels = stored["embeddings"], stored["labels"]
-        if len(labels) != len(families):
-            raise ValueError(f"{run_dir}: {len(labels)} test embeddings, but the test split has {len(families)} images")
-        if entry["row"] == "diml_rerank":
-            sets = evaluation_sets(run(TrainConfig.of_run_folder(run_dir)), grid_sizes=[rerank_grid])
-            query = sets["query"]
-            recall = relatives_out_reranked_recall(
-                query.global_, query.local[rerank_grid], labels, families, top_k=rerank_top_k, device=sets["device"]
-            )
-        else:
-            recall = relatives_out_recall(embeddings, labels, families, relatives=RELATIVES)
-        records.append(
-            {"regime": REGIME, "dataset": "emoji", "row": entry["row"], "seed": entry["seed"], "R@1": recall}
-        )
-    return pd.DataFrame(records)
-
-
 STUDY = "robustness"  # its tables go to results/robustness/, its figure to figures/robustness/
 
 
