@@ -18,14 +18,13 @@ from dmlstudy import verdicts
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments.papers import numbers as papers
 from dmlstudy.experiments.papers.numbers import PAPER_DATASET
-from dmlstudy.experiments.tables import seed_text
 from dmlstudy.rows import method_grid
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.regimes import regime
 from dmlstudy.run.train import RunResult, selection_rule
 from dmlstudy.study import sequential
 from dmlstudy.study.grids import results_frame
-from dmlstudy.study.report import write_table
+from dmlstudy.study.report import seed_text, write_table
 
 ABLATION_REGIMES = ("scratch", "imagenet")  # where the published plans' paper notebooks train their ablations
 

@@ -4,7 +4,7 @@ that go with the last two (singular-value spectra, R@1 against training time).""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from dmlstudy.rows import RERANK, method_label
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult
 from dmlstudy.study.grids import results_frame
-from dmlstudy.study.report import summarize, write_table
+from dmlstudy.study.report import seed_text, summarize, write_table
 
 RETRIEVAL_TAIL = ("RP", "MAP@R", "NMI")  # columns after the four Recall@K
 DECIMALS = 1  # percent, as displayed
@@ -61,11 +61,6 @@ def table_metrics(frame: pd.DataFrame) -> list[str]:
     """The first four Recall@K columns present (by K), then RP, MAP@R and NMI where present."""
     ks = sorted(int(c[2:]) for c in frame.columns if c.startswith("R@") and c[2:].isdigit() and frame[c].notna().any())
     return [f"R@{k}" for k in ks[:4]] + [c for c in RETRIEVAL_TAIL if c in frame.columns and frame[c].notna().any()]
-
-
-def seed_text(seeds: Iterable[Any]) -> str:
-    """The distinct seeds, sorted, as ``0, 1, 2``."""
-    return ", ".join(str(int(s)) for s in sorted(set(seeds)))
 
 
 def comparison_table(

@@ -102,6 +102,11 @@ def mean_std_text(mean: float, std: float, runs: int, *, decimals: int = 1) -> s
     return f"{mean:.{decimals}f} ± {std:.{decimals}f}" if runs > 1 else f"{mean:.{decimals}f}"
 
 
+def seed_text(seeds: Iterable[Any]) -> str:
+    """The distinct seeds, sorted, as ``0, 1, 2``."""
+    return ", ".join(str(int(s)) for s in sorted(set(seeds)))
+
+
 def summarize(
     frame: pd.DataFrame, *, by: list[str], metrics: list[str], percent: bool = True, decimals: int = 1
 ) -> pd.DataFrame:
