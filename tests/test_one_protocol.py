@@ -137,7 +137,11 @@ def test_a_value_changed_in_the_study_plans_protocol_reaches_its_runs_and_its_tu
     assert trial_run.run_dir.name != "emoji-ms-04f4004416-6f109208"  # another protocol, another run
 
     lr_plan = tmp_path / "default_lr.yaml"  # lr, declared once in the study plan, reaches a trial at the paper defaults
-    lr_plan.write_text((ROOT / "plans" / "default.yaml").read_text().replace("  lr: 0.004\n", "  lr: 0.002\n"))
+    lr_plan.write_text(
+        (ROOT / "plans" / "default.yaml")
+        .read_text()
+        .replace("protocol: &protocol\n", "protocol: &protocol\n  lr: 0.002\n")
+    )
     lr_tune = tmp_path / "tune_lr.yaml"
     lr_tune.write_text(tune_plan.read_text().replace(f"protocol: {study_plan}", f"protocol: {lr_plan}"))
     untuned = ProtocolConfig(**(plan_protocol(lr_plan) | {"tuned": ""}))  # a tuned row's lr is its tuned value

@@ -253,3 +253,22 @@ def test_every_search_space_starts_from_the_defaults_a_run_has():
             assert parameter.paper == default, f"{row}: {key} starts at {parameter.paper}, a run at {default}"
             checked += 1
     assert checked >= 2 * len(list_methods())  # every method tunes lr and head_lr at least
+
+
+ROOT = Path(__file__).resolve().parents[1]
+STATED_ALWAYS = {"datasets", "seeds", "study", "data_root"}  # what a study runs on, how often and where its data lives
+
+
+@pytest.mark.parametrize("plan", sorted(p.name for p in (ROOT / "plans").glob("*.yaml")))
+def test_a_plan_states_only_the_protocol_fields_that_differ_from_the_defaults(plan):
+    values = yaml.safe_load((ROOT / "plans" / plan).read_text(encoding="utf-8"))
+    defaults = dataclasses.asdict(ProtocolConfig())
+    restated = {
+        (entry["name"], key)
+        for entry in values.get("entries") or []
+        for key, value in ((entry.get("parameters") or {}).get("protocol") or {}).items()
+        if key in defaults and key not in STATED_ALWAYS and value == defaults[key]
+    }
+    assert not restated, (
+        f"plans/{plan} restates ProtocolConfig's defaults (dmlstudy/run/protocol.py): {sorted(restated)}"
+    )
