@@ -34,7 +34,7 @@ TRAININGS = {"baselines": "baseline", "trained": "DIML"}  # declared table of ru
 BASE_LOSS_NAMES: dict[str, str] = DECLARED.table("baselines")["labels"]
 RERANKED = {spec["rerank"]: spec for spec in DECLARED.tables.values() if "rerank" in spec}  # "K" / "G" → its table
 METRICS: list[str] = RERANKED["K"]["metrics"]
-PAPER = {sweep: numbers("diml", spec["paper"]["table"]) for sweep, spec in RERANKED.items()}
+PAPER = {sweep: numbers(DECLARED.paper, spec["paper"]["table"]) for sweep, spec in RERANKED.items()}
 PAPER_DATASETS = tuple(next(iter(PAPER["K"].values())))  # (base loss, K or G) → {dataset: (P@1, RP, MAP@R)}
 
 
