@@ -7,11 +7,12 @@ baseline included, its embedding layer applied per cell). The cosine lists come 
 :func:`dmlstudy.metrics.nearest_neighbors`, the structural similarities of their first K candidates from
 :func:`dmlstudy.transport.candidate_structural_similarity` (a chunk of queries × all their K candidates per
 Sinkhorn call); :func:`rerank_top_k` re-orders the lists and :func:`reranked_retrieval_metrics` scores them for
-several K at once.
+several K at once; :func:`rerank_cost` times the structural similarities per query.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,6 +153,35 @@ def reranked_retrieval_metrics(
             ranked, _numpy(labels), gallery_labels=None if gallery_labels is None else _numpy(gallery_labels), ks=ks
         )
     return results
+
+
+def rerank_cost(
+    query: Any,
+    *,
+    top_ks: Sequence[int],
+    grid_sizes: Sequence[int],
+    queries: int = 64,
+    options: TransportOptions | None = None,
+) -> list[dict[str, Any]]:
+    """Measured milliseconds per query of the structural similarities of its top-K candidates (the re-ranking's
+    cost beyond the cosine search), one row per (K, G), on the first ``queries`` queries of ``query`` (a test set's
+    grid embeddings, :class:`dmlstudy.methods.diml.GridEmbeddings`) searched among all of them."""
+    n = min(queries, len(query.global_))
+    rows = []
+    for top_k in top_ks:
+        candidates, _ = metric_functions.nearest_neighbors(
+            query.global_[:n], query.global_, k=min(top_k + 1, len(query.global_) - 1)
+        )
+        candidates = np.stack([row[row != q][:top_k] for q, row in enumerate(candidates)])
+        for grid in [g for g in grid_sizes if g in query.local]:
+            local = query.local[grid]
+            started = time.perf_counter()
+            candidate_structural_similarity(
+                query.global_[:n], local[:n], query.global_, local, candidates, options=options
+            )
+            seconds = time.perf_counter() - started
+            rows.append({"K": top_k, "G": grid, "pairs": candidates.size, "ms per query": 1000 * seconds / n})
+    return rows
 
 
 def _numpy(x: Any) -> np.ndarray:

@@ -74,11 +74,12 @@ example_retrievals: int = 3  # retrievals per query in the transport-plan figure
 # %%
 from functools import partial
 
+import pandas as pd
 from IPython.display import display
 
-from dmlstudy import plots
-from dmlstudy.experiments import diml as diml_study
+from dmlstudy import plots, reranking
 from dmlstudy.experiments import kit
+from dmlstudy.experiments.papers import diml as diml_study
 from dmlstudy.methods.diml import transport_explanation
 from dmlstudy.records import seed_everything
 from dmlstudy.run.data import load_datasets
@@ -174,6 +175,8 @@ example.round(3)
 # on every dataset and seed. Complete runs are loaded, not retrained (`ms` and `diml` are shared with the
 # comparison notebook). Each model's test set is then embedded at every grid size and re-ranked for every
 # $K$; the structural similarities of the top-$\max K$ candidates are computed once and reused.
+# The runs and tables are declared in `dmlstudy/experiments/papers/diml.yaml`; `grid_size`, `epsilon` and
+# `uniform_marginals` away from DIML's defaults suffix the DIML-trained runs' names (`diml_g2`, `_eps0.5`, `_uniform`).
 
 # %%
 results = diml_study.run_models(config)
@@ -192,9 +195,10 @@ print(f"{len(results)} runs, {len(frame)} evaluated settings")
 # %%
 truncation = diml_study.rerank_sweep_table(frame, sweep="K", paper_dataset=config.paper_dataset)
 print(
-    config.protocol.protocol_text(), f"| G = {config.grid_size}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds"
+    config.protocol.protocol_text(),
+    f"| G = {config.grid_size}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds",
 )
-display(diml_study.display_columns(truncation))
+display(kit.without_numbers(truncation))
 for sentence in diml_study.sweep_readings(
     frame, sweep="K", low=min(config.top_ks), high=config.reference_k(), paper_dataset=config.paper_dataset
 ):
@@ -212,9 +216,10 @@ plots.save_and_show(figure, "diml_truncation", study=config.protocol.study)
 # %%
 grid_table = diml_study.rerank_sweep_table(frame, sweep="G", paper_dataset=config.paper_dataset)
 print(
-    config.protocol.protocol_text(), f"| K = {config.top_k}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds"
+    config.protocol.protocol_text(),
+    f"| K = {config.top_k}, ε = {config.epsilon:g}, metrics in %, mean ± std over seeds",
 )
-display(diml_study.display_columns(grid_table))
+display(kit.without_numbers(grid_table))
 for sentence in diml_study.sweep_readings(
     frame, sweep="G", low=min(config.grid_sizes), high=config.reference_grid(), paper_dataset=config.paper_dataset
 ):
@@ -233,7 +238,7 @@ plots.save_and_show(figure, "diml_grid_size", study=config.protocol.study)
 # %%
 training = diml_study.training_table(frame, top_k=config.reference_k())
 print(config.protocol.protocol_text(), f"| G = {config.grid_size}, metrics in %, mean ± std over seeds")
-display(diml_study.display_columns(training))
+display(kit.without_numbers(training))
 for sentence in diml_study.training_readings(frame, top_k=config.reference_k()):
     print("•", sentence)
 
@@ -273,12 +278,14 @@ plots.save_and_show(figure, "diml_transport_plans", study=config.protocol.study)
 
 # %%
 cost_sets = kit.evaluation_sets(example_run, grid_sizes=config.cost_grid_sizes)
-cost = diml_study.rerank_cost(
-    cost_sets,
-    top_ks=config.cost_top_ks,
-    grid_sizes=config.cost_grid_sizes,
-    queries=config.cost_queries,
-    options=config.transport_options(),
+cost = pd.DataFrame(
+    reranking.rerank_cost(
+        cost_sets["query"],
+        top_ks=config.cost_top_ks,
+        grid_sizes=config.cost_grid_sizes,
+        queries=config.cost_queries,
+        options=config.transport_options(),
+    )
 )
 display(cost.round(2))
 plots.save_and_show(diml_study.cost_figure(cost), "diml_cost", study=config.protocol.study)

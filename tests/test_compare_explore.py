@@ -598,7 +598,7 @@ def test_a_claim_of_no_difference_reads_an_interval_outside_the_margin_as_not_eq
 def test_rerankings_compute_on_the_runs_device(tiny_config, monkeypatch):
     """The comparison's and the DIML notebook's re-rankings run on the device the run resolves to (on a GPU
     worker, the GPU), not on the CPU where the grid embeddings are kept between the embedding and the ranking."""
-    from dmlstudy.experiments.diml import study as diml_study
+    from dmlstudy.experiments.papers import diml as diml_study
     from dmlstudy.run.compute import resolve_device
     from dmlstudy.run.train import run
 
@@ -669,7 +669,7 @@ def test_grid_embeddings_are_the_runs_own_test_embeddings_at_its_precision(tiny_
     """DIML re-ranking is judged against the R@1 a run reports, so its global embeddings must be the run's test
     embeddings: under bf16 autocast too (the GPU default), not float32 ones of the same network. A float32 run
     keeps its re-ranking cache key (no precision in it); a bf16 run's key names its precision."""
-    from dmlstudy.experiments.diml import study as diml_study
+    from dmlstudy.experiments.papers import diml as diml_study
     from dmlstudy.run.train import run
 
     result = run(tiny_config(method="ms", seed=0, autocast=autocast))

@@ -554,7 +554,7 @@ def test_every_variant_trains_a_step(tiny_config, method_kwargs):
 
 
 def test_sweep_frame_in_parallel_processes_equals_the_serial_sweeps(tiny_config):
-    from dmlstudy.experiments import diml as diml_study
+    from dmlstudy.experiments.papers import diml as diml_study
     from dmlstudy.run.train import run
 
     settings = dict(top_ks=[0, 4], grid_sizes=[1, 2], grid_size=2, top_k=4)
@@ -591,3 +591,25 @@ def test_the_transport_stays_float32_under_bf16_autocast():
     assert cells.dtype == mixed.dtype == mixed_plan.dtype == torch.float32
     assert torch.equal(mixed, plain) and torch.equal(mixed_transport.plan, plain_transport.plan)
     assert torch.equal(mixed_gradient, plain_gradient) and torch.equal(mixed_plan, plain_plan)
+
+
+def test_the_notebooks_runs_are_its_declared_rows_named_as_before():
+    """Per base loss the plain run (named as the loss) then, with ``train_diml``, the DIML-trained run (``diml``
+    for Multi-Similarity, the run the comparison shares); DIML's training settings away from its defaults suffix
+    the name. The figures' model is the first declared DIML-trained run present."""
+    from dmlstudy.experiments.papers import diml as diml_study
+
+    assert diml_study.variants(diml_study.DIMLStudy(base_losses=["ms", "margin"])) == {
+        "ms": {"method": "ms"},
+        "diml": {"method": "diml"},
+        "margin": {"method": "margin"},
+        "diml_margin": {"method": "diml", "method_kwargs": {"base_loss": "margin"}},
+    }
+    changed = diml_study.DIMLStudy(base_losses=["proxynca"], grid_size=2, epsilon=0.5, uniform_marginals=True)
+    assert list(diml_study.variants(changed)) == ["proxynca", "diml_proxynca_g2_eps0.5_uniform"]
+    assert list(diml_study.variants(diml_study.DIMLStudy(train_diml=False))) == ["ms"]
+    trainings = diml_study.trainings(diml_study.DIMLStudy())
+    assert trainings["diml_margin"] == ("margin", "DIML") and trainings["ms"] == ("ms", "baseline")
+    assert next(iter(trainings)) == "diml"
+    with pytest.raises(KeyError, match="unknown rows"):
+        diml_study.variants(diml_study.DIMLStudy(base_losses=["triplet"]))

@@ -20,8 +20,8 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from dmlstudy import explanations, plots  # noqa: E402
-from dmlstudy.experiments import cross_attention, dgcrl, diml, tables  # noqa: E402
-from dmlstudy.experiments.papers import crt  # noqa: E402
+from dmlstudy.experiments import cross_attention, dgcrl, tables  # noqa: E402
+from dmlstudy.experiments.papers import crt, diml  # noqa: E402
 from dmlstudy.methods import build_method, list_methods  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.rows import RERANK, method_label, row_info  # noqa: E402

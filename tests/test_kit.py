@@ -146,14 +146,15 @@ def test_papers_yaml_gives_every_table_a_source_and_typed_values():
 
 
 def test_the_modules_read_the_papers_numbers_from_the_file():
-    from dmlstudy.experiments import ablations, dgcrl, diml
+    from dmlstudy.experiments import ablations, dgcrl
+    from dmlstudy.experiments.papers import diml
 
     declared = ablations.declaration("crt")
     assert (
         ablations.paper_values(declared, declared.table("main"), "synbirds")
         == papers.numbers("crt", "BASELINE_VS_CRT")["CUB"]
     )
-    assert diml.PAPER_GRID == papers.numbers("diml", "GRID")
+    assert diml.PAPER["G"] == papers.numbers("diml", "GRID")
     assert dgcrl.PAPER_TABLE1["CUB"]["dgcrl"][0] == 67.9
 
 
@@ -227,4 +228,47 @@ def test_paired_censoring_sorts_censored_runs_by_the_direction_they_move_the_dif
     assert verdicts.paired_censoring(no_column, "glyphs", "triplet", "dgcrl", (0, 1, 2)) == {
         "can_rise": "",
         "can_fall": "",
+    }
+
+
+def test_a_table_takes_keywords_from_notebook_parameters_and_names_them_by_suffix():
+    """``parameters`` sets the rows' keywords from the notebook's parameters of the same name (left out at the
+    method's default; a row's own ``kwargs`` win); ``names.suffixes`` writes them after the name, a fixed ``name``
+    too, in the declared order, a true flag as its suffix alone."""
+    from types import SimpleNamespace
+
+    from dmlstudy.experiments import ablations
+
+    declared = ablations.Declaration(
+        "diml",
+        "diml",
+        {"suffixes": {"grid_size": "_g", "epsilon": "_eps", "uniform_marginals": "_uniform"}, "values": "g"},
+        {
+            "runs": {
+                "parameters": ["grid_size", "epsilon", "uniform_marginals"],
+                "rows": {
+                    "plain": {},
+                    "margin": {"kwargs": {"base_loss": "margin"}, "name": "m"},
+                    "own": {"kwargs": {"epsilon": 0.5}},
+                },
+            }
+        },
+    )
+    at_defaults = SimpleNamespace(grid_size=4, epsilon=0.05, uniform_marginals=False)
+    assert ablations.table_rows(declared, "runs", at_defaults) == {
+        "plain": ("diml", {"method": "diml"}),
+        "margin": ("m", {"method": "diml", "method_kwargs": {"base_loss": "margin"}}),
+        "own": ("diml_eps0.5", {"method": "diml", "method_kwargs": {"epsilon": 0.5}}),
+    }
+    changed = ablations.table_rows(declared, "runs", SimpleNamespace(grid_size=2, epsilon=0.1, uniform_marginals=True))
+    assert {label: name for label, (name, _) in changed.items()} == {
+        "plain": "diml_g2_eps0.1_uniform",
+        "margin": "m_g2_eps0.1_uniform",
+        "own": "diml_g2_eps0.5_uniform",
+    }
+    assert changed["margin"][1]["method_kwargs"] == {
+        "base_loss": "margin",
+        "epsilon": 0.1,
+        "grid_size": 2,
+        "uniform_marginals": True,
     }

@@ -14,7 +14,7 @@ NOTEBOOK_CONFIGS = {
     "00_datasets.ipynb": "dmlstudy.experiments.datasets:DatasetTour",
     "01_train.ipynb": "dmlstudy.experiments.one_run:OneRun",
     "10_crt.ipynb": "dmlstudy.experiments.papers.crt:CRTStudy",
-    "20_diml.ipynb": "dmlstudy.experiments.diml:DIMLStudy",
+    "20_diml.ipynb": "dmlstudy.experiments.papers.diml:DIMLStudy",
     "30_cross_attention.ipynb": "dmlstudy.experiments.cross_attention:CrossAttentionStudy",
     "40_dgcrl.ipynb": "dmlstudy.experiments.dgcrl:DGCRLStudy",
     "90_compare.ipynb": "dmlstudy.experiments.compare:CompareStudy",

@@ -8,6 +8,8 @@ A **variant** is a change to the paper's method's own keyword defaults (read fro
 name is written from what it changes (:func:`variant`): ``<method>-<key>=<value>-…``, TrainConfig overrides
 first (abbreviated by the declaration's ``names.tags``) and then the method's keywords in sorted order, keywords at
 their default left out unless ``explicit``; so two tables that ask for the same configuration share one run.
+Keywords the declaration's ``names.suffixes`` lists (keyword → suffix, in its order) are written after the name
+instead, as ``<suffix><value>`` (a true flag as the suffix alone), after a row's fixed ``name`` too.
 
 A declaration (``paper`` and ``method`` required)::
 
@@ -33,7 +35,9 @@ A declaration (``paper`` and ``method`` required)::
 A row: ``kwargs`` (the method's keywords), ``overrides`` (TrainConfig fields), ``method`` (another method),
 ``shared`` (a shared variant of :data:`dmlstudy.rows.SHARED_VARIANTS`, under its own name), ``name`` (a fixed run
 name), ``explicit`` (keywords named even at their default), ``final_evaluation`` (a run only this table reads: its
-test classes evaluated after the last epoch only, which changes no training). A sweep: ``kwarg`` (a keyword of the
+test classes evaluated after the last epoch only, which changes no training). A table of rows may name
+``parameters``: keywords of its rows' method set from the notebook parameters of the same name (a row's own
+``kwargs`` win; at their default they are left out as usual). A sweep: ``kwarg`` (a keyword of the
 method; its default is a row too unless ``default: false``; ``explicit`` names the keyword even at its default;
 ``final_evaluation`` as for a row), ``override`` with ``per`` (a TrainConfig field, the swept value divided
 by the protocol's ``per``; the protocol's product is the reference), or ``choices`` (named rows, ``reference``
@@ -141,10 +145,20 @@ def variant(
             return name, {"method": name}
     names = declared.names
     tags = [(key, value) for key, value in overrides.items() if key not in (names.get("silent") or ())]
-    tags += list(kept.items())
+    tags += [(key, value) for key, value in kept.items() if key not in (names.get("suffixes") or {})]
     written = [f"{(names.get('tags') or {}).get(k, k)}={_written(v, names.get('values', 'str'))}" for k, v in tags]
     spec: dict[str, Any] = {"method": method, **overrides, **({"method_kwargs": kept} if kept else {})}
-    return "-".join([method, *written]), spec
+    return "-".join([method, *written]) + _suffixes(declared, kept), spec
+
+
+def _suffixes(declared: Declaration, kept: Mapping[str, Any]) -> str:
+    """The ``names.suffixes`` of the keywords in ``kept``, in the declared order."""
+    style = declared.names.get("values", "str")
+    return "".join(
+        suffix if kept[key] is True else f"{suffix}{_written(kept[key], style)}"
+        for key, suffix in (declared.names.get("suffixes") or {}).items()
+        if key in kept
+    )
 
 
 def row_variant(declared: Declaration, row: Mapping[str, Any]) -> Variant:
@@ -159,7 +173,7 @@ def row_variant(declared: Declaration, row: Mapping[str, Any]) -> Variant:
         explicit=row.get("explicit", ()),
     )
     if row.get("name"):
-        name = row["name"]
+        name = row["name"] + _suffixes(declared, spec.get("method_kwargs") or {})
     return _final_evaluation(declared, name, spec) if row.get("final_evaluation") else (name, spec)
 
 
@@ -178,7 +192,8 @@ def table_rows(declared: Declaration, table: str, config: Any = None) -> dict[An
         unknown = [label for label in chosen if label not in rows]
         if unknown:
             raise KeyError(f"{declared.paper} table {table!r}: unknown rows {unknown}; declared: {list(rows)}")
-        return {label: row_variant(declared, rows[label] or {}) for label in chosen}
+        from_config = {key: getattr(config, key) for key in spec.get("parameters") or ()}
+        return {label: row_variant(declared, _with_kwargs(rows[label] or {}, from_config)) for label in chosen}
     sweep = spec["sweep"]
     values = list(getattr(config, sweep["parameter"])) if config is not None else []
     if "choices" in sweep:
@@ -204,6 +219,11 @@ def table_rows(declared: Declaration, table: str, config: Any = None) -> dict[An
         overrides = {} if value == reference else {sweep["override"]: value // per}
         rows[value] = variant(declared, kwargs=fixed, overrides=overrides)
     return rows
+
+
+def _with_kwargs(row: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``row`` with ``kwargs`` under its own keywords."""
+    return {**row, "kwargs": {**kwargs, **(row.get("kwargs") or {})}} if kwargs else row
 
 
 def sweep_variant(declared: Declaration, sweep: Mapping[str, Any], value: Any) -> Variant:
