@@ -100,24 +100,22 @@ def load_datasets(config: DataConfig) -> dict[str, Any]:
     if config.stem_views:
         tensors = _stem_activations(config, root, found)
     if tensors is not None:
-        training_view, test_view = _tensor_views(config)
-        training, validation = _validation_split(
-            config, _first_classes(tensors["train"], config.train_classes, "train_classes")
-        )
+        first_training = _first_classes(tensors["train"], config.train_classes, "train_classes")
+        training, validation = _validation_split(first_training, config.validation_folds, config.validation_fold)
         evaluation = {
-            name: test_view(_first_classes(tensors[name], config.test_classes, "test_classes"))
-            if name in tensors
-            else None
+            name: _first_classes(tensors[name], config.test_classes, "test_classes") if name in tensors else None
             for name in ("query", "gallery")
         }
+        training_view, test_view = _tensor_views(config)
         return {
             "train": training_view(training),
-            **evaluation,
+            **{name: test_view(split) if split is not None else None for name, split in evaluation.items()},
             "validation": test_view(validation) if validation is not None else None,
             "recall_ks": recall_ks,
         }
     train.transform = build_transforms(config.image_size, train=True, hflip=train.flip_invariant)
-    training, validation = _validation_split(config, _first_classes(train, config.train_classes, "train_classes"))
+    first_training = _first_classes(train, config.train_classes, "train_classes")
+    training, validation = _validation_split(first_training, config.validation_folds, config.validation_fold)
     query = _first_classes(query, config.test_classes, "test_classes") if query is not None else None
     gallery = _first_classes(gallery, config.test_classes, "test_classes") if gallery is not None else None
     test_transform = build_transforms(config.image_size, train=False)
@@ -170,15 +168,15 @@ def _first_class_count(available: int, count: int) -> int:
     return count if 0 < count < available else available
 
 
-def _validation_split(config: DataConfig, train):
-    """``(training part, validation part)`` of the training split: the classes outside and inside fold
-    ``validation_fold`` (:func:`dmlstudy.data.folds.fold_classes`), or ``(train, None)`` without folds."""
-    if not config.validates:
+def _validation_split(train, folds: int, fold: int):
+    """``(training part, validation part)`` of the training split: the classes outside and inside fold ``fold``
+    of ``folds`` (:func:`dmlstudy.data.folds.fold_classes`), or ``(train, None)`` without folds (``folds`` < 2)."""
+    if folds < 2:
         return train, None
-    kept, held_out = fold_classes(train.num_classes, config.validation_folds, config.validation_fold)
+    kept, held_out = fold_classes(train.num_classes, folds, fold)
     return (
         split_by_classes(train, kept, role="training classes"),
-        split_by_classes(train, held_out, role=f"validation classes, fold {config.validation_fold}"),
+        split_by_classes(train, held_out, role=f"validation classes, fold {fold}"),
     )
 
 
@@ -339,10 +337,11 @@ def file_loader(
     """The file pipeline's DataLoader, made once per run: workers, pinned memory and persistent workers on CUDA."""
     if isinstance(train, BatchAugmentedTrain):
         return None
+    batches = EpochTaggedBatches(sampler)
     workers = resolve_num_workers(config.num_workers)
     return DataLoader(
         train,
-        batch_sampler=EpochTaggedBatches(sampler),
+        batch_sampler=batches,
         num_workers=workers,
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0 and device.type == "cuda",

@@ -41,7 +41,8 @@ def _backbone_options(config: ModelConfig) -> dict[str, Any]:
 
 
 def stem_backbone(config: ModelConfig) -> StemCachedBackbone:
-    return StemCachedBackbone(config.backbone, conv_head=config.conv_head, **_backbone_options(config))
+    options = _backbone_options(config)
+    return StemCachedBackbone(config.backbone, conv_head=config.conv_head, **options)
 
 
 def build_model(config: ModelConfig, num_classes: int) -> Method:

@@ -264,10 +264,11 @@ SCHEDULES = {
 
 
 def group_learning_rates(
-    config: TrainConfig, base_lrs: Sequence[float], names: Sequence[str], epoch: int
+    config: TrainConfig | _EpochPlan, base_lrs: Sequence[float], names: Sequence[str], epoch: int
 ) -> list[float]:
     """Each optimizer group's learning rate in ``epoch`` (0-based): its base rate × the schedule, and 0 for the
-    ``backbone`` group during the first ``warmup_epochs`` (only the layers the method adds train)."""
+    ``backbone`` group during the first ``warmup_epochs`` (only the layers the method adds train). ``config``
+    gives ``lr_schedule``, ``epochs`` and ``warmup_epochs``."""
     scale = SCHEDULES[config.lr_schedule](epoch, config.epochs)
     warming_up = epoch < config.warmup_epochs
     return [0.0 if warming_up and name == "backbone" else lr * scale for lr, name in zip(base_lrs, names)]
@@ -309,10 +310,25 @@ def run(config: TrainConfig) -> RunResult:
             folder.write_start_records({**environment_info(str(device)), "world_size": distributed.world_size()})
             training = _set_up_training(config, datasets, device, resume_from=folder.resume_from)
             _train_epochs(training)
-            result = _finish(training)
+            result = _finish(training, config)
     if distributed.is_main_process():
         identity.note_used(config.run_dir)
     return result
+
+
+@dataclass(frozen=True)
+class _EpochPlan:
+    """What the epochs of a run read of its config (:class:`TrainConfig` describes the fields): how many, when
+    they are evaluated, their seeds, learning-rate schedule and warm-up, and how they show progress."""
+
+    run_name: str  # the run folder's name (:attr:`TrainConfig.resolved_run_name`)
+    epochs: int
+    eval_every: int
+    seed: int
+    lr_schedule: str
+    warmup_epochs: int
+    channels_last: bool
+    shows_progress: bool  # ``progress``, on the process that writes the records
 
 
 @dataclass
@@ -320,7 +336,8 @@ class _Training:
     """One run between its set-up and its records: what every epoch uses, and what the epochs so far left
     (the history, the last evaluation, the validation choice)."""
 
-    config: TrainConfig
+    plan: _EpochPlan
+    record: dict[str, Any]  # the run's config as its checkpoints store it (:meth:`TrainConfig.to_dict`)
     run_dir: Path
     device: torch.device
     datasets: dict[str, Any]  # placed on the device (:func:`place_on_device`)
@@ -345,30 +362,15 @@ class _Training:
     def train(self):
         return self.datasets["train"]
 
-    @property
-    def shows_progress(self) -> bool:
-        return self.config.progress and distributed.is_main_process()
-
 
 def _set_up_training(
     config: TrainConfig, datasets: Mapping[str, Any], device: torch.device, *, resume_from: Path | None
 ) -> _Training:
-    """Datasets on ``device``, the model (seeded by ``config.seed``), its training step, optimizer and
-    class-balanced sampler; then the state of the checkpoint ``resume_from`` when the run continues one."""
+    """Datasets on ``device``, the class-balanced sampler, the model (seeded by ``config.seed``), its training
+    step and optimizer; then the state of the checkpoint ``resume_from`` when the run continues one."""
     datasets = place_on_device(datasets, device)
     train = datasets["train"]
-    method = build_model(config, train.num_classes).to(device)
-    step = training_step(config, method, device)
-    precision = autocast_dtype(config, device)
-    evaluation_options = {
-        "batch_size": config.eval_batch_size,
-        "device": device,
-        "num_workers": config.num_workers,
-        "autocast": precision,
-        "channels_last": config.channels_last,
-        "progress": config.progress and distributed.is_main_process(),
-    }
-    optimizer, group_names = build_optimizer(config, method)
+    validation = validation_sets(datasets) if config.validates else None
     sampler = ClassBalancedBatchSampler(
         train.labels,
         classes_per_batch=config.classes_per_batch,
@@ -378,8 +380,26 @@ def _set_up_training(
         rank=distributed.rank(),
         world_size=distributed.world_size(),
     )
+    loader = file_loader(train, sampler, config, device)
+    watch = TrainingWatch(config.resolved_run_name, config.lr, train, sampler)
+    selection = CheckpointSelection(config.patience, config.warmup_epochs)
+    method = build_model(config, train.num_classes).to(device)
+    step = training_step(config, method, device)
+    precision = autocast_dtype(config, device)
+    optimizer, group_names = build_optimizer(config, method)
+    shows_progress = config.progress and distributed.is_main_process()
     training = _Training(
-        config=config,
+        plan=_EpochPlan(
+            run_name=config.resolved_run_name,
+            epochs=config.epochs,
+            eval_every=config.eval_every,
+            seed=config.seed,
+            lr_schedule=config.lr_schedule,
+            warmup_epochs=config.warmup_epochs,
+            channels_last=config.channels_last,
+            shows_progress=shows_progress,
+        ),
+        record=config.to_dict(),
         run_dir=config.run_dir,
         device=device,
         datasets=datasets,
@@ -390,11 +410,18 @@ def _set_up_training(
         base_lrs=[group["lr"] for group in optimizer.param_groups],
         group_names=group_names,
         sampler=sampler,
-        loader=file_loader(train, sampler, config, device),
-        watch=TrainingWatch(config.resolved_run_name, config.lr, train, sampler),
-        selection=CheckpointSelection(config.patience, config.warmup_epochs),
-        validation=validation_sets(datasets) if config.validates else None,
-        evaluation_options=evaluation_options,
+        loader=loader,
+        watch=watch,
+        selection=selection,
+        validation=validation,
+        evaluation_options={
+            "batch_size": config.eval_batch_size,
+            "device": device,
+            "num_workers": config.num_workers,
+            "autocast": precision,
+            "channels_last": config.channels_last,
+            "progress": shows_progress,
+        },
     )
     if resume_from is not None:
         _resume(training, resume_from)
@@ -419,9 +446,10 @@ def build_optimizer(config: TrainConfig, method: Method) -> tuple[torch.optim.Op
 def _resume(training: _Training, checkpoint_path: Path) -> None:
     """Continue from an epoch checkpoint: weights, optimizer state, history and the validation choice so far.
     A checkpoint whose choice the warm-up rule no longer allows is set aside: the run starts again from epoch 1."""
-    config = training.config
     checkpoint = _read_checkpoint(checkpoint_path, training.device)
-    if config.validates and not training.selection.load(checkpoint["selection"], epochs_done=checkpoint["epoch"] + 1):
+    if training.validation is not None and not training.selection.load(
+        checkpoint["selection"], epochs_done=checkpoint["epoch"] + 1
+    ):
         identity.warn(
             f"{training.run_dir}: its checkpoint chose warm-up epoch {checkpoint['selection']['epoch']}, which warm-up "
             "evaluations no longer can (docs/protocol.md, 2026-11-26); starting the run again from epoch 1"
@@ -436,13 +464,13 @@ def _resume(training: _Training, checkpoint_path: Path) -> None:
 def _train_epochs(training: _Training) -> None:
     """Epochs ``start_epoch`` … ``epochs − 1``, or until the validation choice stops the run: each one trained,
     evaluated every ``eval_every`` epochs and after the last, and recorded (history and checkpoint)."""
-    config = training.config
+    plan = training.plan
     epochs = tqdm(
-        range(training.start_epoch, config.epochs),
-        desc=config.resolved_run_name,
-        disable=not training.shows_progress,
+        range(training.start_epoch, plan.epochs),
+        desc=plan.run_name,
+        disable=not plan.shows_progress,
         initial=training.start_epoch,
-        total=config.epochs,
+        total=plan.epochs,
     )
     trained_seconds = float(sum(row["train_seconds"] for row in training.history))
     for epoch in epochs:
@@ -450,7 +478,7 @@ def _train_epochs(training: _Training) -> None:
             break
         row = _train_epoch(training, epoch)
         trained_seconds += row["train_seconds"]
-        if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
+        if (epoch + 1) % plan.eval_every == 0 or epoch + 1 == plan.epochs:
             row.update(_evaluate_epoch(training, epoch, trained_seconds=trained_seconds))
         training.history.append(row)
         training.watch.end_epoch(epoch)
@@ -466,22 +494,20 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 def _train_epoch(training: _Training, epoch: int) -> dict[str, float]:
     """Epoch ``epoch`` (0-based), every generator re-seeded from ``(seed, epoch)``: its history row (the mean
     loss and named parts over its steps, the learning rate, wall-clock and CPU seconds)."""
-    config, method, optimizer, sampler = training.config, training.method, training.optimizer, training.sampler
-    seed_everything(_epoch_seed(config.seed, epoch))
-    sampler.set_epoch(epoch)
-    training.train.set_epoch(epoch)
-    learning_rates = group_learning_rates(config, training.base_lrs, training.group_names, epoch)
+    plan, method, optimizer, sampler = training.plan, training.method, training.optimizer, training.sampler
+    learning_rates = group_learning_rates(plan, training.base_lrs, training.group_names, epoch)
     for group, lr in zip(optimizer.param_groups, learning_rates):
         group["lr"] = lr
+    seed_everything(_epoch_seed(plan.seed, epoch))
+    sampler.set_epoch(epoch)
+    training.train.set_epoch(epoch)
     method.train()
     started, started_cpu, totals, steps = time.perf_counter(), time.process_time(), {}, 0
+    batches = training_batches(training.train, sampler, training.loader, training.device, plan.channels_last)
     for images, labels in transient_bar(
-        training_batches(training.train, sampler, training.loader, training.device, config.channels_last),
-        desc=f"epoch {epoch + 1}",
-        total=len(sampler),
-        disable=not training.shows_progress,
+        batches, desc=f"epoch {epoch + 1}", total=len(sampler), disable=not plan.shows_progress
     ):
-        guard.check_stop(training.run_dir, config.epochs)
+        guard.check_stop(training.run_dir, plan.epochs)
         with autocast_context(training.device, training.precision):
             loss, parts = training.step(images, labels)
         training.watch.observe(loss, images, epoch=epoch, step=steps)
@@ -534,53 +560,32 @@ def _evaluate_epoch(training: _Training, epoch: int, *, trained_seconds: float) 
 
 
 def _reported_evaluation(
-    training: _Training, *, epochs_trained: int
+    training: _Training, config: TrainConfig, *, epochs_trained: int
 ) -> tuple[dict[str, float], dict[str, np.ndarray], dict[str, Any]]:
-    """``(metrics, embeddings, choice)`` a run reports: without validation classes, the last epoch's test
-    evaluation (evaluated again when a resumed run holds none); with them, the best-validation state's
-    (:func:`_chosen_checkpoint_metrics`), with that choice's value, epoch and seconds."""
-    config, selection = training.config, training.selection
+    """``(metrics, embeddings, choice)`` a run reports, with how its state was chosen. Without validation classes:
+    the last epoch's test evaluation. With them: the best-validation state, loaded into the method, its test
+    metrics and embeddings read once (``final_test``), or no metrics and that state's validation embeddings;
+    with the choice's value, epoch and seconds. What a resumed run no longer holds is embedded again."""
+    selection = training.selection
     if training.validation is None:
         metrics, arrays = training.latest, training.arrays
-        if not arrays:  # resumed after the last epoch's checkpoint but before the records were written
-            metrics, arrays = evaluate(training.method, training.datasets, **training.evaluation_options)
-        return (
-            metrics,
-            arrays,
-            {"selection": config.selection_text(best_epoch=epochs_trained, epochs_trained=epochs_trained)},
-        )
-    metrics, arrays = _chosen_checkpoint_metrics(
-        config, training.method, training.datasets, training.validation, selection, training.evaluation_options
-    )
-    return (
-        metrics,
-        arrays,
-        {
+        reads = None if arrays else training.datasets
+        choice = {"selection": config.selection_text(best_epoch=epochs_trained, epochs_trained=epochs_trained)}
+    else:
+        training.method.load_state_dict(selection.state)
+        metrics, arrays = {}, selection.arrays
+        reads = training.datasets if config.final_test else None if arrays else training.validation
+        choice = {
             "val_R@1": selection.value,
             "best_epoch": selection.epoch,
             "epochs_trained": epochs_trained,
             "seconds_to_best": selection.seconds,
             "selection": config.selection_text(best_epoch=selection.epoch, epochs_trained=epochs_trained),
-        },
-    )
-
-
-def _chosen_checkpoint_metrics(
-    config: TrainConfig,
-    method: Method,
-    datasets: Mapping[str, Any],
-    validation: Mapping[str, Any],
-    selection: CheckpointSelection,
-    options: Mapping[str, Any],
-) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Load the best-validation state into ``method``; then the test metrics and embeddings, read once
-    (``final_test``), or no metrics and the validation embeddings of that state."""
-    method.load_state_dict(selection.state)
-    if config.final_test:
-        return evaluate(method, datasets, **options)
-    if not selection.arrays:  # resumed after the last checkpoint: embed the validation classes again
-        _, selection.arrays = evaluate(method, validation, **options)
-    return {}, selection.arrays
+        }
+    if reads is not None:
+        scores, arrays = evaluate(training.method, reads, **training.evaluation_options)
+        metrics = scores if reads is training.datasets else {}
+    return metrics, arrays, choice
 
 
 def _save_epoch(training: _Training, epoch: int) -> None:
@@ -595,20 +600,20 @@ def _save_epoch(training: _Training, epoch: int) -> None:
                 "method": training.method.state_dict(),
                 "optimizer": training.optimizer.state_dict(),
                 "history": training.history,
-                "config": training.config.to_dict(),
+                "config": training.record,
                 **({"selection": training.selection.to_checkpoint()} if training.validation is not None else {}),
             },
         )
 
 
-def _finish(training: _Training) -> RunResult:
+def _finish(training: _Training, config: TrainConfig) -> RunResult:
     """The run's reported metrics and embeddings (:func:`_reported_evaluation`) and its final records:
     ``embeddings.npz``, ``metrics.json``, and ``checkpoint.pt`` replaced by the reported weights without the
     optimizer state."""
-    config, method = training.config, training.method
+    method = training.method
     frame = pd.DataFrame(training.history)
     epochs_trained = int(frame["epoch"].iloc[-1]) if len(frame) else 0
-    metrics, arrays, chosen = _reported_evaluation(training, epochs_trained=epochs_trained)
+    metrics, arrays, chosen = _reported_evaluation(training, config, epochs_trained=epochs_trained)
     summary = {
         **metrics,
         **chosen,
@@ -627,7 +632,7 @@ def _finish(training: _Training) -> RunResult:
                 "epoch": epochs_trained - 1,
                 "method": method.state_dict(),
                 "history": training.history,
-                "config": config.to_dict(),
+                "config": training.record,
             },
         )
     return RunResult(config, training.run_dir, summary, frame, method, arrays)
