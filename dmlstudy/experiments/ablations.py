@@ -31,8 +31,9 @@ A declaration (``paper`` and ``method`` required)::
         readings: best_worst
 
 A row: ``kwargs`` (the method's keywords), ``overrides`` (TrainConfig fields), ``method`` (another method),
-``shared`` (a shared variant of :data:`dmlstudy.rows.SHARED_VARIANTS`, under its own name), ``name`` (a fixed run
-name), ``explicit`` (keywords named even at their default), ``final_evaluation`` (a run only this table reads: its
+``shared`` (a shared variant of :data:`dmlstudy.rows.SHARED_VARIANTS`, under its own name), ``backbone`` (the
+notebook parameter naming a backbone to train on, with the overrides it needs: :func:`~dmlstudy.experiments.kit.
+backbone_overrides`), ``name`` (a fixed run name), ``explicit`` (keywords named even at their default), ``final_evaluation`` (a run only this table reads: its
 test classes evaluated after the last epoch only, which changes no training). A sweep: ``kwarg`` (a keyword of the
 method; its default is a row too unless ``default: false``; ``explicit`` names the keyword even at its default;
 ``final_evaluation`` as for a row), ``override`` with ``per`` (a TrainConfig field, the swept value divided
@@ -55,7 +56,7 @@ from typing import Any
 import pandas as pd
 
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments.kit import method_defaults, paper_dataset, recall_columns
+from dmlstudy.experiments.kit import backbone_overrides, method_defaults, paper_dataset, recall_columns
 from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods import METHODS
 from dmlstudy.rows import SHARED_VARIANTS
@@ -147,15 +148,18 @@ def variant(
     return "-".join([method, *written]), spec
 
 
-def row_variant(declared: Declaration, row: Mapping[str, Any]) -> Variant:
-    """The variant of one declared row (see the module docstring)."""
+def row_variant(declared: Declaration, row: Mapping[str, Any], config: Any = None) -> Variant:
+    """The variant of one declared row (see the module docstring); a ``backbone`` row reads the notebook ``config``."""
     if row.get("shared"):
         return row["shared"], dict(SHARED_VARIANTS[row["shared"]])
+    overrides = dict(row.get("overrides") or {})
+    if row.get("backbone"):
+        overrides.update(backbone_overrides(getattr(config, row["backbone"]), config.protocol))
     name, spec = variant(
         declared,
         method=row.get("method", ""),
         kwargs=row.get("kwargs"),
-        overrides=row.get("overrides"),
+        overrides=overrides,
         explicit=row.get("explicit", ()),
     )
     if row.get("name"):
@@ -178,7 +182,7 @@ def table_rows(declared: Declaration, table: str, config: Any = None) -> dict[An
         unknown = [label for label in chosen if label not in rows]
         if unknown:
             raise KeyError(f"{declared.paper} table {table!r}: unknown rows {unknown}; declared: {list(rows)}")
-        return {label: row_variant(declared, rows[label] or {}) for label in chosen}
+        return {label: row_variant(declared, rows[label] or {}, config) for label in chosen}
     sweep = spec["sweep"]
     values = list(getattr(config, sweep["parameter"])) if config is not None else []
     if "choices" in sweep:
@@ -187,7 +191,7 @@ def table_rows(declared: Declaration, table: str, config: Any = None) -> dict[An
         if unknown:
             raise KeyError(f"parameter {sweep['parameter']!r}: unknown {unknown}; valid: {sorted(choices)}")
         order = [sweep["reference"], *[name for name in choices if name in values and name != sweep["reference"]]]
-        return {name: row_variant(declared, choices[name] or {}) for name in order}
+        return {name: row_variant(declared, choices[name] or {}, config) for name in order}
     fixed = dict(sweep.get("with") or {})
     if "kwarg" in sweep:
         reference = method_defaults(METHODS[declared.method])[sweep["kwarg"]]
