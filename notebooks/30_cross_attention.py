@@ -92,11 +92,14 @@ part_neighbours: int = 6  # most similar locations shown per query
 
 # %%
 import matplotlib.pyplot as plt
+import pandas as pd
 from IPython.display import display
 
 from dmlstudy import plots
 from dmlstudy.experiments import ablations, kit
-from dmlstudy.experiments import cross_attention as ca_study
+from dmlstudy.experiments.papers import cross_attention as ca_study
+from dmlstudy.explanations import local_parts_figure
+from dmlstudy.methods.cross_attention import attention_statistics, attention_triples, feature_maps
 from dmlstudy.records import seed_everything
 from dmlstudy.run.data import load_datasets
 
@@ -145,7 +148,7 @@ readings += sentences
 
 # %%
 gradients = kit.initial_gradients(
-    config.protocol, dataset=config.protocol.datasets[0], variants=ca_study.gradient_variants()
+    config.protocol, dataset=config.protocol.datasets[0], variants=ablations.table_rows(ca_study.DECLARED, "gradients")
 )
 print(config.protocol.protocol_text(), "on", config.protocol.datasets[0], "— one training batch at initialisation")
 display(gradients)
@@ -187,13 +190,14 @@ for dataset, runs in ca_study.block_runs(config).items():
 # total variation between the two maps.
 
 # %%
-model_run = kit.find_run(main_results, "cross_attention", dataset=config.protocol.datasets[0])
+model_run = kit.find_run(main_results, ca_study.DECLARED.method, dataset=config.protocol.datasets[0])
 test_set = load_datasets(model_run.config)["query"]
-triples = ca_study.attention_triples(test_set.labels, config.attention_examples, seed=0)
+triples = attention_triples(test_set.labels, config.attention_examples, seed=0)
 figure = ca_study.attention_figure(model_run.method, test_set, triples, blocks=config.attention_blocks)
 plots.save_and_show(figure, "cross_attention_maps", study=config.protocol.study)
 plt.show()
-statistics = ca_study.attention_statistics(model_run.method, test_set, triples)
+statistics = pd.DataFrame.from_dict(attention_statistics(model_run.method, test_set, triples), orient="index")
+statistics = statistics.rename_axis("block").round(3)
 display(statistics)
 readings.append(ca_study.attention_reading(statistics))
 print(readings[-1])
@@ -209,9 +213,8 @@ print(readings[-1])
 # chance.
 
 # %%
-figure, parts = ca_study.part_discovery(
-    model_run.method, test_set, queries=config.part_queries, neighbours=config.part_neighbours, seed=0
-)
+maps = feature_maps(model_run.method, test_set, device=kit.device_of(model_run.method))  # N × C × H × W
+figure, parts = local_parts_figure(maps, test_set, queries=config.part_queries, neighbours=config.part_neighbours)
 plots.save_and_show(figure, "cross_attention_parts", study=config.protocol.study)
 plt.show()
 display(parts)
@@ -226,10 +229,9 @@ print(readings[-1])
 # count only at training time; at inference the cross-attention model has exactly the baseline's parameters.
 
 # %%
-if config.larger_backbone:
-    variants = ca_study.parameter_variants(config.larger_backbone, config.protocol)
-    parameter_results = kit.run_variants(ablation, ablations.grid(variants), datasets=config.ablation_datasets)
-    table, sentences = ca_study.parameter_table(parameter_results, larger=variants["larger"][0])
+if ablations.enabled(ca_study.DECLARED, "parameters", config):
+    parameter_results = ablations.run_table(ca_study.DECLARED, "parameters", config)
+    table, sentences = ca_study.parameter_table(parameter_results, config)
     readings += sentences
     print(ablation.protocol_text(), "on", config.ablation_datasets)
     display(table)

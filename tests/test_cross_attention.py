@@ -275,7 +275,7 @@ def test_every_option_trains_a_step(tiny_config, method_kwargs):
 
 def test_the_declared_variants_keep_their_run_names():
     from dmlstudy.experiments import ablations
-    from dmlstudy.experiments import cross_attention as study
+    from dmlstudy.experiments.papers import cross_attention as study
 
     declared, final = study.DECLARED, ablations.FINAL_EVALUATION_ONLY
     config = study.CrossAttentionStudy(block_counts=[0, 2, 6], options=["residual"])
@@ -291,7 +291,15 @@ def test_the_declared_variants_keep_their_run_names():
     )
     options = ablations.table_rows(declared, "options", config)
     assert [name for name, _ in options.values()] == ["cross_attention", "cross_attention-residual=True"]
-    assert study.parameter_variants("test_resnet", config.protocol)["larger"] == (
-        "ms-backbone=test_resnet",
-        {"method": "ms", "backbone": "test_resnet", "output_stride": 16, **final},
-    )
+    parameters = ablations.table_rows(declared, "parameters", config)
+    assert [name for name, _ in parameters.values()] == ["ms", "cross_attention", "ms-backbone=test_resnet"]
+    assert list(parameters.values())[-1][1] == {"method": "ms", "backbone": "test_resnet", "output_stride": 16, **final}
+    gradients = ablations.table_rows(declared, "gradients")
+    assert [name for name, _ in gradients.values()] == [
+        "ms",
+        "cross_attention-num_blocks=1",
+        "cross_attention-num_blocks=2",
+        "cross_attention",
+        "cross_attention-residual=True",
+        "cross_attention-unconditional_loss=True",
+    ]

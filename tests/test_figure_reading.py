@@ -18,9 +18,9 @@ import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from dmlstudy import explanations, plots  # noqa: E402
-from dmlstudy.experiments import cross_attention, dgcrl, tables  # noqa: E402
+from dmlstudy.experiments import dgcrl, tables  # noqa: E402
 from dmlstudy.experiments.claims import CLAIMS, claims_table, forest_figure  # noqa: E402
-from dmlstudy.experiments.papers import crt, diml  # noqa: E402
+from dmlstudy.experiments.papers import cross_attention, crt, diml  # noqa: E402
 from dmlstudy.methods import build_method  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.rows import RERANK  # noqa: E402

@@ -20,8 +20,8 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from dmlstudy import explanations, plots  # noqa: E402
-from dmlstudy.experiments import cross_attention, dgcrl, tables  # noqa: E402
-from dmlstudy.experiments.papers import crt, diml  # noqa: E402
+from dmlstudy.experiments import dgcrl, tables  # noqa: E402
+from dmlstudy.experiments.papers import cross_attention, crt, diml  # noqa: E402
 from dmlstudy.methods import build_method, list_methods  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.rows import RERANK, method_label, row_info  # noqa: E402
@@ -279,6 +279,13 @@ def explanation_figure(method, dataset, indices, **options) -> plt.Figure:
     return explanations.explanation_figure([(method.explain(images, **options), indices)], dataset)
 
 
+def part_discovery(method, dataset, **options):
+    """The local parts of ``method``'s backbone feature maps on ``dataset``, as notebook 30 draws them."""
+    from dmlstudy.methods.cross_attention import feature_maps
+
+    return explanations.local_parts_figure(feature_maps(method, dataset), dataset, **options)
+
+
 def credit_lines(figure: plt.Figure, dataset) -> list[str]:
     """The text :func:`dmlstudy.plots.credit` adds for ``dataset`` under a figure of ``figure``'s size."""
     blank = plots.credit(plt.figure(figsize=figure.get_size_inches()), dataset)
@@ -300,7 +307,7 @@ def test_cross_attention_image_figures_carry_the_credit_and_keep_bars_and_titles
     triples = [(0, 1, int(others[0])), (2, 3, int(others[1]))]
     figure = cross_attention.attention_figure(method, dataset, triples, blocks=(1, 2))
     narrow = cross_attention.attention_figure(method, dataset, triples[:1], blocks=(2,))  # one block column
-    parts, _ = cross_attention.part_discovery(method, dataset, queries=1, neighbours=2)
+    parts, _ = part_discovery(method, dataset, queries=1, neighbours=2)
     for drawn in (figure, narrow, parts):
         expected = credit_lines(drawn, dataset)
         assert expected and set(expected) <= {text.get_text() for text in drawn.texts}
@@ -319,12 +326,12 @@ def test_cross_attention_image_figures_carry_the_credit_and_keep_bars_and_titles
 
 
 def test_the_parts_table_and_its_sentence_give_chance_in_percent_as_they_give_the_share(tiny_config):
-    from dmlstudy.experiments.cross_attention.tables import parts_reading
+    from dmlstudy.experiments.papers.cross_attention import parts_reading
     from dmlstudy.run.data import load_datasets
 
     dataset = load_datasets(tiny_config())["query"]
     method = build_method("cross_attention", backbone=build_backbone("dml_convnet"), num_classes=4, num_blocks=2).eval()
-    _, table = cross_attention.part_discovery(method, dataset, queries=2, neighbours=3)
+    _, table = part_discovery(method, dataset, queries=2, neighbours=3)
     assert "chance (%)" in table.columns and "chance" not in table.columns
     labels = np.asarray(dataset.labels)
     for query, chance in zip(table["query image"], table["chance (%)"]):

@@ -158,6 +158,25 @@ def test_the_modules_read_the_papers_numbers_from_the_file():
     assert dgcrl.PAPER_TABLE1["CUB"]["dgcrl"][0] == 67.9
 
 
+def test_a_declared_row_can_train_on_the_backbone_a_notebook_parameter_names():
+    from types import SimpleNamespace
+
+    from dmlstudy.experiments import ablations
+    from dmlstudy.experiments.kit import backbone_overrides
+    from dmlstudy.run.protocol import ProtocolConfig
+
+    row = {"method": "ms", "backbone": "bigger", "final_evaluation": True}
+    declared = ablations.Declaration("x", "ms", {"silent": ["output_stride"]}, {"t": {"rows": {"big": row}}})
+    protocol = ProtocolConfig()
+    for backbone in ("test_resnet", "test_vit", protocol.backbone):
+        config = SimpleNamespace(protocol=protocol, bigger=backbone)
+        overrides = backbone_overrides(backbone, protocol)
+        name = "-".join(["ms", *(f"{k}={v}" for k, v in overrides.items() if k != "output_stride")])
+        spec = {"method": "ms", **overrides, **ablations.FINAL_EVALUATION_ONLY}
+        assert ablations.table_rows(declared, "t", config) == {"big": (name, spec)}
+    assert overrides == {}  # the protocol's own backbone needs no override
+
+
 @pytest.mark.parametrize("plan", sorted(p.stem for p in (ROOT / "plans" / "papers").glob("*.yaml")))
 def test_paper_plans_and_readme_quote_the_file(plan):
     reported = papers.reported(plan)

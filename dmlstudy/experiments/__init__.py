@@ -15,7 +15,7 @@ NOTEBOOK_CONFIGS = {
     "01_train.ipynb": "dmlstudy.experiments.one_run:OneRun",
     "10_crt.ipynb": "dmlstudy.experiments.papers.crt:CRTStudy",
     "20_diml.ipynb": "dmlstudy.experiments.papers.diml:DIMLStudy",
-    "30_cross_attention.ipynb": "dmlstudy.experiments.cross_attention:CrossAttentionStudy",
+    "30_cross_attention.ipynb": "dmlstudy.experiments.papers.cross_attention:CrossAttentionStudy",
     "40_dgcrl.ipynb": "dmlstudy.experiments.dgcrl:DGCRLStudy",
     "90_compare.ipynb": "dmlstudy.experiments.compare:CompareStudy",
     "95_explore.ipynb": "dmlstudy.experiments.explore:ExploreConfig",

@@ -33,12 +33,14 @@ A declaration (``paper`` and ``method`` required)::
         readings: best_worst
 
 A row: ``kwargs`` (the method's keywords), ``overrides`` (TrainConfig fields), ``method`` (another method),
-``shared`` (a shared variant of :data:`dmlstudy.rows.SHARED_VARIANTS`, under its own name), ``name`` (a fixed run
-name), ``explicit`` (keywords named even at their default), ``final_evaluation`` (a run only this table reads: its
-test classes evaluated after the last epoch only, which changes no training). A table of rows may name
-``parameters``: keywords of its rows' method set from the notebook parameters of the same name (a row's own
-``kwargs`` win; at their default they are left out as usual). A sweep: ``kwarg`` (a keyword of the
-method; its default is a row too unless ``default: false``; ``explicit`` names the keyword even at its default;
+``shared`` (a shared variant of :data:`dmlstudy.rows.SHARED_VARIANTS`, under its own name), ``backbone`` (the
+notebook parameter naming a backbone to train on, with the overrides it needs: :func:`~dmlstudy.experiments.kit.
+backbone_overrides`), ``name`` (a fixed run name), ``explicit`` (keywords named even at their default),
+``final_evaluation`` (a run only this table reads: its test classes evaluated after the last epoch only, which
+changes no training). A table of rows may name ``parameters``: keywords of its rows' method set from the notebook
+parameters of the same name (a row's own ``kwargs`` win; at their default they are left out as usual).
+A sweep: ``kwarg`` (a keyword of the method; its default is a row too unless ``default: false``; ``explicit`` names
+the keyword even at its default;
 ``final_evaluation`` as for a row), ``override`` with ``per`` (a TrainConfig field, the swept value divided
 by the protocol's ``per``; the protocol's product is the reference), or ``choices`` (named rows, ``reference``
 always shown, the others as the parameter lists them). ``paper``: ``table`` of papers.yaml, its values by row label
@@ -59,7 +61,7 @@ from typing import Any
 import pandas as pd
 
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments.kit import method_defaults, paper_dataset, recall_columns
+from dmlstudy.experiments.kit import backbone_overrides, method_defaults, paper_dataset, recall_columns
 from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.methods import METHODS
 from dmlstudy.rows import SHARED_VARIANTS
@@ -161,15 +163,18 @@ def _suffixes(declared: Declaration, kept: Mapping[str, Any]) -> str:
     )
 
 
-def row_variant(declared: Declaration, row: Mapping[str, Any]) -> Variant:
-    """The variant of one declared row (see the module docstring)."""
+def row_variant(declared: Declaration, row: Mapping[str, Any], config: Any = None) -> Variant:
+    """The variant of one declared row (see the module docstring); a ``backbone`` row reads the notebook ``config``."""
     if row.get("shared"):
         return row["shared"], dict(SHARED_VARIANTS[row["shared"]])
+    overrides = dict(row.get("overrides") or {})
+    if row.get("backbone"):
+        overrides.update(backbone_overrides(getattr(config, row["backbone"]), config.protocol))
     name, spec = variant(
         declared,
         method=row.get("method", ""),
         kwargs=row.get("kwargs"),
-        overrides=row.get("overrides"),
+        overrides=overrides,
         explicit=row.get("explicit", ()),
     )
     if row.get("name"):
@@ -193,7 +198,7 @@ def table_rows(declared: Declaration, table: str, config: Any = None) -> dict[An
         if unknown:
             raise KeyError(f"{declared.paper} table {table!r}: unknown rows {unknown}; declared: {list(rows)}")
         from_config = {key: getattr(config, key) for key in spec.get("parameters") or ()}
-        return {label: row_variant(declared, _with_kwargs(rows[label] or {}, from_config)) for label in chosen}
+        return {label: row_variant(declared, _with_kwargs(rows[label] or {}, from_config), config) for label in chosen}
     sweep = spec["sweep"]
     values = list(getattr(config, sweep["parameter"])) if config is not None else []
     if "choices" in sweep:
@@ -202,7 +207,7 @@ def table_rows(declared: Declaration, table: str, config: Any = None) -> dict[An
         if unknown:
             raise KeyError(f"parameter {sweep['parameter']!r}: unknown {unknown}; valid: {sorted(choices)}")
         order = [sweep["reference"], *[name for name in choices if name in values and name != sweep["reference"]]]
-        return {name: row_variant(declared, choices[name] or {}) for name in order}
+        return {name: row_variant(declared, choices[name] or {}, config) for name in order}
     fixed = dict(sweep.get("with") or {})
     if "kwarg" in sweep:
         reference = method_defaults(METHODS[declared.method])[sweep["kwarg"]]

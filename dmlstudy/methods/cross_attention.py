@@ -420,3 +420,49 @@ class AttentionRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+@torch.no_grad()
+def recorded_attention(
+    method: CrossAttention, images: torch.Tensor, *, num_levels: int | None = None
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The backbone feature maps of ``images`` (eval mode) and the attention weights of every level of their
+    hierarchy, as :class:`AttentionRecorder` holds them (level n at index n − 1, each ``B × B × T``)."""
+    was_training = method.training
+    method.eval()
+    with AttentionRecorder(method) as recorder:
+        maps = method.backbone(images)
+        method.conditional_embeddings(maps, num_levels=num_levels)
+    method.train(was_training)
+    return maps, recorder.maps
+
+
+def attention_triples(labels: np.ndarray, count: int, *, seed: int = 0) -> list[tuple[int, int, int]]:
+    """``count`` seeded triples (x, a, b): a from x's class, b from another class."""
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels)
+    triples = []
+    for x in rng.permutation(len(labels)):
+        same = np.flatnonzero((labels == labels[x]) & (np.arange(len(labels)) != x))
+        other = np.flatnonzero(labels != labels[x])
+        if len(same) and len(other):
+            triples.append((int(x), int(rng.choice(same)), int(rng.choice(other))))
+        if len(triples) == count:
+            break
+    return triples
+
+
+def attention_statistics(method: CrossAttention, dataset, triples: Sequence[tuple[int, int, int]]) -> dict:
+    """Per block n (from 1): the mean entropy of the attention over all pairs of each triple (nats; uniform is
+    log T) and the mean total-variation distance between x's maps conditioned on a and on b, over triples
+    (x, a, b) of ``dataset`` indices — the numbers behind the paper's "deeper blocks focus on fewer details"."""
+    device = next(method.parameters()).device
+    statistics: dict[int, dict[str, list[float]]] = {}
+    for triple in triples:
+        _, levels = recorded_attention(method, torch.stack([dataset[i][0] for i in triple]).to(device))
+        for level, weights in enumerate(levels, start=1):
+            entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1)
+            values = statistics.setdefault(level, {"entropy": [], "TV(x|a, x|b)": []})
+            values["entropy"].append(float(entropy.mean()))
+            values["TV(x|a, x|b)"].append(0.5 * float((weights[0, 1] - weights[0, 2]).abs().sum()))
+    return {level: {key: float(np.mean(v)) for key, v in values.items()} for level, values in statistics.items()}
