@@ -4,7 +4,7 @@ Two measurements, each interleaved over the losses (alternating order each round
 median over rounds) in one process, so a shared machine slows every loss alike:
 
 * **full step**: forward through the backbone, loss, backward, AdamW step, on one random batch of the
-  protocol's shape (:func:`dmlstudy.experiments.dgcrl.step_seconds`); × the steps of one full pass over
+  protocol's shape (:func:`dmlstudy.experiments.kit.step_seconds`: each model and optimizer built as its run builds them); × the steps of one full pass over
   SynBirds' training set gives seconds per epoch;
 * **loss only**: the loss and its backward on fixed ``B × d`` features (what the loss itself costs: the
   part of the step in which the losses differ).
@@ -28,8 +28,8 @@ import platform
 import numpy as np
 import torch
 
-from dmlstudy.experiments import dgcrl as study
-from dmlstudy.experiments.kit import as_grid
+from dmlstudy.experiments import ablations, kit
+from dmlstudy.experiments.papers import dgcrl
 from dmlstudy.methods import build_method
 from dmlstudy.methods.dgcrl import DGCRL, normalize_scale
 from dmlstudy.models import build_backbone
@@ -39,8 +39,11 @@ VARIANTS = ("ms", "softmax", "dgcrl", "dgcrl-decor=code", "dgcrl-decor=none", "g
 
 
 def variant_specs() -> dict[str, dict]:
-    specs = dict(study.named_variants(["ms", "softmax", "dgcrl", "gcrl", "triplet-ns", "lifted-ns"]))
-    specs.update(as_grid(study.decorrelation_variants(["code", "none"])))
+    """The run specs of :data:`VARIANTS`, as the declaration ``papers/dgcrl.yaml`` writes them."""
+    config = dgcrl.DGCRLStudy(losses=["gcrl", "triplet-ns", "lifted-ns"], decorrelations=["code", "none"])
+    specs = {}
+    for table in ("main", "losses", "decorrelation"):
+        specs.update(ablations.grid(ablations.table_rows(dgcrl.DECLARED, table, config)))
     return {name: specs[name] for name in VARIANTS}
 
 
@@ -48,7 +51,7 @@ def loss_only_seconds(
     protocol: ProtocolConfig, specs: dict[str, dict], *, num_classes: int, rounds: int, clock: str = "wall"
 ) -> dict[str, float]:
     """Median seconds of loss + backward on fixed features (no backbone), interleaved over the variants."""
-    now = study.CLOCKS[clock]
+    now = kit.CLOCKS[clock]
     torch.manual_seed(0)
     batch = protocol.classes_per_batch * protocol.samples_per_class
     labels = torch.arange(protocol.classes_per_batch).repeat_interleave(protocol.samples_per_class) % num_classes
@@ -101,7 +104,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument(
         "--clock",
-        choices=sorted(study.CLOCKS),
+        choices=sorted(kit.CLOCKS),
         default="wall",
         help="wall time, or this process's CPU time (steadier on a shared machine; use with --threads 1)",
     )
@@ -110,7 +113,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     protocol = ProtocolConfig()
     specs = variant_specs()
-    full = study.step_seconds(protocol, specs, num_classes=args.classes, rounds=args.rounds, clock=args.clock)
+    full = kit.step_seconds(protocol, specs, num_classes=args.classes, rounds=args.rounds, clock=args.clock)
     loss_only = loss_only_seconds(protocol, specs, num_classes=args.classes, rounds=args.rounds, clock=args.clock)
     reference = full["dgcrl"]
     print(

@@ -81,16 +81,17 @@
 # The defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
 # `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
 # mapping: a plan gives each notebook the same one, and the keys left out keep their CI-sized defaults.
-# Every sweep parameter is a list; an empty list leaves only the default setting in that table.
+# Every sweep parameter is a list; an empty list skips that table. The tables, their variants and the paper's numbers
+# beside them are declared in `dmlstudy/experiments/papers/dgcrl.yaml`.
 
 # %% tags=["parameters"]
 protocol: dict = {'study': 'notebook-40_dgcrl'}  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
-main_variants: list = ['ms', 'softmax', 'dgcrl']  # main table on every dataset and seed
+main_variants: list = ['ms', 'softmax', 'dgcrl']  # main table rows (all seeds)
 ablation_datasets: list = ['synbirds']  # datasets of the ablation tables
 ablation_seeds: list = [0]  # seeds of the ablation tables
 alphas: list = [1.0]  # α of the N-S sweep (Fig. 3: 1 … 256); 128 is always added
-lambdas: list = []  # λ of the Gram–Schmidt push (Table 2: 0, .1, .2, .4); 0.1 is added
-losses: list = ['triplet-ns']  # Table 3 losses (triplet-ns, lifted-ns, gcrl); dgcrl is added
+lambdas: list = []  # λ of the Gram–Schmidt push (Table 2: 0, .1, .2, .4); 0.1 added
+losses: list = ['triplet-ns']  # Table 3: triplet-ns, lifted-ns, gcrl; dgcrl added
 decorrelations: list = []  # beside the default paper hook: code, none
 table_ks: list = [1, 2, 4, 8, 16, 32]  # K of the Recall@K tables (the paper's)
 accuracy_items: int = 128  # training images scored with the centres (Fig. 3, right)
@@ -103,11 +104,11 @@ tsne_iterations: int = 300  # t-SNE optimisation steps (scikit-learn's minimum i
 
 # %%
 from dmlstudy import plots
-from dmlstudy.experiments import dgcrl as dgcrl_study
-from dmlstudy.experiments import kit
+from dmlstudy.experiments import ablations, kit
+from dmlstudy.experiments.papers import dgcrl
 from dmlstudy.records import seed_everything
 
-config = dgcrl_study.DGCRLStudy.from_namespace(globals())
+config = dgcrl.DGCRLStudy.from_namespace(globals())
 ablation = config.ablation_protocol()
 seed_everything(0)
 readings = []  # every table's computed reading, gathered at the end
@@ -125,7 +126,7 @@ print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_data
 
 # %%
 for equal in (True, False):
-    gap = dgcrl_study.distance_softmax_gap(equal_norms=equal)
+    gap = dgcrl.distance_softmax_gap(equal_norms=equal)
     print(f"equal centre norms = {equal!s:5}: max |softmax(x̂·W) − softmax(−½‖x̂ − w‖²)| = {gap:.2e}")
 
 # %% [markdown]
@@ -140,28 +141,27 @@ for equal in (True, False):
 # it now competes with the loss — which is what the λ table below measures on real training.
 
 # %%
-figure = dgcrl_study.toy_figure(steps=config.toy_steps)
+figure = dgcrl.toy_figure(steps=config.toy_steps)
 plots.save_and_show(figure, "dgcrl_toy_decorrelation", study=config.protocol.study)
 # %% [markdown]
 # ## MS baseline vs softmax without N-S vs DGCRL
 #
 # The headline comparison on the protocol's datasets (the default study: emoji), every seed. `ms` is the study's baseline (pooled
 # feature → FC → Multi-Similarity); `softmax` is DGCRL's head trained as a plain classifier; `dgcrl` adds the
-# N-S layer, the margin and the `paper` decorrelation. The paper's Table 1 R@1 (DGCRL) is beside ours.
+# N-S layer, the margin and the `paper` decorrelation. The paper's Table 1 R@1 (DGCRL; the paper has no softmax row)
+# is beside ours.
 
 # %%
-main_results = kit.run_variants(config.protocol, dgcrl_study.named_variants(config.main_variants))
-table, sentences = dgcrl_study.main_table(main_results)
-readings += kit.report(
-    config.protocol, table, sentences, title="MS vs softmax without N-S vs DGCRL (R@K, MAP@R, NMI in %)"
-)
+main_results, sentences = ablations.run_and_report(dgcrl.DECLARED, "main", config)
+readings += sentences
 
 # %% [markdown]
 # ## Ablations
 #
 # The paper's ablations, CPU-sized: run on `ablation_datasets` with `ablation_seeds` (often one seed: a
-# difference of a point or two is then not evidence). Settings that coincide share one run: α = 128,
-# λ = 0.1 and the `paper` decorrelation are all the `dgcrl` run.
+# difference of a point or two is then not evidence). Settings that coincide share one run: λ = 0.1 and the `paper`
+# decorrelation are the `dgcrl` run; the α sweep names its α = 128 point (`dgcrl-alpha=128`), since the plain `dgcrl`
+# row takes the study's tuned values.
 #
 # ### The scale α (paper Fig. 3)
 #
@@ -172,21 +172,14 @@ readings += kit.report(
 # accuracy with low test recall is the overfitting the paper attributes to small α.
 
 # %%
-variants = dgcrl_study.alpha_variants(config.alphas)
-results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
-alpha_seed_rows = dgcrl_study.alpha_runs(results, variants, ks=config.table_ks, items=config.accuracy_items)
-alpha_frame = dgcrl_study.alpha_means(alpha_seed_rows)
-shown = alpha_frame.assign(
-    **{c: (100 * alpha_frame[c]).round(1) for c in alpha_frame.columns if c.startswith("R@") or c == "train accuracy"}
-)
-readings += kit.report(
-    ablation,
-    shown,
-    dgcrl_study.alpha_sentence(alpha_seed_rows),
-    title="α sweep (%; paper: " + dgcrl_study.PAPER_ALPHA + ")",
-)
-figure = dgcrl_study.alpha_figure(alpha_frame)
-plots.save_and_show(figure, "dgcrl_alpha_sweep", study=config.protocol.study)
+if ablations.enabled(dgcrl.DECLARED, "α", config):
+    results, _ = ablations.run_and_report(dgcrl.DECLARED, "α", config)
+    alpha_runs = ablations.run_frame(dgcrl.DECLARED, "α", results, config)
+    for sentence in dgcrl.alpha_readings(alpha_runs):
+        print("→", sentence)
+        readings.append(f"α sweep — {sentence}")
+    figure = dgcrl.alpha_figure(alpha_runs)
+    plots.save_and_show(figure, "dgcrl_alpha_sweep", study=config.protocol.study)
 # %% [markdown]
 # ### The weight λ of the Gram–Schmidt push (paper Table 2)
 #
@@ -196,10 +189,7 @@ plots.save_and_show(figure, "dgcrl_alpha_sweep", study=config.protocol.study)
 # cross-entropy gradient — the "centre |cos|" column shows whether it moved the centres at all.
 
 # %%
-variants = dgcrl_study.lambda_variants(config.lambdas)
-results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
-table, sentences = dgcrl_study.lambda_table(results, variants, ks=config.table_ks)
-readings += kit.report(ablation, table, sentences, title="λ (R@K in %)")
+readings += ablations.run_and_report(dgcrl.DECLARED, "λ", config)[1]
 
 # %% [markdown]
 # ### The three decorrelations side by side
@@ -208,10 +198,7 @@ readings += kit.report(ablation, table, sentences, title="λ (R@K in %)")
 # column is the mean |cos| between the final centres.
 
 # %%
-variants = dgcrl_study.decorrelation_variants(config.decorrelations)
-results = kit.run_variants(ablation, kit.as_grid(variants), datasets=config.ablation_datasets)
-table, sentences = dgcrl_study.decorrelation_table(results, variants, ks=config.table_ks)
-readings += kit.report(ablation, table, sentences, title="Decorrelation variants (R@K in %)")
+readings += ablations.run_and_report(dgcrl.DECLARED, "decorrelation", config)[1]
 
 # %% [markdown]
 # ### Losses at equal settings (paper Table 3) and training speed
@@ -231,21 +218,20 @@ readings += kit.report(ablation, table, sentences, title="Decorrelation variants
 #
 
 # %%
-variants = dgcrl_study.loss_variants(config.losses)
-results = kit.run_variants(ablation, variants, datasets=config.ablation_datasets)
-num_classes = dgcrl_study.train_classes_of(ablation, config.ablation_datasets[0])
-seconds = dgcrl_study.step_seconds(
-    ablation, variants, num_classes=num_classes, rounds=config.timing_rounds, clock=config.timing_clock
-)
-print(
-    f"side-by-side seconds per training step ({config.timing_clock} clock):",
-    {name: round(value, 4) for name, value in seconds.items()},
-)
-frame = dgcrl_study.loss_frame(results, ks=config.table_ks, step_seconds_by_variant=seconds)
-table, sentences = dgcrl_study.loss_table(frame)
-readings += kit.report(ablation, table, sentences, title="Losses at equal settings (R@K in %)")
-figure = dgcrl_study.loss_curves(results)
-plots.save_and_show(figure, "dgcrl_loss_curves", study=config.protocol.study)
+if ablations.enabled(dgcrl.DECLARED, "losses", config):
+    results = ablations.run_table(dgcrl.DECLARED, "losses", config)
+    variants = ablations.grid(ablations.table_rows(dgcrl.DECLARED, "losses", config))
+    seconds = kit.step_seconds(
+        ablation, variants, dataset=config.ablation_datasets[0], rounds=config.timing_rounds, clock=config.timing_clock
+    )
+    print(
+        f"side-by-side seconds per training step ({config.timing_clock} clock):",
+        {name: round(value, 4) for name, value in seconds.items()},
+    )
+    table, sentences = dgcrl.loss_table(dgcrl.loss_frame(results, config, step_seconds=seconds))
+    readings += kit.report(ablation, table, sentences, title=dgcrl.DECLARED.table("losses")["title"])
+    figure = dgcrl.loss_curves(results)
+    plots.save_and_show(figure, "dgcrl_loss_curves", study=config.protocol.study)
 # %% [markdown]
 # ## t-SNE of the test embeddings
 #
@@ -254,11 +240,15 @@ plots.save_and_show(figure, "dgcrl_loss_curves", study=config.protocol.study)
 # Fig. 4 shows DGCRL's clusters on CUB and Cars.
 
 # %%
-pool = kit.run_variants(
-    ablation, dgcrl_study.named_variants(config.tsne_variants), datasets=config.ablation_datasets[:1]
-)
-figure = dgcrl_study.tsne_figure(
-    pool, variants=config.tsne_variants, classes=config.tsne_classes, iterations=config.tsne_iterations
+variants = ablations.grid(ablations.table_rows(dgcrl.DECLARED, "tsne", config))
+pool = kit.run_variants(ablation, variants, datasets=config.ablation_datasets[:1])
+figure = kit.projection_figure(
+    kit.first_seed_embeddings(pool, variants=config.tsne_variants),
+    kind="tsne",
+    classes=config.tsne_classes,
+    seed=0,
+    title=pool[0][1].config.dataset,
+    iterations=config.tsne_iterations,
 )
 plots.save_and_show(figure, "dgcrl_tsne", study=config.protocol.study)
 # %% [markdown]

@@ -235,8 +235,8 @@ def test_a_claim_the_epoch_cap_left_undecided_gets_no_more_seeds():
 
 
 def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
-    from dmlstudy.experiments import ablations, cross_attention, dgcrl
-    from dmlstudy.experiments.papers import crt
+    from dmlstudy.experiments import ablations, cross_attention
+    from dmlstudy.experiments.papers import crt, dgcrl
 
     crt_config = crt.CRTStudy(lambda2_values=[0.0])
     trained = {
@@ -247,7 +247,7 @@ def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
                 cross_attention.DECLARED, "blocks", cross_attention.CrossAttentionStudy(block_counts=[0, 2, 6])
             )
         ),
-        **kit.as_grid(dgcrl.alpha_variants([1, 16])),
+        **ablations.grid(ablations.table_rows(dgcrl.DECLARED, "α", dgcrl.DGCRLStudy(alphas=[1, 16]))),
     }
     variants = claim_variants()
     compare_only = {"cross_attention-residual=True"}  # trained by 90_compare itself, in both regimes

@@ -286,16 +286,18 @@ def test_every_variant_trains_a_step(tiny_config, method, kwargs):
         assert result.history["train_accuracy"].between(0, 1).all()
 
 
-def _r1_runs(values: dict[str, list[float]]):
+def _run(variant: str, seed: int, r1: float, *, dataset: str = "synbirds", embeddings=None, labels=None):
+    """A finished run as the study tables read it: its config, metrics, history and stored test embeddings."""
+    from types import SimpleNamespace
+
+    import numpy as np
     import pandas as pd
 
-    return pd.DataFrame(
-        [
-            {"dataset": "synbirds", "variant": variant, "seed": seed, "R@1": value}
-            for variant, runs in values.items()
-            for seed, value in enumerate(runs)
-        ]
+    config = SimpleNamespace(
+        dataset=dataset, method="dgcrl", seed=seed, method_kwargs={}, run_dir="", patience=2, warmup_epochs=0
     )
+    stored = {"embeddings": embeddings if embeddings is not None else np.eye(2), "labels": labels or [0, 1]}
+    return variant, SimpleNamespace(config=config, metrics={"R@1": r1}, history=pd.DataFrame(), embeddings=stored)
 
 
 @pytest.mark.parametrize(
@@ -307,31 +309,67 @@ def _r1_runs(values: dict[str, list[float]]):
         ([0.20, 0.21, 0.22], "reversed"),
     ],
 )
-def test_dgcrl_reading_follows_the_paired_verdict_rule(dgcrl, verdict):
-    from dmlstudy.experiments.dgcrl import main_sentence
+def test_declared_main_readings_follow_the_paired_verdict_rule(dgcrl, verdict):
+    from dmlstudy.experiments import ablations
+    from dmlstudy.experiments.papers import dgcrl as study
 
-    frame = _r1_runs({"dgcrl": dgcrl, "softmax": [0.28, 0.30, 0.32], "ms": [0.45, 0.46, 0.47]})
-    sentence = main_sentence(frame, "synbirds")
-    assert sentence.split("pipeline): ")[1].startswith(verdict)
-    assert "DGCRL − MS: " in sentence and "→ reversed" in sentence  # −5, −5, −5 points against MS
-    assert main_sentence(frame[frame["variant"] != "softmax"], "synbirds").endswith(
-        "cannot be checked (no softmax run)."
+    values = {"ms": [0.45, 0.46, 0.47], "softmax": [0.28, 0.30, 0.32], "dgcrl": dgcrl}
+    results = [_run(name, seed, r1) for name, runs in values.items() for seed, r1 in enumerate(runs)]
+    table, (softmax, ms) = ablations.table(study.DECLARED, "main", results, study.DGCRLStudy())
+    assert softmax.startswith("synbirds: DGCRL − softmax without N-S") and f"→ {verdict}" in softmax
+    assert ms.startswith("synbirds: DGCRL − MS: ") and "→ reversed" in ms  # −5, −5, −5 points against MS
+    assert list(table["paper R@1 (CUB)"]) == ["–", "–", 67.9]  # Table 1 has DGCRL's row only
+    without = study.DGCRLStudy(main_variants=["ms", "dgcrl"])  # a reading naming a row left out is skipped
+    kept = [run for run in results if run[0] != "softmax"]
+    assert [s.split(":")[1] for s in ablations.table(study.DECLARED, "main", kept, without)[1]] == [" DGCRL − MS"]
+
+
+def test_declared_tables_recompute_recall_at_the_notebook_ks_and_add_measured_columns(monkeypatch):
+    """``ks`` recomputes Recall@K from the stored test embeddings (K below the test-set size); ``columns`` adds a
+    per-run measurement of (result, config), shown at its declared decimals."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from dmlstudy.experiments import ablations
+    from dmlstudy.experiments.papers import dgcrl as study
+
+    measure = types.ModuleType("measure")
+    measure.seed_share = lambda result, config: result.config.seed / 8 + config.accuracy_items
+    monkeypatch.setitem(sys.modules, "measure", measure)
+    declared = ablations.Declaration(
+        "dgcrl",
+        "dgcrl",
+        {},
+        {"t": {"rows": {"a": {}}, "ks": "table_ks", "columns": {"share": {"of": "measure:seed_share", "decimals": 3}}}},
     )
+    embeddings = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9], [0.8, 0.2]])
+    labels = [0, 0, 1, 1, 1]  # the last item's two nearest neighbours are of the other class: R@1 = R@2 = 4/5, R@4 = 1
+    results = [_run("dgcrl", seed, 0.0, embeddings=embeddings, labels=labels) for seed in (0, 1)]
+    config = study.DGCRLStudy(table_ks=[1, 2, 4, 8], accuracy_items=1)
+    frame = ablations.run_frame(declared, "t", results, config)
+    assert list(frame["setting"]) == ["a", "a"] and list(frame["share"]) == [1.0, 1.125]
+    assert frame[["R@1", "R@2", "R@4"]].values.tolist() == [[0.8, 0.8, 1.0]] * 2
+    assert "R@8" not in frame  # K = 8 ≥ 5 test items: left out
+    table, _ = ablations.table(declared, "t", results, config)
+    assert table.loc[0, "R@1"] == "80.0 ± 0.0" and table.loc[0, "R@4"] == "100.0 ± 0.0"
+    assert table.loc[0, "share"] == "1.062 ± 0.088"
 
 
 def test_alpha_reading_judges_paired_seeds():
     import pandas as pd
 
-    from dmlstudy.experiments.dgcrl import alpha_sentence
+    from dmlstudy.experiments.papers.dgcrl import alpha_readings
 
     r1 = {1.0: [0.10, 0.12, 0.11], 16.0: [0.402, 0.41, 0.418], 128.0: [0.40, 0.41, 0.42]}
     runs = pd.DataFrame(
         [
-            {"dataset": "synbirds", "alpha": alpha, "seed": seed, "R@1": value}
+            {"dataset": "synbirds", "α": alpha, "seed": seed, "R@1": value}
             for alpha, values in r1.items()
             for seed, value in enumerate(values)
         ]
     )
-    (sentence,) = alpha_sentence(runs)
+    (sentence,) = alpha_readings(runs)
     assert "α = 128 − α = 1: +30.00 R@1 points" in sentence and "→ held (the paper: poor at small α" in sentence
     assert "95 % CI [-0.50, +0.50], 3 paired seeds → equivalent (the paper: stable" in sentence  # −0.2, 0, +0.2

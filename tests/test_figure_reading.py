@@ -18,9 +18,9 @@ import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from dmlstudy import explanations, plots  # noqa: E402
-from dmlstudy.experiments import dgcrl, tables  # noqa: E402
+from dmlstudy.experiments import tables  # noqa: E402
 from dmlstudy.experiments.claims import CLAIMS, claims_table, forest_figure  # noqa: E402
-from dmlstudy.experiments.papers import cross_attention, crt, diml  # noqa: E402
+from dmlstudy.experiments.papers import cross_attention, crt, dgcrl, diml  # noqa: E402
 from dmlstudy.methods import build_method  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.rows import RERANK  # noqa: E402
@@ -193,10 +193,10 @@ WITHOUT_DATA = {  # figure functions that need no dataset
         pd.DataFrame(
             {
                 "dataset": "emoji",
-                "alpha": [1, 16, 128],
+                "α": [1.0, 16.0, 128.0],
                 "R@1": [0.2, 0.3, 0.4],
                 "R@2": [0.3, 0.4, 0.5],
-                "train accuracy": [0.5, 0.7, 0.9],
+                "train accuracy": [50.0, 70.0, 90.0],
             }
         )
     ),

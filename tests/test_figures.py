@@ -20,8 +20,8 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from dmlstudy import explanations, plots  # noqa: E402
-from dmlstudy.experiments import dgcrl, tables  # noqa: E402
-from dmlstudy.experiments.papers import cross_attention, crt, diml  # noqa: E402
+from dmlstudy.experiments import tables  # noqa: E402
+from dmlstudy.experiments.papers import cross_attention, crt, dgcrl, diml  # noqa: E402
 from dmlstudy.methods import build_method, list_methods  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.rows import RERANK, method_label, row_info  # noqa: E402
@@ -140,7 +140,7 @@ def test_a_method_has_one_colour_in_every_figure():
     ms = method_label("ms")
     by_spectrum = {label.split(" (ρ")[0]: style for label, style in spectrum.items()}
     expected = plots.method_style("ms")
-    assert by_spectrum[ms] == timing[ms] == curves[dgcrl.VARIANT_LABELS["ms"]] == (expected.colour, expected.marker)
+    assert by_spectrum[ms] == timing[ms] == curves["ms"] == (expected.colour, expected.marker)
     assert by_spectrum[method_label("crt")] == timing[method_label("crt")]
     assert by_spectrum[ms][0] != by_spectrum[method_label("crt")][0]
 
@@ -195,10 +195,10 @@ def alpha_frame(alphas) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "dataset": "synbirds",
-            "alpha": alphas,
+            "α": [float(alpha) for alpha in alphas],
             "R@1": np.linspace(0.2, 0.4, len(alphas)),
             "R@2": np.linspace(0.3, 0.5, len(alphas)),
-            "train accuracy": np.linspace(0.5, 0.9, len(alphas)),
+            "train accuracy": np.linspace(50.0, 90.0, len(alphas)),
         }
     )
 

@@ -175,7 +175,7 @@ def test_a_study_config_builds_its_protocol_from_one_mapping_parameter():
     """Papermill injects the shared protocol as a dict: the study config builds the ProtocolConfig (keys left out
     keep their defaults, ints become floats where a float is declared), names a wrong value by its key and lists
     the valid keys when one is unknown."""
-    from dmlstudy.experiments.dgcrl import DGCRLStudy
+    from dmlstudy.experiments.papers.dgcrl import DGCRLStudy
     from dmlstudy.run.protocol import ProtocolConfig
 
     config = DGCRLStudy.from_namespace({"protocol": {"seeds": [0, 1], "lr": 1, "regime": "pretrained"}, "alphas": []})

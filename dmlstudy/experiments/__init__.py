@@ -16,7 +16,7 @@ NOTEBOOK_CONFIGS = {
     "10_crt.ipynb": "dmlstudy.experiments.papers.crt:CRTStudy",
     "20_diml.ipynb": "dmlstudy.experiments.papers.diml:DIMLStudy",
     "30_cross_attention.ipynb": "dmlstudy.experiments.papers.cross_attention:CrossAttentionStudy",
-    "40_dgcrl.ipynb": "dmlstudy.experiments.dgcrl:DGCRLStudy",
+    "40_dgcrl.ipynb": "dmlstudy.experiments.papers.dgcrl:DGCRLStudy",
     "90_compare.ipynb": "dmlstudy.experiments.compare:CompareStudy",
     "95_explore.ipynb": "dmlstudy.experiments.explore:ExploreConfig",
 }

@@ -47,12 +47,18 @@ always shown, the others as the parameter lists them). ``paper``: ``table`` of p
 (``by: label``), by swept value (``by: value``) or by stand-in dataset then run name (``by: dataset``), ``pick`` an
 entry of a tuple, ``column`` the column's title. ``readings``: ``[A, B, what]`` (rows by label; optional fourth entry
 ``{metric, pick}``), ``best_worst`` (the values the paper ranks best and worst, among ours) or ``reference`` (each
-row against the reference, no paper number); ``cost: [cheaper, dearer]`` adds the measured cost of the second.
+row against the reference, no paper number); ``cost: [cheaper, dearer]`` adds the measured cost of the second. A
+reading or cost naming a row the table does not show (left out by ``select`` or by the swept values) is skipped.
+``ks`` (a notebook parameter): Recall@K at its K, recomputed from each run's stored test embeddings (K below the
+test-set size) in place of the run's own R@K. ``columns``: per-run measurements, ``{column: "module:function"}`` or
+``{column: {of: "module:function", decimals: 3}}``, each ``function(result, config)`` of a run and the notebook
+config, shown as mean ± std beside the metrics (:func:`run_frame`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +66,7 @@ from typing import Any
 
 import pandas as pd
 
+from dmlstudy import metrics as metric_functions
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments.kit import backbone_overrides, method_defaults, paper_dataset, recall_columns
 from dmlstudy.experiments.papers.numbers import numbers
@@ -68,6 +75,7 @@ from dmlstudy.rows import SHARED_VARIANTS
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult
 from dmlstudy.study.grids import mean_std_table, results_frame, run_grid
+from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import effect_sentence, paired_differences
 
 DECLARATIONS = Path(__file__).with_name("papers")
@@ -288,6 +296,40 @@ def enabled(declared: Declaration, table: str, config: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Tables and their readings
 # ----------------------------------------------------------------------------------------------
+def recall_at(result: RunResult, ks: Sequence[int]) -> dict[str, float]:
+    """Recall@K for ``ks`` (those below the number of test items) from the run's stored test embeddings."""
+    embeddings, labels = result.embeddings["embeddings"], result.embeddings["labels"]
+    usable = [int(k) for k in ks if int(k) < len(labels)]
+    if not usable:
+        return {}
+    return {f"R@{k}": value for k, value in metric_functions.recall_at_k(embeddings, labels, usable).items()}
+
+
+def _measurement(entry: str | Mapping[str, Any]):
+    module, _, function = (entry["of"] if isinstance(entry, Mapping) else entry).partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def run_frame(
+    declared: Declaration, name: str, results: Sequence[tuple[str, RunResult]], config: Any = None
+) -> pd.DataFrame:
+    """One row per run of table ``name`` (:func:`~dmlstudy.study.grids.results_frame`) with the row's label (column
+    ``label``, default ``setting``), Recall@K at the table's ``ks`` and its per-run ``columns``."""
+    spec = declared.table(name)
+    frame = results_frame(list(results))
+    label_of = {variant_name: label for label, (variant_name, _) in table_rows(declared, name, config).items()}
+    frame.insert(1, spec.get("label", "setting"), [label_of.get(v, v) for v in frame["variant"]])
+    ks = [int(k) for k in getattr(config, spec["ks"])] if spec.get("ks") else []
+    if ks:
+        frame = frame.drop(columns=[c for c in frame.columns if c.startswith("R@")])
+    measured = {column: _measurement(entry) for column, entry in (spec.get("columns") or {}).items()}
+    extra = [
+        {**recall_at(result, ks), **{column: f(result, config) for column, f in measured.items()}}
+        for _, result in results
+    ]
+    return pd.concat([frame, pd.DataFrame(extra, index=frame.index)], axis=1)
+
+
 def paper_values(declared: Declaration, spec: Mapping[str, Any], dataset: str) -> dict[Any, Any]:
     """Row key → the paper's number for ``dataset``'s stand-in (``by: dataset``) or for every dataset."""
     paper = spec.get("paper")
@@ -299,6 +341,17 @@ def paper_values(declared: Declaration, spec: Mapping[str, Any], dataset: str) -
     return {
         key: (value[paper["pick"]] if "pick" in paper and value is not None else value) for key, value in values.items()
     }
+
+
+def with_decimals(summary: pd.DataFrame, decimals: Mapping[str, int]) -> pd.DataFrame:
+    """A mean ± std table with each column of ``decimals`` written at its own number of decimals."""
+    for column, places in decimals.items():
+        if f"{column}_mean" in summary:
+            summary[column] = [
+                mean_std_text(m, s, n, decimals=places)
+                for m, s, n in zip(summary[f"{column}_mean"], summary[f"{column}_std"], summary["runs"])
+            ]
+    return summary
 
 
 def _shown(value: Any) -> Any:
@@ -315,9 +368,12 @@ def table(
     per-seed paired differences (:func:`dmlstudy.verdicts.effect_sentence`)."""
     spec = declared.table(name)
     rows = table_rows(declared, name, config)
-    frame = results_frame(list(results))
-    metrics = spec.get("metrics") or [*recall_columns(frame), "MAP@R"]
+    frame = run_frame(declared, name, results, config)
+    measured = spec.get("columns") or {}
+    ks = len(getattr(config, spec["ks"])) if spec.get("ks") else 4
+    metrics = [*(spec.get("metrics") or [*recall_columns(frame, count=ks), "MAP@R"]), *measured]
     summary = mean_std_table(frame, metrics=[m for m in metrics if m in frame.columns])
+    summary = with_decimals(summary, {c: e.get("decimals", 1) for c, e in measured.items() if isinstance(e, Mapping)})
     label_of = {variant_name: label for label, (variant_name, _) in rows.items()}
     shown, sentences = [], []
     key_name = spec.get("label", "setting")
@@ -357,6 +413,8 @@ def _readings(declared, spec, rows, frame, dataset, paper, by_name) -> list[str]
         readings = [[label, reference, f"{label} − {reference}", {"paper": False}] for label in list(rows)[1:]]
     sentences = []
     for a, b, what, *options in readings:
+        if a not in rows or b not in rows:
+            continue
         options = options[0] if options else {}
         metric = options.get("metric", "R@1")
         first, second = paper_of(a), paper_of(b)
@@ -366,7 +424,7 @@ def _readings(declared, spec, rows, frame, dataset, paper, by_name) -> list[str]
         ours = paired_differences(frame, dataset, rows[a][0], rows[b][0], metric)
         unit = "R@1 points" if metric == "R@1" else f"{metric} points"
         sentences.append(effect_sentence(f"{dataset}: {what}", ours=ours, paper=difference, unit=unit))
-    if spec.get("cost"):
+    if spec.get("cost") and all(label in rows for label in spec["cost"]):
         cheaper, dearer = (rows[label][0] for label in spec["cost"])
         paper_cost = numbers(declared.paper, spec["paper_cost"]) if spec.get("paper_cost") else None
         sentences.append(cost_sentence(frame, cheaper=cheaper, dearer=dearer, paper=paper_cost))
@@ -418,11 +476,14 @@ __all__ = [
     "grid",
     "paper_values",
     "report",
+    "recall_at",
     "row_variant",
     "run_and_report",
+    "run_frame",
     "run_table",
     "sweep_variant",
     "table",
     "table_rows",
     "variant",
+    "with_decimals",
 ]

@@ -7,7 +7,8 @@ the method registry and :mod:`dmlstudy.plots`, never a paper module.
 * mean ± std tables and their lookups (:func:`summary`, :func:`lookup`);
 * the papers' numbers beside ours (the verdict rule itself is :mod:`dmlstudy.verdicts`);
 * the papers' numbers as table columns (:func:`paper_column`, :data:`PAPER_DATASET`);
-* the embedding geometry table, projections (t-SNE / UMAP) and the diagram boxes and arrows.
+* the embedding geometry table, projections (t-SNE / UMAP) and the diagram boxes and arrows;
+* the training step of several variants timed side by side (:func:`step_seconds`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import inspect
 import json
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,10 +37,10 @@ from dmlstudy.explanations import explanation_figure
 from dmlstudy.metrics import nearest_neighbors
 from dmlstudy.paths import data_root
 from dmlstudy.run.compute import autocast_context, autocast_dtype, resolve_device
-from dmlstudy.run.data import load_datasets
+from dmlstudy.run.data import load_datasets, training_class_count
 from dmlstudy.run.evaluation import embed
 from dmlstudy.run.protocol import ProtocolConfig
-from dmlstudy.run.train import RunResult, TrainConfig
+from dmlstudy.run.train import RunResult, TrainConfig, build_optimizer
 from dmlstudy.study.grids import mean_std_table, results_frame, run_grid
 from dmlstudy.study.report import mean_std_text
 
@@ -557,3 +559,60 @@ def projection_figure(
     )
     figure.tight_layout()
     return figure
+
+
+# ----------------------------------------------------------------------------------------------
+# The training step of several variants, timed side by side
+# ----------------------------------------------------------------------------------------------
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def step_seconds(
+    protocol: ProtocolConfig,
+    variants: Mapping[str, Mapping[str, Any]],
+    *,
+    dataset: str = "",
+    num_classes: int = 0,
+    rounds: int = 3,
+    seed: int = 0,
+    clock: str = "wall",
+) -> dict[str, float]:
+    """Median seconds of one training step (forward, loss, backward, optimizer step) per variant, measured interleaved
+    in this process (one warm-up step each, the order reversed every other round) on one random batch of the run's
+    shape. Each model and optimizer is built as its run on ``dataset`` (the protocol's first) builds them
+    (:meth:`ProtocolConfig.grid`, :func:`~dmlstudy.run.model.build_model`,
+    :func:`~dmlstudy.run.train.build_optimizer`), with ``num_classes`` training classes (default: the run's).
+
+    ``clock="cpu"`` measures this process's CPU time with torch on one thread (restored afterwards): much steadier
+    than wall time on a machine shared with other jobs; the ratios between variants are what it is for."""
+    from dmlstudy.run.model import build_model
+
+    if clock not in CLOCKS:
+        raise ValueError(f"step_seconds: clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    configs = dict(protocol.with_seeds([seed]).grid(variants, datasets=[dataset or protocol.datasets[0]]))
+    first = next(iter(configs.values()))
+    if first.stem_views:
+        raise ValueError("step_seconds times a step on images; runs on cached stem activations are not supported")
+    classes = num_classes or training_class_count(first)
+    shape = (first.classes_per_batch * first.samples_per_class, 3, first.image_size, first.image_size)
+    images = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    labels = torch.arange(first.classes_per_batch).repeat_interleave(first.samples_per_class) % classes
+    models = {name: build_model(config, classes) for name, config in configs.items()}
+    optimizers = {name: build_optimizer(configs[name], model)[0] for name, model in models.items()}
+    timings: dict[str, list[float]] = {name: [] for name in configs}
+    threads, now = torch.get_num_threads(), CLOCKS[clock]
+    if clock == "cpu":
+        torch.set_num_threads(1)
+    try:
+        for round_index in range(rounds + 1):
+            for name in list(configs) if round_index % 2 == 0 else list(reversed(configs)):
+                started = now()
+                loss, _ = models[name].loss(images, labels)
+                optimizers[name].zero_grad(set_to_none=True)
+                loss.backward()
+                optimizers[name].step()
+                if round_index:
+                    timings[name].append(now() - started)
+    finally:
+        torch.set_num_threads(threads)
+    return {name: float(np.median(values)) for name, values in timings.items()}

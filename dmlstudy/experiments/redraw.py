@@ -48,7 +48,7 @@ def redraw(study: str) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from dmlstudy import plots
-    from dmlstudy.experiments.dgcrl import toy_figure
+    from dmlstudy.experiments.papers.dgcrl import toy_figure
     from dmlstudy.experiments.tables import draw_time_figure, time_summary_of_tables
     from dmlstudy.run.protocol import ProtocolConfig
     from dmlstudy.study.plan import PROTOCOL_PARAMETER
