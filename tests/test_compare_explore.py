@@ -235,8 +235,8 @@ def test_a_claim_the_epoch_cap_left_undecided_gets_no_more_seeds():
 
 
 def test_ablation_claims_name_the_runs_the_paper_notebooks_train():
-    from dmlstudy.experiments import ablations, cross_attention
-    from dmlstudy.experiments.papers import crt, dgcrl
+    from dmlstudy.experiments import ablations
+    from dmlstudy.experiments.papers import cross_attention, crt, dgcrl
 
     crt_config = crt.CRTStudy(lambda2_values=[0.0])
     trained = {
