@@ -1,7 +1,7 @@
 """Benchmark of DIML's re-ranking and training step.
 
 1. Re-ranking throughput (queries/s) of the batched structural similarity
-   (:func:`dmlstudy.transport.candidate_structural_similarity`: a chunk of queries × all their K cosine
+   (:func:`dmlstudy.structural.transport.candidate_structural_similarity`: a chunk of queries × all their K cosine
    candidates per Sinkhorn batch, per-pair stopping) against a straightforward per-pair loop of the same
    algorithm (same float32 operations and stopping rule, one 16 × 16 problem at a time), in torch and in
    numpy. Random L2-normalised embeddings (Q queries searched against themselves, K = 100 candidates from
@@ -36,11 +36,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dmlstudy import metrics, transport  # noqa: E402
+from dmlstudy import metrics  # noqa: E402
 from dmlstudy.methods import build_method  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.run import train
-from dmlstudy.transport import TransportOptions, candidate_structural_similarity  # noqa: E402
+from dmlstudy.structural import transport
+from dmlstudy.structural.transport import TransportOptions, candidate_structural_similarity  # noqa: E402
 
 TINY = torch.finfo(torch.float32).tiny
 

@@ -248,9 +248,9 @@ def _study_run(args: argparse.Namespace) -> int:
 
 
 def _study_publish(args: argparse.Namespace) -> int:
-    from dmlstudy.experiments.publish import publish_plan
     from dmlstudy.paths import PUBLISH_DIFFERENT_BUILD, different_build_message, project_root, study_outputs
     from dmlstudy.study.plan import plan_study
+    from dmlstudy.study.publish import publish_plan
 
     if args.publish_different_build:
         os.environ[PUBLISH_DIFFERENT_BUILD] = "1"
@@ -261,7 +261,7 @@ def _study_publish(args: argparse.Namespace) -> int:
     published = publish_plan(args.plan, root=args.runs_root, html=not args.no_html)
     figures = study_outputs(study, "figures", runs_root_override=args.runs_root or "")
     if (figures / "README.md").is_file():  # written by the plan's notebooks before the copies existed
-        from dmlstudy.experiments.figure_index import write_figures_readme
+        from dmlstudy.study.figure_index import write_figures_readme
 
         write_figures_readme(figures, study=study)  # now it links them
     folder = study_outputs(study, "published", runs_root_override=args.runs_root or "")
@@ -294,7 +294,8 @@ def _use_scheduler(address: str) -> None:
 def _study_robustness(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from dmlstudy.experiments import rerank, robustness
+    from dmlstudy.experiments import rerank
+    from dmlstudy.findings import robustness
     from dmlstudy.paths import runs_root, study_outputs
 
     kept = study_outputs(robustness.STUDY, "results") / robustness.RELATIVES_PER_SEED

@@ -107,7 +107,7 @@ OUTPUT_KINDS = ("results", "figures", "published")
 
 def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "") -> Path:
     """Folder for a study's ``kind`` of output (``"figures"``, ``"results"`` or ``"published"``: its executed
-    notebooks, :mod:`dmlstudy.experiments.publish`).
+    notebooks, :mod:`dmlstudy.study.publish`).
 
     The published study writes to ``<project>/figures``, ``<project>/results`` and ``<project>/published``, the
     other committed ones (:data:`PUBLISHED_STUDIES`: the generated datasets in their two regimes, the headline

@@ -77,12 +77,13 @@ from functools import partial
 import pandas as pd
 from IPython.display import display
 
-from dmlstudy import plots, reranking
+from dmlstudy import plots
 from dmlstudy.experiments import kit
 from dmlstudy.experiments.papers import diml as diml_study
 from dmlstudy.methods.diml import transport_explanation
 from dmlstudy.records import seed_everything
 from dmlstudy.run.data import load_datasets
+from dmlstudy.structural import reranking
 
 config = diml_study.DIMLStudy.from_namespace(globals())
 seed_everything(0)
@@ -137,7 +138,7 @@ example.round(3)
 # %% [markdown]
 # ## Our implementation, and what it decides
 #
-# `dmlstudy/transport.py` and `dmlstudy/methods/diml.py` (tested against slow per-pair loops, an exact assignment solver and
+# `dmlstudy/structural/transport.py` and `dmlstudy/methods/diml.py` (tested against slow per-pair loops, an exact assignment solver and
 # pytorch-metric-learning in `tests/test_diml.py`):
 #
 # * **Grid.** Adaptive average pooling of the backbone map to $G \times G$. The default study's map is

@@ -64,8 +64,10 @@ import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
 from dmlstudy import plots, rows
-from dmlstudy.experiments import claims, compare, figure_index, kit, regime_comparison, tables
+from dmlstudy.experiments import compare, kit, regime_comparison, tables
+from dmlstudy.findings import claims
 from dmlstudy.records import seed_everything
+from dmlstudy.study import figure_index
 from dmlstudy.study.report import write_table
 
 config = compare.CompareStudy.from_namespace(globals())
@@ -154,7 +156,7 @@ if len(comparisons) > 1:
 # %% [markdown]
 # ## Did the papers' claims hold on our data?
 #
-# Every claim of `dmlstudy/experiments/claims.yaml`, one row per claim and dataset: the eight headline
+# Every claim of `dmlstudy/findings/claims.yaml`, one row per claim and dataset: the eight headline
 # claims (each paper's method against its baseline) and the ablation claims the study runs (CRT's
 # components, DIML's grid and truncation, cross-attention's block count, DGCRL's scale α and its speed).
 # Ablation runs are the paper notebooks' (same names, `ablation_datasets` × `ablation_seeds`); the extra

@@ -16,7 +16,7 @@ import yaml
 import dmlstudy.methods as methods
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments import compare, tables
-from dmlstudy.experiments.claims import claims_table, load_claims
+from dmlstudy.findings.claims import claims_table, load_claims
 from dmlstudy.methods import METHOD_INFO, METHODS, build_method, method_info
 from dmlstudy.models import build_backbone
 from dmlstudy.rows import rows_markdown
@@ -168,7 +168,7 @@ def test_the_recipes_method_builds_tunes_and_trains_in_the_comparison_with_its_t
 
     claims_file = tmp_path / "claims.yaml"  # the page's claim, as an entry under `claims:` of claims.yaml
     claims_file.write_text(
-        "claims:\n" + textwrap.indent(recipe_block("claim: dmlstudy/experiments/claims.yaml", "yaml"), "  ")
+        "claims:\n" + textwrap.indent(recipe_block("claim: dmlstudy/findings/claims.yaml", "yaml"), "  ")
     )
     [claim] = load_claims(claims_file)
     assert (claim.a, claim.b, claim.runs) == (circle, "ms", "protocol")

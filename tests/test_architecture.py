@@ -91,8 +91,12 @@ def test_the_rows_of_the_comparison_sit_below_the_figures_tuning_and_the_experim
     graph = import_graph(PACKAGE)
     assert graph["dmlstudy.rows"] == {"dmlstudy.methods"}
     assert "dmlstudy.rows" in graph["dmlstudy.plots"] & graph["dmlstudy.study.tuning"]
-    helpers = ("claims", "tables", "rerank", "regime_comparison", "kit")
-    for name in [*(f"dmlstudy.experiments.{name}" for name in helpers), "dmlstudy.run.protocol"]:
+    helpers = ("tables", "rerank", "regime_comparison", "kit")
+    for name in [
+        *(f"dmlstudy.experiments.{name}" for name in helpers),
+        "dmlstudy.findings.claims",
+        "dmlstudy.run.protocol",
+    ]:
         assert "dmlstudy.experiments.compare" not in reachable(graph, name), name
 
 

@@ -14,9 +14,9 @@ from scipy import stats
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dmlstudy.experiments import claims as claims_module
-from dmlstudy.experiments import compare, explore, figure_index, kit, regime_comparison, rerank, tables  # noqa: E402
-from dmlstudy.experiments.claims import (  # noqa: E402
+from dmlstudy.experiments import compare, explore, kit, regime_comparison, rerank, tables  # noqa: E402
+from dmlstudy.findings import claims as claims_module
+from dmlstudy.findings.claims import (  # noqa: E402
     CLAIMS,
     NO_SELECTION,
     ablation_grid,
@@ -30,6 +30,7 @@ from dmlstudy.experiments.claims import (  # noqa: E402
 from dmlstudy.paths import project_root  # noqa: E402
 from dmlstudy.rows import classic_rows, main_rows  # noqa: E402
 from dmlstudy.run.train import TrainConfig  # noqa: E402
+from dmlstudy.study import figure_index
 
 
 def run_rows(spec):

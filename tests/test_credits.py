@@ -28,8 +28,8 @@ from dmlstudy.data import (
     emoji_sources,
 )
 from dmlstudy.data.base import IMAGE_CREDITS, LICENCES, adaptation_licence, image_credit  # noqa: E402
-from dmlstudy.experiments import figure_index  # noqa: E402
 from dmlstudy.paths import project_root  # noqa: E402
+from dmlstudy.study import figure_index  # noqa: E402
 
 ROOT = project_root()
 FIGURES = ROOT / "figures"

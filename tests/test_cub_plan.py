@@ -13,7 +13,7 @@ import yaml
 
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments import compare
-from dmlstudy.experiments.claims import CLAIMS
+from dmlstudy.findings.claims import CLAIMS
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.study.executor import run_plan
 from dmlstudy.study.plan import load_plan

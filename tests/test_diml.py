@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from scipy.optimize import linear_sum_assignment
 
-import dmlstudy.transport as transport_module
+import dmlstudy.structural.transport as transport_module
 from dmlstudy import metrics
 from dmlstudy.methods import build_method
 from dmlstudy.methods.diml import (
@@ -24,9 +24,9 @@ from dmlstudy.methods.diml import (
     proxy_nca_loss_from_distances,
 )
 from dmlstudy.models import build_backbone
-from dmlstudy.reranking import diml_rerank, rerank_top_k, reranked_retrieval_metrics
 from dmlstudy.run.train import run
-from dmlstudy.transport import (
+from dmlstudy.structural.reranking import diml_rerank, rerank_top_k, reranked_retrieval_metrics
+from dmlstudy.structural.transport import (
     TransportOptions,
     candidate_structural_similarity,
     normalize_marginal,
@@ -87,9 +87,9 @@ def modules_loaded_by(module: str) -> set[str]:
 
 
 def test_transport_and_reranking_work_on_embeddings_without_model_code():
-    assert modules_loaded_by("dmlstudy.transport") == {"dmlstudy", "dmlstudy.transport"}
-    reranking = modules_loaded_by("dmlstudy.reranking")
-    assert "dmlstudy.reranking" in reranking and "dmlstudy.metrics" in reranking
+    assert modules_loaded_by("dmlstudy.structural.transport") == {"dmlstudy", "dmlstudy.structural.transport"}
+    reranking = modules_loaded_by("dmlstudy.structural.reranking")
+    assert "dmlstudy.structural.reranking" in reranking and "dmlstudy.metrics" in reranking
     assert not {name for name in reranking if name.startswith(("dmlstudy.methods", "dmlstudy.models", "dmlstudy.data"))}
 
 

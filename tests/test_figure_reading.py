@@ -19,8 +19,8 @@ from matplotlib.text import Text  # noqa: E402
 
 from dmlstudy import explanations, plots  # noqa: E402
 from dmlstudy.experiments import tables  # noqa: E402
-from dmlstudy.experiments.claims import CLAIMS, claims_table, forest_figure  # noqa: E402
 from dmlstudy.experiments.papers import cross_attention, crt, dgcrl, diml  # noqa: E402
+from dmlstudy.findings.claims import CLAIMS, claims_table, forest_figure  # noqa: E402
 from dmlstudy.methods import build_method  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
 from dmlstudy.rows import RERANK  # noqa: E402

@@ -12,7 +12,7 @@ from scipy import stats
 
 from dmlstudy import verdicts
 from dmlstudy.experiments import kit
-from dmlstudy.experiments.papers import numbers as papers
+from dmlstudy.findings import numbers as papers
 
 ROOT = Path(__file__).resolve().parents[1]
 

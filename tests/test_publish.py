@@ -1,4 +1,4 @@
-"""Publishing a study (dmlstudy.experiments.publish): a small plan executed for real, then its executed notebooks
+"""Publishing a study (dmlstudy.study.publish): a small plan executed for real, then its executed notebooks
 published as a reader gets them — outputs and figures kept, at screen resolution, no machine paths, no widget
 views or widget state, no progress-bar debris, an index that links every copy, nothing of an entry that failed."""
 
@@ -13,8 +13,8 @@ import nbformat
 import pytest
 from PIL import Image
 
-from dmlstudy.experiments import publish
 from dmlstudy.paths import project_root
+from dmlstudy.study import publish
 from dmlstudy.study.executor import run_plan
 
 REVISION = "0123abc"  # what the copies say they were published from (git is not asked: seconds per call)

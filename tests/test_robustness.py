@@ -12,9 +12,10 @@ import pytest
 from scipy import stats
 
 from dmlstudy.data.emoji_sources import RELATIVES
-from dmlstudy.experiments import rerank, robustness
-from dmlstudy.experiments.claims import Claim
-from dmlstudy.experiments.robustness import RELATIVES_OUT, SCHEDULE
+from dmlstudy.experiments import rerank
+from dmlstudy.findings import robustness
+from dmlstudy.findings.claims import Claim
+from dmlstudy.findings.robustness import RELATIVES_OUT, SCHEDULE
 from dmlstudy.metrics import relative_mask, relatives_out_recall
 
 CLAIM = Claim(name="A > B", kind="headline", a="a", b="b", runs="protocol", source="test")
@@ -170,7 +171,7 @@ def test_simulated_label_rates_against_the_closed_form():
 
 
 def test_the_chain_error_is_the_sum_of_the_levels_up_to_the_first_reading_that_reached_the_verdict(tmp_path):
-    from dmlstudy.experiments import chain
+    from dmlstudy.findings import chain
 
     claims = [CLAIM, Claim(name="C > D", kind="headline", a="c", b="d", runs="protocol", source="test")]
     # build 1: the first five seeds decide neither claim on their own
@@ -267,7 +268,7 @@ def test_reranked_recall_with_one_candidate_is_the_cosine_recall_and_never_picks
         chosen["candidates"] = candidates
         return np.zeros(candidates.shape, dtype=np.float32)
 
-    monkeypatch.setattr("dmlstudy.transport.candidate_structural_similarity", structural)
+    monkeypatch.setattr("dmlstudy.structural.transport.candidate_structural_similarity", structural)
     rerank.relatives_out_reranked_recall(embeddings, local, labels, families, top_k=10)
     mask = relative_mask(families, relatives=RELATIVES)
     assert not np.take_along_axis(mask, chosen["candidates"], axis=1).any()
@@ -278,7 +279,7 @@ def test_the_front_page_shows_the_committed_robustness_table():
     verdict and its error from the committed chain), not a hand copy."""
     from pathlib import Path
 
-    from dmlstudy.experiments import chain
+    from dmlstudy.findings import chain
 
     root = Path(__file__).resolve().parents[1]
     folder = root / "results" / "robustness"

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments.claims import CLAIMS, ablation_grid
 from dmlstudy.experiments.compare import CompareStudy, trained_methods
+from dmlstudy.findings.claims import CLAIMS, ablation_grid
 from dmlstudy.methods import list_methods
 from dmlstudy.rows import SHARED_VARIANTS, method_grid
 from dmlstudy.run import identity

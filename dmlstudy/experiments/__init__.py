@@ -3,7 +3,7 @@ mirrors and the functions (sweeps, tables) the notebook calls. Notebooks stay th
 (:mod:`~dmlstudy.experiments.compare`) keeps its parts in modules of their own: ``rows``, ``rerank``, ``tables``,
 ``claims``, ``regime_comparison`` and ``figure_index``. What every notebook shares is in
 :mod:`~dmlstudy.experiments.kit`; the papers' numbers are in ``papers.yaml``
-(:mod:`~dmlstudy.experiments.papers.numbers`); the notebooks' sources and their build in
+(:mod:`~dmlstudy.findings.numbers`); the notebooks' sources and their build in
 :mod:`~dmlstudy.experiments.notebooks`.
 
 ``NOTEBOOK_CONFIGS`` maps each notebook to the dataclass its ``parameters`` cell mirrors one to one

@@ -69,7 +69,7 @@ import pandas as pd
 from dmlstudy import metrics as metric_functions
 from dmlstudy.config import load_yaml
 from dmlstudy.experiments.kit import backbone_overrides, method_defaults, paper_dataset, recall_columns
-from dmlstudy.experiments.papers.numbers import numbers
+from dmlstudy.findings.numbers import numbers
 from dmlstudy.methods import METHODS
 from dmlstudy.rows import SHARED_VARIANTS
 from dmlstudy.run.protocol import ProtocolConfig
@@ -118,7 +118,7 @@ def declaration(paper: str) -> Declaration:
 
 def declared_papers() -> list[str]:
     """The papers with a declaration, in the study's order (``papers.yaml``'s)."""
-    from dmlstudy.experiments.papers.numbers import load
+    from dmlstudy.findings.numbers import load
 
     return [name for name in load() if (DECLARATIONS / f"{name}.yaml").is_file()]
 

@@ -5,9 +5,9 @@ Here: the notebook's parameters (:class:`CompareStudy`), its runs and :func:`com
 everything of one regime. ``notebooks/90_compare.ipynb`` also calls the modules that hold each part:
 :mod:`~dmlstudy.rows` (what each row is), :mod:`~dmlstudy.experiments.rerank` (DIML re-ranking of the
 ``ms`` runs), :mod:`~dmlstudy.experiments.tables` (retrieval, geometry and cost tables),
-:mod:`~dmlstudy.experiments.claims` (the papers' claims and the forest plot),
+:mod:`~dmlstudy.findings.claims` (the papers' claims and the forest plot),
 :mod:`~dmlstudy.experiments.regime_comparison` (the regimes side by side) and
-:mod:`~dmlstudy.experiments.figure_index` (``figures/README.md``).
+:mod:`~dmlstudy.study.figure_index` (``figures/README.md``).
 
 Runs come from :meth:`ProtocolConfig.grid` with ``{name: {"method": name}}``, so run folders are
 ``<dataset>-<method>-seed<seed>``: the method notebooks (10_crt, 20_diml, 30_cross_attention, 40_dgcrl) train
@@ -18,7 +18,7 @@ fields).
 Decisions (stated in the notebook too):
 
 * ``diml_rerank`` is a row, not a training method: the ``ms`` runs' test embeddings re-ranked at test time
-  with DIML's structural similarity (:func:`dmlstudy.reranking.reranked_retrieval_metrics`): the cosine
+  with DIML's structural similarity (:func:`dmlstudy.structural.reranking.reranked_retrieval_metrics`): the cosine
   top-``rerank_top_k`` of every query re-ranked by ``cos + s_struct`` on the trained ``ms`` model's
   ``rerank_grid`` × ``rerank_grid`` local embeddings (its own embedding layer applied per cell), DIML's
   default transport (ε = 0.05, cross-correlation marginals). Re-ranking changes the order of neighbours,
@@ -56,7 +56,11 @@ from pathlib import Path
 import pandas as pd
 
 from dmlstudy import verdicts
-from dmlstudy.experiments.claims import (
+from dmlstudy.experiments.kit import StudyConfig
+from dmlstudy.experiments.regime_comparison import RegimeComparison
+from dmlstudy.experiments.rerank import Reranking, claim_rerank_results, rerank_missing, rerank_results
+from dmlstudy.experiments.tables import comparison_frame, comparison_table, table_note
+from dmlstudy.findings.claims import (
     CLAIMS,
     Claim,
     ClaimsScope,
@@ -65,10 +69,6 @@ from dmlstudy.experiments.claims import (
     claims_frame,
     claims_table,
 )
-from dmlstudy.experiments.kit import StudyConfig
-from dmlstudy.experiments.regime_comparison import RegimeComparison
-from dmlstudy.experiments.rerank import Reranking, claim_rerank_results, rerank_missing, rerank_results
-from dmlstudy.experiments.tables import comparison_frame, comparison_table, table_note
 from dmlstudy.methods import list_methods
 from dmlstudy.paths import study_outputs
 from dmlstudy.rows import BASELINE, EXTRA_ROWS, RERANK, method_grid
@@ -197,7 +197,7 @@ class CompareStudy(StudyConfig):
         )
 
     def claims_scope(self) -> ClaimsScope:
-        """What ``claims.md`` says the claims were judged on (:class:`~dmlstudy.experiments.claims.ClaimsScope`)."""
+        """What ``claims.md`` says the claims were judged on (:class:`~dmlstudy.findings.claims.ClaimsScope`)."""
         return ClaimsScope(
             protocols=tuple(self.regime_protocols()),
             classic_seeds=tuple(self.classic_seeds) if self.classic_methods else (),
@@ -266,7 +266,7 @@ def run_ablations(config: CompareStudy, claims: Sequence[Claim] = CLAIMS) -> lis
 
 def compare_regime(config: CompareStudy) -> RegimeComparison:
     """Train (or load) every row of ``config`` in its regime, the DIML re-rankings, the ablation runs the claims
-    judged in this regime need, and judge those claims (:func:`~dmlstudy.experiments.claims.claims_table`).
+    judged in this regime need, and judge those claims (:func:`~dmlstudy.findings.claims.claims_table`).
 
     It waits twice: all of the regime's runs (main rows, classic baselines, ablations) go to the engine as one
     grid, then all of its missing re-rankings (the table's and the claims') as one batch; the rest reads them
@@ -343,7 +343,7 @@ def seed_sequence(config: CompareStudy, count: int) -> list[int]:
 
 def run_more_seeds(config: CompareStudy, needs: dict[str, int]) -> tuple[list, list]:
     """Train (or load) the runs of the rows in ``needs`` up to their seed counts (re-rankings: the ``ms`` runs,
-    re-ranked) and return them as :func:`~dmlstudy.experiments.claims.claims_frame` parts: the runs of the rows,
+    re-ranked) and return them as :func:`~dmlstudy.findings.claims.claims_frame` parts: the runs of the rows,
     and the re-ranked rows."""
     reranked = {RERANK, *claim_reranks()}
     trained: dict[str, int] = {}

@@ -32,8 +32,8 @@ from torch.utils.data import Subset
 from dmlstudy import metrics as metric_functions
 from dmlstudy.config import TypedConfig
 from dmlstudy.data import build_dataset, build_transforms
-from dmlstudy.experiments.papers.numbers import PAPER_DATASET, numbers
 from dmlstudy.explanations import explanation_figure
+from dmlstudy.findings.numbers import PAPER_DATASET, numbers
 from dmlstudy.metrics import nearest_neighbors
 from dmlstudy.paths import data_root
 from dmlstudy.run.compute import autocast_context, autocast_dtype, resolve_device

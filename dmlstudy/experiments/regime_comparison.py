@@ -31,7 +31,7 @@ class RegimeComparison:
 
 
 def all_runs(comparisons: Sequence[RegimeComparison]) -> pd.DataFrame:
-    """The runs every regime's claims read, with a ``regime`` column (for :func:`~dmlstudy.experiments.claims.
+    """The runs every regime's claims read, with a ``regime`` column (for :func:`~dmlstudy.findings.claims.
     per_seed_table`)."""
     return pd.concat([c.runs.assign(regime=c.protocol.regime) for c in comparisons], ignore_index=True)
 

@@ -1,7 +1,7 @@
 """DIML re-ranking of the ``ms`` runs: the comparison's ``diml_rerank`` row and the claims' extra re-rankings.
 
 Each query's cosine top-K is re-ranked by ``cos + s_struct`` on the run's G × G local embeddings
-(:func:`dmlstudy.reranking.reranked_retrieval_metrics`); a re-ranked row keeps the ``ms`` run's NMI, ESD, ρ and
+(:func:`dmlstudy.structural.reranking.reranked_retrieval_metrics`); a re-ranked row keeps the ``ms`` run's NMI, ESD, ρ and
 training time (the embeddings are the same) and adds ``rerank_seconds``. Results are cached in the ``ms`` run
 folders (``compare_rerank-<key>.json``).
 """
@@ -18,20 +18,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dmlstudy import transport
 from dmlstudy.data import evaluation_protocol
 from dmlstudy.data.emoji import test_split_families
 from dmlstudy.data.emoji_sources import RELATIVES
-from dmlstudy.experiments import kit, robustness
-from dmlstudy.experiments.claims import claim_reranks
+from dmlstudy.experiments import kit
+from dmlstudy.findings import robustness
+from dmlstudy.findings.claims import claim_reranks
 from dmlstudy.metrics.relatives import masked_cosine, relatives_out_recall
 from dmlstudy.paths import data_root
 from dmlstudy.records import write_json
-from dmlstudy.reranking import rerank_top_k, reranked_retrieval_metrics
 from dmlstudy.rows import BASELINE, RERANK
 from dmlstudy.run.train import RunResult, TrainConfig, run
+from dmlstudy.structural import transport
+from dmlstudy.structural.reranking import rerank_top_k, reranked_retrieval_metrics
+from dmlstudy.structural.transport import TransportOptions
 from dmlstudy.study.grids import call_in_processes
-from dmlstudy.transport import TransportOptions
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def rerank_results(
 
 def rerank_variants(reranking: Reranking) -> list[tuple[str, int, int]]:
     """``(variant, top_k, grid)`` of every re-ranking of the ``ms`` runs the comparison reads: the table's
-    ``diml_rerank`` row, then the claims' extra ones (:func:`~dmlstudy.experiments.claims.claim_reranks`); none
+    ``diml_rerank`` row, then the claims' extra ones (:func:`~dmlstudy.findings.claims.claim_reranks`); none
     unless ``diml_rerank`` is a row of the comparison."""
     if not reranking.shown:
         return []
@@ -192,7 +193,7 @@ def rerank_variants(reranking: Reranking) -> list[tuple[str, int, int]]:
 
 
 def claim_rerank_results(results: Sequence[tuple[str, RunResult]], reranking: Reranking) -> list[dict[str, Any]]:
-    """The extra re-rankings the claims compare (:func:`~dmlstudy.experiments.claims.claim_reranks`:
+    """The extra re-rankings the claims compare (:func:`~dmlstudy.findings.claims.claim_reranks`:
     ``diml_rerank-G=1``, …) of every ``ms`` run, each row named as in ``claims.yaml``; none unless ``diml_rerank`` is
     a row of the comparison."""
     return [
@@ -214,7 +215,7 @@ def relatives_out_reranked_recall(
     top_k: int,
     device: Any = None,
 ) -> float:
-    """R@1 in points after DIML's re-ranking (:func:`dmlstudy.reranking.rerank_top_k`: cos + s_struct) of each
+    """R@1 in points after DIML's re-ranking (:func:`dmlstudy.structural.reranking.rerank_top_k`: cos + s_struct) of each
     query's cosine top-``top_k`` among the items left once its relative family is out."""
     global_embeddings = np.asarray(global_embeddings, dtype=np.float32)
     cosine = masked_cosine(global_embeddings, families, relatives=RELATIVES)

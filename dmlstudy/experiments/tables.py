@@ -14,7 +14,7 @@ import pandas as pd
 
 from dmlstudy import plots
 from dmlstudy.experiments import ablations, kit
-from dmlstudy.experiments.papers.numbers import numbers
+from dmlstudy.findings.numbers import numbers
 from dmlstudy.metrics import class_subset_recall
 from dmlstudy.rows import RERANK, method_label
 from dmlstudy.run.protocol import ProtocolConfig

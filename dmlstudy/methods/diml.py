@@ -6,18 +6,18 @@ Zhao, Rao, Lu, Zhou: "Towards Interpretable Deep Metric Learning with Structural
 embedding), a G × G grid of local embeddings ẑ_i (:func:`embed_feature_map`), and two images are compared by
 how well their grids can be matched: the structural similarity ``s_struct = Σ_ij T_ij S_ij`` (Eq. 6) of the
 entropic transport plan T between their cells (Eq. 4, supplement Eq. A.1–A.3), computed in
-:mod:`dmlstudy.transport`.
+:mod:`dmlstudy.structural.transport`.
 
 In training (supplement A.3) the plan is computed without gradient and the base loss sees the averaged
 similarity or distance (:class:`DIML`). At test time (supplement A.2) the cosine top-K candidates of each query
-are re-ranked by ``cos + s_struct`` (:mod:`dmlstudy.reranking`, on the grid embeddings of
+are re-ranked by ``cos + s_struct`` (:mod:`dmlstudy.structural.reranking`, on the grid embeddings of
 :func:`embed_grid_dataset`); this works on *any* model with a ``backbone`` and a linear ``embedding`` layer
 (the plain baseline included: its embedding layer is applied per cell). The same holds for its explanation of a
 retrieval, the transport plan between the query's grid and each retrieval's (:func:`transport_explanation`,
 :meth:`DIML.explain`).
 
 Decisions where the paper leaves room (all stated again where they act; those of the
-transport itself are in :mod:`dmlstudy.transport`):
+transport itself are in :mod:`dmlstudy.structural.transport`):
 
 * Grid: adaptive average pooling of the backbone map to G × G, after a bilinear upsampling to the
   smallest multiple of G when the map side is not divisible by G (our 64-px ``dml_convnet`` map is 4 × 4,
@@ -52,7 +52,7 @@ from dmlstudy.losses import multi_similarity_loss
 from dmlstudy.methods.base import EVAL_BATCH_SIZE, Explanation, Method, TransportPlans, global_pool, register_method
 from dmlstudy.models import Backbone
 from dmlstudy.search_space import LR, Float, LogFloat
-from dmlstudy.transport import DEFAULT_EPSILON, TransportOptions, pairwise_structural_similarity
+from dmlstudy.structural.transport import DEFAULT_EPSILON, TransportOptions, pairwise_structural_similarity
 
 DEFAULT_GRID_SIZE = 4
 _DISTANCE_FLOOR = 1e-8  # sqrt(max(·, floor)): finite gradients for identical vectors
@@ -254,7 +254,7 @@ class DIML(Method):
     """Baseline architecture (``normalize(W · pool(E(x)))``) trained with DIML's structural similarity.
 
     The embedding layer W is also applied to each cell of the G × G grid of the backbone map (local
-    embeddings). Inference uses the global embedding only; re-ranking is :func:`dmlstudy.reranking.diml_rerank`.
+    embeddings). Inference uses the global embedding only; re-ranking is :func:`dmlstudy.structural.reranking.diml_rerank`.
 
     Args:
         backbone: feature-map extractor E.

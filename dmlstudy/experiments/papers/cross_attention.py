@@ -19,8 +19,8 @@ from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
 from dmlstudy.experiments import ablations
 from dmlstudy.experiments.kit import StudyConfig, device_of, lookup, paper_dataset
-from dmlstudy.experiments.papers.numbers import numbers
 from dmlstudy.explanations import COLOURBAR_SPACE, kind_colourbars
+from dmlstudy.findings.numbers import numbers
 from dmlstudy.methods.cross_attention import (
     CrossAttention,
     conditional_retrieval,

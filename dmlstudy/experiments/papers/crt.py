@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dmlstudy import metrics as metric_functions
 from dmlstudy import plots
 from dmlstudy.experiments import ablations, kit
-from dmlstudy.experiments.papers.numbers import numbers
+from dmlstudy.findings.numbers import numbers
 from dmlstudy.methods import build_method
 from dmlstudy.methods.crt import CRT, BranchEmbedder, prototype_correlation
 from dmlstudy.models import build_backbone

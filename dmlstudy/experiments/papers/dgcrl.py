@@ -19,7 +19,7 @@ from torch.utils.data import Subset
 
 from dmlstudy import plots
 from dmlstudy.experiments import ablations, kit
-from dmlstudy.experiments.papers.numbers import numbers
+from dmlstudy.findings.numbers import numbers
 from dmlstudy.methods.dgcrl import (
     DGCRL,
     centre_accuracy,

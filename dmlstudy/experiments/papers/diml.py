@@ -20,13 +20,13 @@ import torch
 from dmlstudy import plots
 from dmlstudy.experiments import ablations
 from dmlstudy.experiments.kit import StudyConfig, cache_key, embedding_precision, evaluation_sets
-from dmlstudy.experiments.papers.numbers import numbers
+from dmlstudy.findings.numbers import numbers
 from dmlstudy.records import write_json
-from dmlstudy.reranking import reranked_retrieval_metrics
 from dmlstudy.run.train import RunResult, TrainConfig, run
+from dmlstudy.structural.reranking import reranked_retrieval_metrics
+from dmlstudy.structural.transport import TransportOptions, structural_similarity
 from dmlstudy.study.grids import call_in_processes, run_grid
 from dmlstudy.study.report import summarize
-from dmlstudy.transport import TransportOptions, structural_similarity
 from dmlstudy.verdicts import effect_sentence, paired_differences
 
 DECLARED = ablations.declaration("diml")

@@ -15,7 +15,7 @@ cells can be matched:
 Entry points: :func:`sinkhorn` (plans of a batch of problems), :func:`structural_similarity` (of given cell
 similarities), :func:`pairwise_structural_similarity` (all pairs of two sets of grids: DIML's training loss,
 :mod:`dmlstudy.methods.diml`) and :func:`candidate_structural_similarity` (query–candidate pairs: test-time
-re-ranking, :mod:`dmlstudy.reranking`).
+re-ranking, :mod:`dmlstudy.structural.reranking`).
 
 Decisions where the paper leaves room (all stated again where they act):
 

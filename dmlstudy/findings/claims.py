@@ -16,8 +16,8 @@ import pandas as pd
 
 from dmlstudy import verdicts
 from dmlstudy.config import load_yaml
-from dmlstudy.experiments.papers import numbers as papers
-from dmlstudy.experiments.papers.numbers import PAPER_DATASET
+from dmlstudy.findings import numbers as papers
+from dmlstudy.findings.numbers import PAPER_DATASET
 from dmlstudy.rows import method_grid
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.regimes import regime

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy import verdicts
-from dmlstudy.experiments.claims import Claim, load_claims
+from dmlstudy.findings.claims import Claim, load_claims
 from dmlstudy.paths import study_outputs
 
 LEVEL = verdicts.ALPHA  # each reading of the chain decides at 5 % (the sequential design over all its looks)

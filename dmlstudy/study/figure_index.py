@@ -132,13 +132,13 @@ def plan_note(study: str) -> str:
 
 
 def published_copy(study: str, notebook: str, folder: Path) -> str:
-    """A Markdown link from ``folder`` to the published copy of ``notebook`` (:mod:`dmlstudy.experiments.publish`)
+    """A Markdown link from ``folder`` to the published copy of ``notebook`` (:mod:`dmlstudy.study.publish`)
     when it exists, else ''."""
     import os
 
-    from dmlstudy.experiments.publish import published_names
     from dmlstudy.paths import study_outputs
     from dmlstudy.study.plan import load_plan
+    from dmlstudy.study.publish import published_names
 
     plan = project_root() / "plans" / f"{study}.yaml"
     if not plan.is_file():

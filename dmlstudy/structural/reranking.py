@@ -5,7 +5,7 @@ Works on embeddings only, so on *any* model whose grid embeddings can be compute
 (:func:`dmlstudy.methods.diml.embed_grid_dataset`: a ``backbone`` and a linear ``embedding`` layer, the plain
 baseline included, its embedding layer applied per cell). The cosine lists come from
 :func:`dmlstudy.metrics.nearest_neighbors`, the structural similarities of their first K candidates from
-:func:`dmlstudy.transport.candidate_structural_similarity` (a chunk of queries × all their K candidates per
+:func:`dmlstudy.structural.transport.candidate_structural_similarity` (a chunk of queries × all their K candidates per
 Sinkhorn call); :func:`rerank_top_k` re-orders the lists and :func:`reranked_retrieval_metrics` scores them for
 several K at once; :func:`rerank_cost` times the structural similarities per query.
 """
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from dmlstudy import metrics as metric_functions
-from dmlstudy.transport import TransportOptions, candidate_structural_similarity
+from dmlstudy.structural.transport import TransportOptions, candidate_structural_similarity
 
 DEFAULT_TOP_K = 100
 

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy import verdicts
-from dmlstudy.experiments.claims import Claim, load_claims
+from dmlstudy.findings.claims import Claim, load_claims
 from dmlstudy.paths import study_outputs
 
 REGIME = "imagenet"
@@ -418,10 +418,10 @@ LABEL_RULE = (
 
 
 def chain_markdown(chain: pd.DataFrame) -> str:
-    """Each claim's chain of readings (``chain.csv``: :func:`dmlstudy.experiments.chain.chain_readings` with
-    :func:`~dmlstudy.experiments.chain.chain_errors`): every reading's Δ, seeds and verdict, then the published
+    """Each claim's chain of readings (``chain.csv``: :func:`dmlstudy.findings.chain.chain_readings` with
+    :func:`~dmlstudy.findings.chain.chain_errors`): every reading's Δ, seeds and verdict, then the published
     verdict, the reading that first reached it and the error it carries."""
-    from dmlstudy.experiments.chain import error_text
+    from dmlstudy.findings.chain import error_text
 
     readings = chain.pivot(index="claim", columns="reading", values="outcome")
     seeds = chain.pivot(index="claim", columns="reading", values="seeds")
@@ -554,8 +554,8 @@ def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
     (``label_simulation.csv``) and each claim's chain of readings (``chain.csv``) in ``results/robustness/``, the
     forest figure ``figures/robustness/robustness_forest.png`` and its README; returns the table."""
     from dmlstudy import plots
-    from dmlstudy.experiments.chain import chain_errors, chain_readings
-    from dmlstudy.experiments.figure_index import write_figures_readme
+    from dmlstudy.findings.chain import chain_errors, chain_readings
+    from dmlstudy.study.figure_index import write_figures_readme
 
     folder = study_outputs(STUDY, "results")
     folder.mkdir(parents=True, exist_ok=True)
@@ -578,8 +578,8 @@ def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
 def readme_markdown(table: pd.DataFrame, errors: pd.DataFrame | None = None) -> str:
     """The front page's robustness table: every declared column (its cells without intervals: Δ and the
     verdict, the seeds an undecided cell needs), the amended label, the label as first declared and, given the
-    chain (:func:`dmlstudy.experiments.chain.chain_errors`), each claim's published verdict with its error."""
-    from dmlstudy.experiments.chain import error_text
+    chain (:func:`dmlstudy.findings.chain.chain_errors`), each claim's published verdict with its error."""
+    from dmlstudy.findings.chain import error_text
 
     wide = wide_table(table, interval=False).drop(columns=["readings decided"])
     if errors is not None:
