@@ -171,7 +171,7 @@ for dataset, runs in ca_study.block_runs(config).items():
     grids[dataset] = ca_study.rescoring_grid(runs, subset=config.rescoring_subset, seed=0)
     print(ablation.protocol_text(), f"on {dataset}; sⁿ scored on {config.rescoring_subset or 'all'} test images")
     display(grids[dataset].round(1))
-    figure = ca_study.grid_heatmap(grids[dataset], title=f"R@1 (%) of sⁿ on a {dataset} test subset")
+    figure = ca_study.grid_heatmap(grids[dataset], title=f"R@1 (%) of sⁿ on a test subset of {dataset}")
     plots.save_figure(figure, f"cross_attention_grid_{dataset}", study=config.protocol.study)
     plt.show()
     sentences = [f"{dataset}: {text}" for text in ca_study.grid_readings(grids[dataset])]
