@@ -373,3 +373,14 @@ def test_alpha_reading_judges_paired_seeds():
     (sentence,) = alpha_readings(runs)
     assert "α = 128 − α = 1: +30.00 R@1 points" in sentence and "→ held (the paper: poor at small α" in sentence
     assert "95 % CI [-0.50, +0.50], 3 paired seeds → equivalent (the paper: stable" in sentence  # −0.2, 0, +0.2
+
+
+def test_the_loss_table_shows_dgcrl_alone_when_the_study_lists_no_other_loss():
+    from dmlstudy.experiments import ablations
+    from dmlstudy.experiments.papers import dgcrl
+
+    alone = dgcrl.DGCRLStudy(losses=[])
+    assert ablations.enabled(dgcrl.DECLARED, "losses", alone)
+    assert [name for name, _ in ablations.table_rows(dgcrl.DECLARED, "losses", alone).values()] == ["dgcrl"]
+    assert not ablations.enabled(dgcrl.DECLARED, "λ", dgcrl.DGCRLStudy(lambdas=[]))  # an empty sweep is skipped
+    assert list(ablations.table_rows(dgcrl.DECLARED, "losses", dgcrl.DGCRLStudy(losses=["gcrl"]))) == ["dgcrl", "gcrl"]

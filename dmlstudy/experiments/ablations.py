@@ -43,7 +43,8 @@ A sweep: ``kwarg`` (a keyword of the method; its default is a row too unless ``d
 the keyword even at its default;
 ``final_evaluation`` as for a row), ``override`` with ``per`` (a TrainConfig field, the swept value divided
 by the protocol's ``per``; the protocol's product is the reference), or ``choices`` (named rows, ``reference``
-always shown, the others as the parameter lists them). ``paper``: ``table`` of papers.yaml, its values by row label
+always shown, the others as the parameter lists them; with ``always: true`` the table is shown even when the
+parameter lists none, as its reference alone). ``paper``: ``table`` of papers.yaml, its values by row label
 (``by: label``), by swept value (``by: value``) or by stand-in dataset then run name (``by: dataset``), ``pick`` an
 entry of a tuple, ``column`` the column's title. ``readings``: ``[A, B, what]`` (rows by label; optional fourth entry
 ``{metric, pick}``), ``best_worst`` (the values the paper ranks best and worst, among ours) or ``reference`` (each
@@ -286,11 +287,13 @@ def _protocol(spec: Mapping[str, Any], config: Any) -> tuple[ProtocolConfig, lis
 
 
 def enabled(declared: Declaration, table: str, config: Any) -> bool:
-    """Whether the notebook ``config`` asks for ``table`` (its ``when`` parameter; a sweep, a non-empty list)."""
+    """Whether the notebook ``config`` asks for ``table`` (its ``when`` parameter; a sweep, a non-empty list, or
+    ``always``)."""
     spec = declared.table(table)
     if "when" in spec:
         return bool(getattr(config, spec["when"]))
-    return "sweep" not in spec or bool(getattr(config, spec["sweep"]["parameter"]))
+    sweep = spec.get("sweep")
+    return sweep is None or bool(sweep.get("always")) or bool(getattr(config, sweep["parameter"]))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -328,7 +328,7 @@ def loss_curves(results: list[tuple[str, RunResult]], *, metric: str = "R@1") ->
     datasets = sorted({result.config.dataset for _, result in results})
     figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.4), squeeze=False)
     seen: set[tuple[str, str]] = set()
-    for variant, result in results:
+    for variant, result in sorted(results, key=lambda item: item[1].config.seed):
         if (result.config.dataset, variant) in seen:
             continue
         seen.add((result.config.dataset, variant))
