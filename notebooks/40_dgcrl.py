@@ -221,13 +221,19 @@ readings += ablations.run_and_report(dgcrl.DECLARED, "decorrelation", config)[1]
 if ablations.enabled(dgcrl.DECLARED, "losses", config):
     results = ablations.run_table(dgcrl.DECLARED, "losses", config)
     variants = ablations.grid(ablations.table_rows(dgcrl.DECLARED, "losses", config))
-    seconds = kit.step_seconds(
-        ablation, variants, dataset=config.ablation_datasets[0], rounds=config.timing_rounds, clock=config.timing_clock
-    )
-    print(
-        f"side-by-side seconds per training step ({config.timing_clock} clock):",
-        {name: round(value, 4) for name, value in seconds.items()},
-    )
+    seconds = {}  # side by side only when losses are compared (DGCRL alone has nothing to be timed against)
+    if len(variants) > 1:
+        seconds = kit.step_seconds(
+            ablation,
+            variants,
+            dataset=config.ablation_datasets[0],
+            rounds=config.timing_rounds,
+            clock=config.timing_clock,
+        )
+        print(
+            f"side-by-side seconds per training step ({config.timing_clock} clock):",
+            {name: round(value, 4) for name, value in seconds.items()},
+        )
     table, sentences = dgcrl.loss_table(dgcrl.loss_frame(results, config, step_seconds=seconds))
     readings += kit.report(ablation, table, sentences, title=dgcrl.DECLARED.table("losses")["title"])
     figure = dgcrl.loss_curves(results)
