@@ -29,6 +29,7 @@ from dmlstudy.methods.dgcrl import (
     mean_abs_cosine,
     normalize_scale,
 )
+from dmlstudy.rows import method_label
 from dmlstudy.run.checkpoint_selection import evaluation_column, selection_evaluations
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.protocol import ProtocolConfig
@@ -334,9 +335,9 @@ def loss_curves(results: list[tuple[str, RunResult]], *, metric: str = "R@1") ->
         seen.add((result.config.dataset, variant))
         axis = axes[0, datasets.index(result.config.dataset)]
         column, classes = evaluation_column(result.history, metric)
-        history = result.history.dropna(subset=[column])
-        style = plots.method_style(variant)
-        axis.plot(history["epoch"], 100 * history[column], marker=style.marker, color=style.colour, label=variant)
+        history, style = result.history.dropna(subset=[column]), plots.method_style(variant)
+        line = {"marker": style.marker, "color": style.colour, "label": method_label(variant)}
+        axis.plot(history["epoch"], 100 * history[column], **line)
         axis.set(xlabel="epoch", ylabel=f"{classes} {metric} (%)", title=result.config.dataset)
     for axis in axes[0]:
         axis.grid(alpha=0.3)
