@@ -311,9 +311,11 @@ def alpha_figure(runs: pd.DataFrame) -> plt.Figure:
         for index, column in enumerate(recall_columns):
             colour = plots.PALETTE[index % len(plots.PALETTE)]
             left.plot(group["α"], 100 * group[column], ls=dashes, marker="o", color=colour, label=f"{column} {dataset}")
-        right.plot(group["α"], group["train accuracy"], ls=dashes, marker="s", color="k", label=f"accuracy {dataset}")
+        label = f"train accuracy {dataset}"
+        right.plot(group["α"], group["train accuracy"], ls=dashes, marker="s", color="k", label=label)
     few = "" if linestyle == "-" else f" (only {len(alphas)} α value{'s' if len(alphas) > 1 else ''}: points, no curve)"
-    for axis, title, ylabel in ((left, "test Recall@K", "Recall@K (%)"), (right, "training accuracy (centres)", "%")):
+    panels = ((left, "test Recall@K", "Recall@K (%)"), (right, "training accuracy (centres)", "accuracy (%)"))
+    for axis, title, ylabel in panels:
         axis.set_xscale("log", base=2)
         axis.set(xlabel="α (N-S scale)", ylabel=ylabel, title=title + few)
         plots.plain_log_ticks(axis, alphas)
