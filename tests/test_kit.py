@@ -192,10 +192,16 @@ def test_paper_plans_and_readme_quote_the_file(plan):
     assert {float(v) for v in reported.values()} <= shown, f"docs/papers.md row of {plan} differs from papers.yaml"
 
 
-def test_papers_and_claims_yaml_ship_with_the_package():
-    text = (ROOT / "pyproject.toml").read_text()
-    assert '"dmlstudy.experiments" = ["claims.yaml"]' in text
-    assert '"dmlstudy.experiments.papers" = ["*.yaml"]' in text
+def test_every_yaml_of_the_package_ships_with_it():
+    import fnmatch
+    import tomllib
+
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    files = sorted((ROOT / "dmlstudy").rglob("*.yaml"))
+    assert {"claims.yaml", "papers.yaml", "crt.yaml"} <= {path.name for path in files}
+    for path in files:
+        package = ".".join(path.parent.relative_to(ROOT).parts)
+        assert any(fnmatch.fnmatch(path.name, pattern) for pattern in shipped.get(package, [])), path
 
 
 @pytest.mark.parametrize(
