@@ -194,6 +194,7 @@ def test_paper_plans_and_readme_quote_the_file(plan):
 
 def test_every_yaml_of_the_package_ships_with_it():
     import fnmatch
+
     import tomllib
 
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
