@@ -52,3 +52,12 @@ def test_falls_back_to_its_own_study_and_never_trains_into_a_named_one(tmp_path,
     with pytest.raises(ValueError, match=r"no complete runs in study 'nothing-here'.*notebook-95_explore"):
         explore.ensure_runs(explore.ExploreConfig(runs_root=str(tmp_path), study="nothing-here"))
     assert len(trained) == 1
+
+
+def test_the_first_method_shown_is_one_that_explains_among_the_studys_rows():
+    assert explore.explains("diml") and explore.explains("crt") and explore.explains("cross_attention")
+    assert not explore.explains("ms") and not explore.explains("triplet")  # preset builders of the baseline's losses
+    assert not explore.explains("nope")
+    rows = ["ms", "crt", "diml_rerank", "diml", "cross_attention", "dgcrl", "softmax", "triplet", "lifted"]
+    assert explore.first_method(rows) == explore.FALLBACK_METHOD
+    assert explore.first_method(["triplet", "ms", "dgcrl"]) == "ms"

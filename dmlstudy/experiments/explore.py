@@ -256,8 +256,10 @@ def retrieval_figure(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure
 
 
 def explains(method: str) -> bool:
-    """Whether the registered method ``method`` explains its retrievals (its own :meth:`Method.explain`)."""
-    return method in METHODS and METHODS[method].explain is not Method.explain
+    """Whether the registered method ``method`` explains its retrievals (its own :meth:`Method.explain`). A name
+    registered with a preset (each loss of the baseline, ``gcrl``) is a builder, not a class: it explains nothing."""
+    builder = METHODS.get(method)
+    return isinstance(builder, type) and builder.explain is not Method.explain
 
 
 def first_method(methods: Sequence[str]) -> str:
