@@ -245,13 +245,8 @@ class CrossAttention(Method):
         if not self.num_blocks:
             return "cross-attention with N = 0 blocks: no attention to show"
         level = level or self.num_blocks
-        was_training = self.training
-        self.eval()
-        with AttentionRecorder(self) as recorder:
-            feature_map = self.backbone(images)
-            self.conditional_embeddings(feature_map, num_levels=level)
-        self.train(was_training)
-        weights = recorder.maps[level - 1]  # X × X × T: [i, j] = image i's locations, conditioned on image j
+        feature_map, maps = recorded_attention(self, images, num_levels=level)
+        weights = maps[level - 1]  # X × X × T: [i, j] = image i's locations, conditioned on image j
         height, width = feature_map.shape[-2:]
 
         def scaled(image: int, other: int) -> np.ndarray:
