@@ -4,4 +4,8 @@ Packages: ``data`` (readers, embedded sets, transforms, sampler), ``models`` (ti
 (one file per method), and modules ``losses``, ``metrics``, ``train``, ``plots``, ``study``.
 """
 
+from dmlstudy import numerics
+
+numerics.configure()  # before torch, numpy or faiss choose their kernels (dmlstudy.numerics)
+
 __version__ = "0.1.0"

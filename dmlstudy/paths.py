@@ -88,9 +88,30 @@ def _build_difference(built: str, modified: int) -> str:
     return fingerprint_difference(Path(built).read_text(encoding="utf-8"), read_fingerprint(PUBLISHED_FINGERPRINT))
 
 
+def different_numerics() -> str:
+    """'' when this process computes under the published study's pinned numerics (:mod:`dmlstudy.numerics`) or
+    ``$DMLSTUDY_PUBLISH_DIFFERENT_BUILD`` is ``1``; else the sentence saying which numerics it uses instead.
+
+    Decision: digits of other kernels are not the published study's, so they go beside the runs, as another emoji
+    build's do."""
+    from dmlstudy import numerics
+
+    if os.environ.get(PUBLISH_DIFFERENT_BUILD, "") == "1" or numerics.mode() == "pinned":
+        return ""
+    return f"{numerics.MODE_VARIABLE}={numerics.mode()}: each library's own kernels, not the published {numerics.PINNED_TAG}"
+
+
 def different_build_message(study: str) -> str:
-    """What a published study says when :func:`different_build` keeps its outputs beside its runs ('' otherwise)."""
+    """What a published study says when :func:`different_build` or :func:`different_numerics` keeps its outputs
+    beside its runs ('' otherwise)."""
     difference = different_build() if study in PUBLISHED_STUDIES and study not in GENERATED_DATA_STUDIES else ""
+    if study in PUBLISHED_STUDIES and different_numerics():
+        where = ", ".join(str(study_outputs(study, kind)) for kind in OUTPUT_KINDS)
+        return (
+            f"numerics: this process runs with {different_numerics()}, so study {study!r} writes its tables, figures "
+            f"and published notebooks to {where}. To write them into the repository's folders anyway: "
+            f"{PUBLISH_DIFFERENT_BUILD}=1."
+        )
     if not difference:
         return ""
     where = ", ".join(str(study_outputs(study, kind)) for kind in OUTPUT_KINDS)
@@ -115,10 +136,15 @@ def study_outputs(study: str, kind: str, *, runs_root_override: str | Path = "")
     confirmatory studies of CRT > MS and DGCRL > lifted structure) to ``<project>/<kind>/<study>``; any other
     study (the CI-sized notebook defaults, the smoke and full plans) to ``<runs>/<study>/<kind>``, so test runs
     never overwrite the committed figures. So does a published study on emoji when the emoji build on disk differs
-    from the published one (:func:`different_build`).
+    from the published one (:func:`different_build`), and any published study run under other numerics than the
+    published pinned ones (:func:`different_numerics`).
     """
     if kind not in OUTPUT_KINDS:
         raise ValueError(f"study_outputs: kind must be one of {list(OUTPUT_KINDS)}, got {kind!r}")
-    if study in PUBLISHED_STUDIES and (study in GENERATED_DATA_STUDIES or not different_build()):
+    if (
+        study in PUBLISHED_STUDIES
+        and not different_numerics()
+        and (study in GENERATED_DATA_STUDIES or not different_build())
+    ):
         return project_root() / kind if study == PUBLISHED_STUDY else project_root() / kind / study
     return Path(runs_root_override or runs_root()) / study / kind

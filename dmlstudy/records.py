@@ -1,7 +1,7 @@
 """Run records: seeding, environment capture and atomic writes.
 
 Every run leaves ``config.yaml``, ``metrics.json``, ``history.csv``, ``environment.json`` (git revision,
-package versions, device) and its checkpoint in one folder; files are written atomically (temp file +
+package versions, device, numerics: :func:`dmlstudy.numerics.observed`) and its checkpoint in one folder; files are written atomically (temp file +
 rename) so a killed run never leaves a half-written record.
 """
 
@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+
+from dmlstudy import numerics
 
 RECORDED_PACKAGES = (
     "torch",
@@ -88,9 +90,18 @@ def environment_info(device: str = "cpu") -> dict[str, Any]:
         "platform": platform.platform(),
         "device": device,
         "cuda_device": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
-        "torch_threads": torch.get_num_threads(),
+        **numerics.observed(device),
         "packages": versions,
     }
+
+
+def run_numerics(run_dir: str | Path) -> str:
+    """The numerics tag a run recorded in its ``environment.json`` (:mod:`dmlstudy.numerics`); ``unrecorded`` for a
+    run made before runs recorded it, or whose record is missing."""
+    try:
+        return str(json.loads((Path(run_dir) / "environment.json").read_text()).get("numerics", "unrecorded"))
+    except (OSError, ValueError):
+        return "unrecorded"
 
 
 class RecordWriteError(OSError):

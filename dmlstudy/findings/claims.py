@@ -213,6 +213,7 @@ PER_SEED_COLUMNS = [
     "best_epoch_censored",
     "checkpoint",
     "digest",
+    "numerics",
 ]
 
 
@@ -220,7 +221,8 @@ def per_seed_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One line per run the claims read (``runs``: :func:`claims_frame` rows with a ``regime`` column): regime,
     dataset, ``row`` (the label claims use), seed, the test metrics in the units the claims use (retrieval in
     points), the best epoch, whether the epoch cap censored it, how the checkpoint was chosen and the run's
-    configuration digest (the last part of its run folder). ``runs_per_seed.csv`` beside every claims table:
+    configuration digest (the last part of its run folder) and the numerics tag it ran under
+    (:mod:`dmlstudy.numerics`). ``runs_per_seed.csv`` beside every claims table:
     every Δ and interval of the table recomputes from it (:func:`dmlstudy.verdicts.paired_interval`)."""
     table = runs.rename(columns={"variant": "row"}).copy()
     for metric in PER_SEED_METRICS:
@@ -237,6 +239,9 @@ def per_seed_table(runs: pd.DataFrame) -> pd.DataFrame:
     table["digest"] = table["run_dir"].fillna("").astype(str).map(lambda path: Path(path).name.rpartition("-")[2])
     if "best_epoch_censored" not in table:
         table["best_epoch_censored"] = False
+    if "numerics" not in table:
+        table["numerics"] = "unrecorded"
+    table["numerics"] = table["numerics"].fillna("unrecorded")
     return (
         table[PER_SEED_COLUMNS].sort_values(["regime", "dataset", "row", "seed"], kind="stable").reset_index(drop=True)
     )
@@ -455,13 +460,29 @@ def write_claims(
     claims read, with their regime), ``runs_per_seed.csv`` (:func:`per_seed_table`) under ``folder``."""
     folder = Path(folder)
     csv_path, md_path = write_table(claims[[*CLAIM_COLUMNS, "outcome", HOLM, *RECOMPUTE_COLUMNS]], folder / "claims")
-    md_path.write_text(claims_markdown(claims, scope))
+    text = claims_markdown(claims, scope)
+    if runs is not None:
+        text += numerics_note(per_seed_table(runs))
+    md_path.write_text(text)
     written = [csv_path, md_path]
     if runs is not None:
         per_seed = folder / "runs_per_seed.csv"
         per_seed_table(runs).to_csv(per_seed, index=False)
         written.append(per_seed)
     return written
+
+
+def numerics_note(per_seed: pd.DataFrame) -> str:
+    """A paragraph for a claims table whose runs carry more than one numerics tag (or none recorded): which tags,
+    on how many runs; '' when every run ran under one recorded tag."""
+    counts = per_seed["numerics"].value_counts()
+    if len(counts) == 1 and counts.index[0] != "unrecorded":
+        return ""
+    tags = ", ".join(f"{tag} ({count} runs)" for tag, count in counts.items())
+    return (
+        f"\n**Numerics.** The runs of this table ran under {tags} (`numerics` in `runs_per_seed.csv`, "
+        'docs/protocol.md, "Numerics"): its digits are not one computation\'s.\n'
+    )
 
 
 DECIDED = ("held", "reversed", "not held")  # the outcomes of a decided claim (verdicts.RULE)

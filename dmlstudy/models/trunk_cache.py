@@ -37,6 +37,7 @@ from PIL import Image
 from torch import nn
 from tqdm.auto import tqdm
 
+from dmlstudy import numerics
 from dmlstudy.data.batch_transforms import augment_batch, evaluation_crop, normalize_batch
 from dmlstudy.data.tensor_cache import BatchAugmentedTrain, EvaluationImages, TensorImageSplit
 from dmlstudy.models.backbones import Backbone
@@ -138,7 +139,8 @@ class StemCacheKey:
 
     ``dataset_digest`` identifies the split's images (e.g. :func:`dmlstudy.data.tensor_cache.cache_key`);
     ``augmentation_seed`` is None for the test view (resize and centre crop), else the seed the training
-    augmentation was drawn with, and ``view`` its epoch argument (view ``v`` of the training set).
+    augmentation was drawn with, and ``view`` its epoch argument (view ``v`` of the training set); ``numerics``
+    the tag of the kernels that computed them (:func:`dmlstudy.numerics.observed`).
     """
 
     dataset_digest: str
@@ -147,6 +149,7 @@ class StemCacheKey:
     view: int
     stem_digest: str
     dtype: str = "float16"
+    numerics: str = numerics.PINNED_TAG  # the kernels that computed them (dmlstudy.numerics): another tag, another file
 
     def file_name(self) -> str:
         text = json.dumps({"format": CACHE_FORMAT, **asdict(self)}, sort_keys=True)
@@ -197,6 +200,7 @@ def cached_stem_activations(
     """The stem's activations of one view of a split (``batches``: its images in dataset order), read from
     ``folder`` when a file for this :class:`StemCacheKey` is there, else computed and written (atomically:
     parallel runs may compute a view twice, never read half a file). ``batches`` is only iterated on a miss."""
+    numerics.pin_process()
     key = StemCacheKey(
         dataset_digest=dataset_digest,
         image_size=image_size,
@@ -204,6 +208,7 @@ def cached_stem_activations(
         view=view,
         stem_digest=backbone.stem_digest(),
         dtype=str(dtype).removeprefix("torch."),
+        numerics=numerics.observed()["numerics"],
     )
     path = Path(folder) / key.file_name()
     activations = read_stem_cache(path, key)

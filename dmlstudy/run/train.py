@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from dmlstudy import distributed
+from dmlstudy import distributed, numerics
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.methods import EVAL_BATCH_SIZE, Method
 from dmlstudy.paths import runs_root
@@ -300,6 +300,7 @@ def run(config: TrainConfig) -> RunResult:
     """
     config.validate()
     guard.check_before_loading(config)
+    numerics.pin_process()
     device = distributed.setup(config.device) if distributed.launched_by_torchrun() else resolve_device(config.device)
     with guard.RunGuard(config, writer=distributed.is_main_process()) as folder:
         if folder.reusable:

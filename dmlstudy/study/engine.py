@@ -242,14 +242,17 @@ atexit.register(shutdown)
 @contextmanager
 def task_state() -> Iterator[None]:
     """The state every task starts from on a long-lived worker: thread counts of torch and faiss from
-    ``DMLSTUDY_TASK_THREADS`` (else all of the worker's cores) and the worker's device for
-    ``resolve_device("auto")``. (Seeds are set by ``train.run`` itself, per run and per epoch.)"""
+    ``DMLSTUDY_TASK_THREADS`` (else all of the worker's cores; under the pinned numerics always one,
+    :mod:`dmlstudy.numerics`) and the worker's device for ``resolve_device("auto")``. (Seeds are set by ``train.run`` itself, per run and per epoch.)"""
     import faiss
     import torch
+
+    from dmlstudy import numerics
 
     threads = int(os.environ.get(THREADS_VARIABLE) or available_cores())
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
+    numerics.pin_process()  # under the pinned numerics, one thread whatever the worker has
     yield
 
 

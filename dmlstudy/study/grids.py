@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from dmlstudy import distributed
+from dmlstudy.records import run_numerics
 from dmlstudy.run import identity
 from dmlstudy.run.checkpoint_selection import best_epoch_censored
 from dmlstudy.run.data import load_datasets
@@ -86,7 +87,8 @@ def train_grid(configs: list[tuple[str, TrainConfig]], *, workers: int = 1) -> N
 
 
 def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
-    """One row per run: variant, dataset, seed, run folder, metrics, the method's keyword arguments as JSON, and
+    """One row per run: variant, dataset, seed, run folder, its numerics tag (:func:`~dmlstudy.records.run_numerics`),
+    metrics, the method's keyword arguments as JSON, and
     ``best_epoch_censored`` (:func:`dmlstudy.run.checkpoint_selection.best_epoch_censored`: the cap cut its epochs-to-best short)."""
     rows = []
     for variant, result in results:
@@ -99,6 +101,7 @@ def results_frame(results: list[tuple[str, RunResult]]) -> pd.DataFrame:
                 "seed": config.seed,
                 "method_kwargs": json.dumps(config.method_kwargs, sort_keys=True),
                 "run_dir": str(config.run_dir),
+                "numerics": run_numerics(config.run_dir),
                 **result.metrics,
                 "best_epoch_censored": best_epoch_censored(result.history, config.patience, config.warmup_epochs),
             }
