@@ -23,6 +23,9 @@ Every cell recomputes from ``results/robustness/runs_per_seed.csv`` (its ``pertu
 column a per-seed row belongs to). Each claim is labelled by the amended rule (:func:`robustness_label`: robust,
 consistent, unstable, fragile, open) and, over the four columns that ran before the amendment, by the rule first
 declared (:func:`declared_label`); :func:`simulate_labels` gives both rules' false-label rates under no effect.
+The second amendment's readings over the independent columns (:data:`INDEPENDENT`): :func:`every_column_reading`
+and :func:`across_reading` (:mod:`dmlstudy.findings.across_columns`); their false rates and power:
+:mod:`dmlstudy.findings.power`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy import verdicts
+from dmlstudy.findings import across_columns
 from dmlstudy.findings.claims import Claim, load_claims
 from dmlstudy.paths import study_outputs
 
@@ -52,7 +56,7 @@ SCHEDULE = "30-epoch schedule, patience 2"
 @dataclass(frozen=True)
 class Perturbation:
     """One column of the robustness table: the study whose per-seed table it reads (``""``: computed here),
-    the dataset its runs trained on, and what its interval covers."""
+    the dataset its runs trained on, what its interval covers and the CPU kind its runs ran on (docs/time.md)."""
 
     name: str
     study: str
@@ -60,26 +64,58 @@ class Perturbation:
     covers: str
     labelled: bool = True  # counted by the label as first declared (each partition alone was not: the pooled was)
     reading: str = ""  # the reading its runs belong to, where cells share runs (the label counts a reading once)
+    independent: bool = True  # runs of its own: a column of the every-column and across-columns readings
+    numerics: str = ""  # the CPU kind of its runs ("": not run yet)
 
 
 DEFAULT_RUNS, PARTITION_RUNS = "default runs", "class partitions"
+CPU_A, CPU_C = "CPU-A (AVX-512)", "CPU-C (AVX2 only)"  # the machine kinds of docs/time.md
 PERTURBATIONS: tuple[Perturbation, ...] = (
-    Perturbation("default", "default", "emoji", "seeds", reading=DEFAULT_RUNS),
+    Perturbation("default", "default", "emoji", "seeds", reading=DEFAULT_RUNS, numerics=CPU_A),
     Perturbation(
-        "partition 1", "robust_partitions", "emoji_p1", "seeds (partition 1, its own tuning)", False, PARTITION_RUNS
+        "partition 1",
+        "robust_partitions",
+        "emoji_p1",
+        "seeds (partition 1, its own tuning)",
+        False,
+        PARTITION_RUNS,
+        numerics=CPU_C,
     ),
     Perturbation(
-        "partition 2", "robust_partitions", "emoji_p2", "seeds (partition 2, its own tuning)", False, PARTITION_RUNS
+        "partition 2",
+        "robust_partitions",
+        "emoji_p2",
+        "seeds (partition 2, its own tuning)",
+        False,
+        PARTITION_RUNS,
+        numerics=CPU_C,
     ),
-    Perturbation(POOLED, "", "", "seeds + partitions + tuning", reading=PARTITION_RUNS),
-    Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds"),
+    Perturbation(
+        POOLED,
+        "",
+        "",
+        "seeds + partitions + tuning",
+        reading=PARTITION_RUNS,
+        independent=False,
+        numerics=f"mixed: partition 0 (the default runs) on {CPU_A}, partitions 1 and 2 on {CPU_C}",
+    ),
+    Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds", numerics=CPU_A),
     Perturbation("30 epochs, no early stopping", "robust_epochs30", "emoji", "seeds"),
     Perturbation("224 px", "robust_224", "emoji224", "seeds"),
-    Perturbation("unseen designers", "robust_designers", "emoji_designers", "seeds"),
-    Perturbation(RELATIVES_OUT, "", "emoji", "seeds", reading=DEFAULT_RUNS),
+    Perturbation("unseen designers", "robust_designers", "emoji_designers", "seeds", numerics=CPU_A),
+    Perturbation(
+        RELATIVES_OUT,
+        "",
+        "emoji",
+        "seeds",
+        reading=DEFAULT_RUNS,
+        independent=False,
+        numerics=f"{CPU_A} (the default runs)",
+    ),
 )
 PARTITIONS = ("default", "partition 1", "partition 2")  # the columns the pooled reading pools
 DECLARED_COLUMNS = ("default", SCHEDULE, "unseen designers", RELATIVES_OUT)  # run before the label's amendment
+INDEPENDENT = tuple(p.name for p in PERTURBATIONS if p.independent)  # the columns of the second amendment's readings
 
 
 def reading_of(perturbation: str) -> str:
@@ -138,6 +174,45 @@ def claim_differences(per_seed: pd.DataFrame, claim: Claim, perturbation: str) -
     except KeyError:
         return np.zeros(0)
     return np.asarray(paired.differences, dtype=float)
+
+
+def independent_differences(per_seed: pd.DataFrame, claim: Claim) -> dict[str, np.ndarray]:
+    """The claim's paired differences in each independent column (:data:`INDEPENDENT`) that ran with ≥ 2 seeds."""
+    found = {name: claim_differences(per_seed, claim, name) if len(per_seed) else np.zeros(0) for name in INDEPENDENT}
+    return {name: values for name, values in found.items() if len(values) >= 2}
+
+
+def across_reading(per_seed: pd.DataFrame, claim: Claim) -> across_columns.RandomEffects | None:
+    """The claim's random-effects reading over its independent columns that ran (docs/protocol.md, "Second
+    amendment to the robustness study"; :func:`dmlstudy.findings.across_columns.random_effects`): each column's
+    mean paired difference with variance sd² / n, Q's p-value from its null simulated at the columns' sds and seeds
+    (:func:`dmlstudy.findings.across_columns.q_null`, seeded). None below 2 columns."""
+    columns = list(independent_differences(per_seed, claim).values())
+    if len(columns) < 2:
+        return None
+    means = np.asarray([values.mean() for values in columns])
+    variances = np.asarray([values.var(ddof=1) / len(values) for values in columns])
+    null = across_columns.q_null(
+        np.asarray([values.std(ddof=1) for values in columns]), np.asarray([len(values) for values in columns])
+    )
+    q = float(across_columns.cochran_q(means, variances)[0])
+    return across_columns.random_effects(means, variances, q_p=float(across_columns.q_p_value(q, null)))
+
+
+def every_column_reading(per_seed: pd.DataFrame, claim: Claim) -> str:
+    """The intersection–union reading over the independent columns that ran
+    (:func:`dmlstudy.findings.across_columns.every_column`), with "so far (k of 7)" while one has not run (the
+    reading's conclusion is about every declared column; a column that already fails it is final)."""
+    columns = independent_differences(per_seed, claim)
+    if not columns:
+        return "not run"
+    means = np.asarray([[values.mean() for values in columns.values()]])
+    sds = np.asarray([[values.std(ddof=1) for values in columns.values()]])
+    seeds = np.asarray([[len(values) for values in columns.values()]])
+    reading = str(across_columns.every_column(means, sds, seeds)[0])
+    if len(columns) < len(INDEPENDENT) and reading != across_columns.EVERY_COLUMN[2]:
+        reading += f" so far ({len(columns)} of {len(INDEPENDENT)})"
+    return reading
 
 
 def _cell(claim: Claim, perturbation: Perturbation, values: np.ndarray, *, margin: float, model: str) -> dict:
