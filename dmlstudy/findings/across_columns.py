@@ -243,8 +243,10 @@ def q_null(sds: np.ndarray, seeds: np.ndarray, *, draws: int = Q_NULL_DRAWS, ran
 
 
 def q_p_value(q: float | np.ndarray, null: np.ndarray) -> np.ndarray:
-    """The share of the simulated null (:func:`q_null`, sorted) at or above ``q``."""
-    return 1 - np.searchsorted(null, np.asarray(q, dtype=float), side="left") / len(null)
+    """The Monte Carlo p-value of ``q`` against the simulated null (:func:`q_null`, sorted): (the draws at or above
+    it + 1) / (draws + 1), so never 0."""
+    above = len(null) - np.searchsorted(null, np.asarray(q, dtype=float), side="left")
+    return (above + 1) / (len(null) + 1)
 
 
 def read_pooled(low: np.ndarray, high: np.ndarray, *, margin: float = verdicts.MARGIN) -> np.ndarray:

@@ -52,16 +52,6 @@ STATEMENTS = {  # what each reading says when it "says yes" in the + direction
 POWER_CSV, POWER_MD = "power.csv", "power.md"
 
 
-def _spreads(per_seed: pd.DataFrame, claim: Claim) -> dict[str, float]:
-    """Every simulated column's sd: the observed one (:func:`robustness.observed_spreads`), the default's for a
-    column not run, and 0 for the relatives-out shift when it was not computed."""
-    observed = rb.observed_spreads(per_seed, claim)
-    base = observed.get("default", 1.0)
-    spreads = {name: observed.get(name, base) for name in rb.INDEPENDENT}
-    spreads[rb.RELATIVES_OUT] = observed.get(rb.RELATIVES_OUT, 0.0)
-    return spreads
-
-
 def _scenarios() -> list[tuple[str, float, str, dict[str, float]]]:
     """(scenario, δ, null column, true Δ per independent column)."""
     scenarios = [
@@ -138,7 +128,7 @@ def simulate_readings(
     rows = []
     for index, claim in enumerate(claims):
         margin = claim.margin or verdicts.MARGIN
-        spreads = _spreads(per_seed, claim)
+        spreads = rb.simulated_spreads(per_seed, claim)
         independent_sds = np.asarray([spreads[name] for name in rb.INDEPENDENT])
         null_q = across_columns.q_null(independent_sds, np.full(len(independent_sds), seeds), random_seed=index)
         q_critical = float(np.quantile(null_q, 1 - across_columns.LEVEL))
@@ -178,15 +168,15 @@ def simulate_readings(
 
 def seeds_needed(per_seed: pd.DataFrame, claims: Sequence[Claim] | None = None) -> pd.DataFrame:
     """Per claim: the random-effects pooled Δ over the independent columns that ran, every independent column's sd
-    (the default's where it has not run) and the paired seeds per cell at which the every-column reading has 80 %
-    power if every column's true Δ were the pooled Δ (:func:`across_columns.seeds_for_power`)."""
+    (the default's where it has not run), the every-column reading's power at 5 seeds per cell and the paired seeds
+    per cell at which it reaches 80 % if every column's true Δ were the pooled Δ
+    (:func:`robustness.seeds_for_every_column`)."""
     claims = tuple(claims or rb.headline_claims())
     rows = []
     for claim in claims:
-        spreads = _spreads(per_seed, claim)
+        spreads = rb.simulated_spreads(per_seed, claim)
         reading = rb.across_reading(per_seed, claim)
         sds = np.asarray([spreads[name] for name in rb.INDEPENDENT])
-        needed = across_columns.seeds_for_power(reading.pooled, sds) if reading else None
         now = across_columns.every_column_power(reading.pooled, sds, SEEDS)[0] if reading else np.nan
         rows.append(
             {
@@ -195,7 +185,7 @@ def seeds_needed(per_seed: pd.DataFrame, claims: Sequence[Claim] | None = None) 
                 "columns pooled": reading.columns if reading else 0,
                 **{f"sd {name}": round(spreads[name], 3) for name in rb.INDEPENDENT},
                 f"power at {SEEDS} seeds": now,
-                "seeds per cell for 80 % power": needed,
+                "seeds per cell for 80 % power": rb.seeds_for_every_column(per_seed, claim, reading),
             }
         )
     return pd.DataFrame(rows)
@@ -275,6 +265,32 @@ def power_markdown(simulation: pd.DataFrame, needed: pd.DataFrame) -> str:
         "columns run so far), from the noncentral t distribution at each column's observed sd; and its power at "
         f"{SEEDS} seeds. –: no finite number up to {verdicts.MAX_SEEDS:,}.\n\n" + shown.to_markdown(index=False) + "\n"
     )
+
+
+def front_page_table(simulation: pd.DataFrame) -> str:
+    """The front page's summary of :func:`summary`: per reading (those with power first), its false rate (median
+    over the claims [range]; with one null column, averaged over which) and its power at +1, +2, +3 and +5 in every
+    column (medians; for Q, its power with one null column)."""
+
+    def rate(scenario: str, reading: str, *, spread: bool = False) -> str:
+        row = table.loc[(scenario, reading)]
+        text = f"{100 * row['median']:.1f} %"
+        return text + (f" [{100 * row['low']:.1f}–{100 * row['high']:.1f}]" if spread else "")
+
+    table = summary(simulation).set_index(["scenario", "reading"])
+    null, one_null = "Δ = 0 in every column", f"Δ = {ONE_NULL:+g}, one column null"
+    rows = []
+    for reading in ("across columns", "held in every column", VARIES, "amended label", "label as first declared"):
+        if reading == VARIES:
+            false = f"{rate(null, reading, spread=True)} (a Δ common to every column)"
+            powers = f"{rate(one_null, reading, spread=True)} with one column of seven null, the others +3"
+        else:
+            false = f"{rate(null, reading, spread=True)} (no effect)"
+            if reading != "across columns":
+                false += f"; {rate(one_null, reading, spread=True)} (one column null, the others +3)"
+            powers = " / ".join(rate(f"Δ = {delta:+g} in every column", reading) for delta in DELTAS[1:])
+        rows.append({"reading": reading, "false rate": false, "power at +1 / +2 / +3 / +5 in every column": powers})
+    return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
 
 
 def write_power(per_seed: pd.DataFrame | None = None, *, draws: int = DRAWS) -> pd.DataFrame:

@@ -199,6 +199,56 @@ def across_reading(per_seed: pd.DataFrame, claim: Claim) -> across_columns.Rando
     return across_columns.random_effects(means, variances, q_p=float(across_columns.q_p_value(q, null)))
 
 
+def simulated_spreads(per_seed: pd.DataFrame, claim: Claim) -> dict[str, float]:
+    """The sd of every independent column (:data:`INDEPENDENT`) as the power simulation and the seeds per cell take
+    it: the observed paired sd (:func:`observed_spreads`), the default's for a column not run; under
+    :data:`RELATIVES_OUT` the observed per-seed shift's sd (0 when not computed)."""
+    observed = observed_spreads(per_seed, claim)
+    base = observed.get("default", 1.0)
+    spreads = {name: observed.get(name, base) for name in INDEPENDENT}
+    spreads[RELATIVES_OUT] = observed.get(RELATIVES_OUT, 0.0)
+    return spreads
+
+
+def seeds_for_every_column(
+    per_seed: pd.DataFrame, claim: Claim, reading: across_columns.RandomEffects | None
+) -> int | None:
+    """The paired seeds per cell at which the every-column reading has 80 % power over all 7 independent columns
+    if every column's true Δ were the claim's pooled Δ (``reading``), each column at its sd
+    (:func:`simulated_spreads`; :func:`dmlstudy.findings.across_columns.seeds_for_power`)."""
+    if reading is None:
+        return None
+    spreads = simulated_spreads(per_seed, claim)
+    return across_columns.seeds_for_power(reading.pooled, np.asarray([spreads[name] for name in INDEPENDENT]))
+
+
+def across_columns_row(per_seed: pd.DataFrame, claim: Claim, *, margin: float) -> dict[str, Any]:
+    """The claim's :data:`ACROSS_COLUMNS`: the every-column reading, the random-effects reading (pooled Δ, its
+    interval and prediction interval, τ, I², Q and its p-value), whether it varies with the compromise (said only
+    when Q rejects homogeneity at 5 %; empty otherwise) and the seeds per cell for 80 % power."""
+    reading = across_reading(per_seed, claim)
+    row: dict[str, Any] = {"every column": every_column_reading(per_seed, claim)}
+    if reading is None:
+        return {**row, "across columns": "not run", "columns pooled": 0}
+    pending = reading.columns < len(INDEPENDENT)
+    return {
+        **row,
+        "across columns": reading.outcome(margin=margin) + (" so far" if pending else ""),
+        "columns pooled": reading.columns,
+        "pooled Δ": round(reading.pooled, 2),
+        "pooled low": round(reading.low, 2),
+        "pooled high": round(reading.high, 2),
+        "prediction low": round(reading.prediction_low, 2),
+        "prediction high": round(reading.prediction_high, 2),
+        "τ": round(reading.tau, 2),
+        "I²": round(reading.i2, 3),
+        "Q": round(reading.q, 2),
+        "Q p": reading.q_p,
+        "varies with the compromise": "varies" if reading.varies else "",
+        "seeds per cell for 80 % power": seeds_for_every_column(per_seed, claim, reading),
+    }
+
+
 def every_column_reading(per_seed: pd.DataFrame, claim: Claim) -> str:
     """The intersection–union reading over the independent columns that ran
     (:func:`dmlstudy.findings.across_columns.every_column`), with "so far (k of 7)" while one has not run (the
@@ -268,11 +318,31 @@ def robustness_table(
             "robustness": f"{label} so far" if pending and label not in ("fragile", "not run") else label,
             "readings decided": readings_decided(ran),
             "label as first declared": declared_label(cells[cells["perturbation"].isin(DECLARED_COLUMNS)]),
+            **across_columns_row(per_seed, claim, margin=claim.margin or margin),
         }
-    return table.assign(**{key: table["claim"].map({c: v[key] for c, v in columns.items()}) for key in LABEL_COLUMNS})
+    numerics = {p.name: p.numerics or "not run yet" for p in PERTURBATIONS}
+    table = table.assign(numerics=table["perturbation"].map(numerics))
+    per_claim = LABEL_COLUMNS + ACROSS_COLUMNS
+    return table.assign(**{key: table["claim"].map({c: v.get(key) for c, v in columns.items()}) for key in per_claim})
 
 
 LABEL_COLUMNS = ("robustness", "readings decided", "label as first declared")
+ACROSS_COLUMNS = (  # the second amendment's per-claim columns (docs/protocol.md)
+    "every column",
+    "across columns",
+    "columns pooled",
+    "pooled Δ",
+    "pooled low",
+    "pooled high",
+    "prediction low",
+    "prediction high",
+    "τ",
+    "I²",
+    "Q",
+    "Q p",
+    "varies with the compromise",
+    "seeds per cell for 80 % power",
+)
 DECIDED = ("held", "reversed", "not held")  # the decided outcomes of a claim "A > B" (not held: an equivalence)
 LABELS = ("fragile", "robust", "consistent", "unstable", "open")  # the amended rule's labels, in its order
 
@@ -480,6 +550,68 @@ def wide_table(table: pd.DataFrame, *, interval: bool = True) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def _p_text(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def across_text(row: Mapping[str, Any]) -> str:
+    """``+2.67 [+1.97, +3.37] **held**``: the pooled Δ, its Hartung–Knapp interval and its reading."""
+    if not row.get("columns pooled"):
+        return "not run"
+    outcome = str(row["across columns"]).removesuffix(" so far")
+    verdict = VERDICT_WORDS.get(outcome, outcome) + (" so far" if str(row["across columns"]).endswith("so far") else "")
+    return f"{row['pooled Δ']:+.2f} [{row['pooled low']:+.2f}, {row['pooled high']:+.2f}] {verdict}"
+
+
+def readings_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per claim, the second amendment's readings over the independent columns, then both labels: held in every
+    column; across columns (pooled Δ [Hartung–Knapp 95 %] and its reading; the 95 % prediction interval; τ; I²;
+    Q and its p-value); varies with the compromise (only when Q rejects at 5 %); the seeds per cell for 80 % power."""
+    claims = list(dict.fromkeys(table["claim"]))
+    rows = table.drop_duplicates("claim").set_index("claim").loc[claims].reset_index().to_dict("records")
+    shown = []
+    for row in rows:
+        ran = bool(row.get("columns pooled"))
+        seeds = row.get("seeds per cell for 80 % power")
+        shown.append(
+            {
+                "claim": row["claim"],
+                "held in every column": row["every column"],
+                "across columns: pooled Δ [95 %]": across_text(row),
+                "columns pooled": f"{int(row['columns pooled'])} of {len(INDEPENDENT)}" if ran else "–",
+                "prediction interval": f"[{row['prediction low']:+.2f}, {row['prediction high']:+.2f}]"
+                if ran and np.isfinite(row["prediction low"])
+                else "–",
+                "τ": f"{row['τ']:.2f}" if ran else "–",
+                "I²": f"{100 * row['I²']:.0f} %" if ran else "–",
+                "Q (p)": f"{row['Q']:.1f} ({_p_text(row['Q p'])})" if ran else "–",
+                "varies with the compromise": row["varies with the compromise"]
+                if isinstance(row["varies with the compromise"], str)
+                else "",
+                "seeds per cell for 80 %": f"{int(seeds):,}" if seeds is not None and np.isfinite(seeds) else "–",
+                "robustness (amended label)": row["robustness"],
+                "label as first declared": row["label as first declared"],
+            }
+        )
+    return pd.DataFrame(shown)
+
+
+READINGS_RULE = (
+    "**held in every column**: each independent column's one-sided 95 % bound above 0 (an intersection–union test: "
+    "at most 5 % false, no correction needed); **across columns**: the random-effects pooled Δ (DerSimonian–Laird "
+    "τ²) with its Hartung–Knapp 95 % interval on k − 1 degrees of freedom (its variance never below "
+    "DerSimonian–Laird's), read by the study's rule; the **prediction interval** is where a further column's Δ "
+    "would fall (95 %); **τ** the sd of the true Δ between columns, **I²** the share of Q beyond its degrees of "
+    "freedom; **Q (p)** Cochran's Q with its p-value against its null simulated at the columns' sds; **varies with "
+    "the compromise** only when that p is below 5 % (otherwise nothing is said); **seeds per cell for 80 %**: the "
+    "paired seeds per cell at which *held in every column* would have 80 % power over all 7 independent columns if "
+    "every column's true Δ were the pooled Δ. The independent columns: default, partition 1, partition 2, both "
+    "30-epoch columns, 224 px, unseen designers (the relatives-out cell re-reads the default runs, the pooled cell "
+    'the partitions). "… so far" while one of them has not run. False rates and power of every reading: '
+    "`power.md`"
+)
+
+
 LABEL_RULE = (
     "**robust**: every cell decided, all alike; **consistent**: Δ of one sign everywhere, no opposite decision, "
     "some cells undecided; **unstable**: Δ of both signs, nothing opposite decided; **fragile**: held in one cell, "
@@ -514,14 +646,16 @@ def chain_markdown(chain: pd.DataFrame) -> str:
     errors = chain.drop_duplicates("claim").set_index("claim").loc[claims]
     shown["published verdict"] = errors["published verdict"]
     shown["first reached by"] = errors["first reached by"]
-    shown["error"] = [error_text(e) for e in errors["error"]]
+    shown["error (as first reached)"] = [error_text(e) for e in errors["error"]]
+    shown["error over the readings run"] = [error_text(e) for e in errors["error over the readings run"]]
     return (
         "## Each claim's chain of readings, and the error of its verdict\n\n"
         "The tests each headline claim went through, in the order they were made (Δ, paired seeds in brackets, the "
         "outcome; the full verdict texts in `chain.csv`): build 1's default look, the sequential design, a confirmatory study where one ran, build 2's "
         "default look. The published verdict is the latest decided reading's; it carries the sum of the levels of "
-        'the readings up to the first that reached it (docs/protocol.md, "Amendment to the robustness study"), '
-        "recomputed in `chain.csv` from the committed tables.\n\n"
+        'the readings up to the first that reached it (docs/protocol.md, "Amendment to the robustness study"); '
+        "beside it, the bound over every reading that ran (the sum of all their levels: docs/protocol.md, "
+        '"Second amendment to the robustness study"), both recomputed in `chain.csv` from the committed tables.\n\n'
         + shown.rename_axis("claim").reset_index().to_markdown(index=False)
         + "\n"
     )
@@ -531,6 +665,7 @@ def robustness_markdown(
     table: pd.DataFrame, simulation: pd.DataFrame | None = None, chain: pd.DataFrame | None = None
 ) -> str:
     covers = "; ".join(f"**{p.name}**: {p.covers}" for p in PERTURBATIONS)
+    numerics = "; ".join(f"**{p.name}**: {p.numerics or 'not run yet'}" for p in PERTURBATIONS)
     text = (
         "# The headline claims under the study's own compromises\n\n"
         "Each cell: Δ R@1 points (A − B) [95 % interval] and the verdict by the rule declared before the runs "
@@ -541,9 +676,13 @@ def robustness_markdown(
         "their seed noise: it tests the gallery, not the training. The 30-epoch schedule column stretches the cosine "
         "schedule with the cap and stops runs by patience (a longer schedule, not more training alone); the column "
         "with 30 epochs and no early stopping runs the schedule to its end and reads whether more training changes "
-        f"a verdict. What each interval covers: {covers}. Every cell recomputes from `runs_per_seed.csv` beside this "
+        f"a verdict. What each interval covers: {covers}. Numerics (the CPU kind each column ran on, docs/time.md): "
+        f"{numerics}. Every cell recomputes from `runs_per_seed.csv` beside this "
         "table (column `perturbation`; the pooled cells from the three partitions' mean paired differences).\n\n"
         + wide_table(table).to_markdown(index=False)
+        + "\n\n## Read across the independent columns\n\n"
+        + f"{READINGS_RULE}. The every-column and across-columns readings mix CPU kinds (CPU-A and CPU-C).\n\n"
+        + readings_table(table).to_markdown(index=False, disable_numparse=True)
         + "\n"
     )
     if chain is not None and len(chain):
@@ -651,18 +790,40 @@ def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def readme_markdown(table: pd.DataFrame, errors: pd.DataFrame | None = None) -> str:
-    """The front page's robustness table: every declared column (its cells without intervals: Δ and the
-    verdict, the seeds an undecided cell needs), the amended label, the label as first declared and, given the
-    chain (:func:`dmlstudy.findings.chain.chain_errors`), each claim's published verdict with its error."""
+    """The front page's robustness table, the readings with power first: per claim the across-columns reading, held
+    in every column, whether it varies with the compromise, the seeds per cell the every-column reading needs, then
+    both labels and, given the chain (:func:`dmlstudy.findings.chain.chain_errors`), the published verdict with
+    its error as first reached and the bound over the readings run. An amended label "unstable" (Δ of both signs
+    among the cells) where Q detects no variation says so beside it."""
     from dmlstudy.findings.chain import error_text
 
-    wide = wide_table(table, interval=False).drop(columns=["readings decided"])
+    shown = readings_table(table)[
+        [
+            "claim",
+            "across columns: pooled Δ [95 %]",
+            "held in every column",
+            "varies with the compromise",
+            "seeds per cell for 80 %",
+            "robustness (amended label)",
+            "label as first declared",
+        ]
+    ]
+    quiet = (shown["varies with the compromise"] != "varies") & shown["robustness (amended label)"].str.startswith(
+        "unstable"
+    )
+    shown.loc[quiet, "robustness (amended label)"] += " (no variation detected)"
     if errors is not None:
         by_claim = errors.set_index("claim")
-        wide["published verdict (error)"] = [
-            f"{by_claim.loc[c, 'published verdict']} ({error_text(by_claim.loc[c, 'error'])})" for c in wide["claim"]
-        ]
-    return wide.rename(columns={"claim": "claim (A > B)"}).to_markdown(index=False)
+        shown = shown.assign(
+            **{
+                "published verdict (error as first reached; over the readings run)": [
+                    f"{by_claim.loc[c, 'published verdict']} ({error_text(by_claim.loc[c, 'error'])}; "
+                    f"{error_text(by_claim.loc[c, 'error over the readings run'])})"
+                    for c in shown["claim"]
+                ]
+            }
+        )
+    return shown.rename(columns={"claim": "claim (A > B)"}).to_markdown(index=False, disable_numparse=True)
 
 
 def columns_not_run(table: pd.DataFrame) -> list[str]:
