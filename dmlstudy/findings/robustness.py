@@ -718,38 +718,119 @@ def simulation_markdown(simulation: pd.DataFrame) -> str:
     )
 
 
+FOREST_COLOURS = {"independent": "#0072b2", "re-read": "#8c8c8c", "pooled": "#000000"}  # Okabe–Ito blue, greys
+
+
+def _forest_rows() -> list[str]:
+    """The forest's rows, top to bottom: the independent columns, then the cells that re-read their runs."""
+    return [*INDEPENDENT, *[p.name for p in PERTURBATIONS if not p.independent]]
+
+
+def _forest_title(cells: pd.DataFrame) -> str:
+    """``across columns: held so far; varies with the compromise`` (nothing about variation unless Q rejects)."""
+    first = cells.iloc[0]
+    if not first.get("columns pooled"):
+        return "across columns: not run"
+    outcome = str(first["across columns"]).replace("not held", "equivalent")
+    varies = "; varies with the compromise" if first.get("varies with the compromise") == "varies" else ""
+    return f"across columns: {outcome}{varies}"
+
+
 def forest_figure(table: pd.DataFrame) -> plt.Figure:
-    """One panel per claim, one interval per column (filled: decided; red: the pooled partitions), the ±margin band
-    shaded, the amended label in the title."""
+    """One panel per claim: every declared column's interval (filled: decided; open: undecided; blue: an
+    independent column, grey: a cell that re-reads another column's runs; "not run yet" where its study has not
+    run), then the random-effects pooled Δ of the independent columns as a diamond spanning its Hartung–Knapp 95 %
+    interval, with the 95 % prediction interval as a line through it (cut at the panel's edge with an arrow where it
+    reaches beyond; its bounds in the row's label). The ±margin band shaded; the across-columns reading in the
+    title."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Polygon
+
     claims = list(dict.fromkeys(table["claim"]))
-    order = [p.name for p in PERTURBATIONS]
+    order = _forest_rows()
     columns = 2
     rows = math.ceil(len(claims) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(11, 0.3 * len(order) * rows + 1), squeeze=False, sharey=True)
+    height = 0.3 * (len(order) + 2) * rows + 1.2
+    figure, axes = plt.subplots(rows, columns, figsize=(12, height), squeeze=False)
+    independent = set(INDEPENDENT)
     for axis, claim in zip(axes.flat, claims):
         cells = table[table["claim"] == claim].set_index("perturbation").reindex(order)
-        positions = np.arange(len(order))[::-1]
+        first = table[table["claim"] == claim].iloc[0]
+        diamond_y = 0.0
+        positions = np.arange(len(order))[::-1] + 1.6  # the columns above the diamond's row
+        ran = cells[cells["outcome"].ne("not run") & cells["CI low"].notna()]
+        bounds = [*ran["CI low"], *ran["CI high"]]
+        pooled = bool(first.get("columns pooled"))
+        if pooled:
+            bounds += [first["pooled low"], first["pooled high"]]
+        low, high = (min(bounds), max(bounds)) if bounds else (-2.0, 2.0)
+        margin = float(first["margin"]) if np.isfinite(first["margin"]) else verdicts.MARGIN
+        low, high = min(low, -margin), max(high, margin)
+        pad = 0.06 * (high - low)
+        low, high = low - pad, high + pad
         for y, (name, cell) in zip(positions, cells.iterrows()):
             if cell["outcome"] == "not run" or not np.isfinite(cell["CI low"]):
-                axis.text(0, y, "not run", va="center", ha="center", fontsize=7, color="0.5")
+                axis.axhline(y, color="0.85", lw=0.8, ls=":", zorder=0)
+                axis.text(0.015, y, "not run yet", transform=axis.get_yaxis_transform(), va="center", ha="left",
+                          fontsize=7, color="0.45", style="italic")  # fmt: skip
                 continue
+            colour = FOREST_COLOURS["independent" if name in independent else "re-read"]
             decided = cell["outcome"] in DECIDED
             axis.errorbar(
                 cell["Δ"], y, xerr=[[cell["Δ"] - cell["CI low"]], [cell["CI high"] - cell["Δ"]]],
-                fmt="o", color="C3" if name == POOLED else "C0", mfc=None if decided else "white", capsize=2,
+                fmt="o", color=colour, mfc=colour if decided else "white", capsize=2, ms=5,
             )  # fmt: skip
-        margin = float(cells["margin"].dropna().iloc[0]) if cells["margin"].notna().any() else verdicts.MARGIN
+        labels = [name if name in independent else f"{name} (re-read)" for name in order]
+        label = "across columns"
+        if pooled:
+            centre = float(first["pooled Δ"])
+            axis.add_patch(
+                Polygon(
+                    [
+                        (first["pooled low"], diamond_y),
+                        (centre, diamond_y + 0.35),
+                        (first["pooled high"], diamond_y),
+                        (centre, diamond_y - 0.35),
+                    ],
+                    closed=True,
+                    color=FOREST_COLOURS["pooled"],
+                    zorder=3,
+                )  # fmt: skip
+            )
+            left, right = float(first["prediction low"]), float(first["prediction high"])
+            if np.isfinite(left) and np.isfinite(right):
+                axis.plot([max(left, low), min(right, high)], [diamond_y, diamond_y], color="0.3", lw=1, zorder=2)
+                for edge, beyond, marker in ((low, left < low, "<"), (high, right > high, ">")):
+                    if beyond:
+                        axis.plot(edge, diamond_y, marker=marker, color="0.3", ms=5, clip_on=False, zorder=2)
+                label += (
+                    f" ({int(first['columns pooled'])} of {len(INDEPENDENT)})\nprediction [{left:+.1f}, {right:+.1f}]"
+                )
+        else:
+            axis.text(0.015, diamond_y, "not run yet", transform=axis.get_yaxis_transform(), va="center",
+                      ha="left", fontsize=7, color="0.45", style="italic")  # fmt: skip
+        axis.axhline(0.8, color="0.6", lw=0.6)
         axis.axvspan(-margin, margin, color="0.92", zorder=0)
         axis.axvline(0, color="0.4", lw=0.8)
-        label = cells["robustness"].dropna().iloc[0] if cells["robustness"].notna().any() else ""
-        axis.set_title(f"{claim}: {label}", fontsize=9)
-        axis.set_yticks(positions, order, fontsize=7)
+        axis.set_xlim(low, high)
+        axis.set_ylim(-0.7, positions[0] + 0.6)
+        axis.set_yticks([*positions, diamond_y], [*labels, label], fontsize=7)
+        axis.set_title(f"{claim}\n{_forest_title(table[table['claim'] == claim])}", fontsize=8.5)
         axis.tick_params(axis="x", labelsize=7)
     for axis in axes.flat[len(claims) :]:
         axis.set_visible(False)
     for axis in axes[-1]:
-        axis.set_xlabel("Δ R@1 points (A − B), 95 % interval; filled: decided", fontsize=8)
-    figure.tight_layout()
+        axis.set_xlabel("Δ R@1 points (A − B)", fontsize=8)
+    handles = [
+        Line2D([], [], marker="o", color=FOREST_COLOURS["independent"], ls="", label="decided (95 % interval)"),
+        Line2D([], [], marker="o", color=FOREST_COLOURS["independent"], mfc="white", ls="", label="undecided"),
+        Line2D([], [], marker="o", color=FOREST_COLOURS["re-read"], ls="", label="re-reads another column's runs"),
+        Patch(color=FOREST_COLOURS["pooled"], label="random-effects pooled Δ, Hartung–Knapp 95 %"),
+        Line2D([], [], color="0.3", lw=1, label="95 % prediction interval"),
+        Patch(color="0.92", label="±margin (1 R@1 point)"),
+    ]
+    figure.tight_layout(rect=(0, 0.035, 1, 1))
+    figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=7.5, frameon=False)
     return figure
 
 
