@@ -52,6 +52,22 @@ STATEMENTS = {  # what each reading says when it "says yes" in the + direction
 POWER_CSV, POWER_MD = "power.csv", "power.md"
 
 
+DECLARED_FROM = (  # the cells that had run when the simulation was declared: their sds, and only theirs, are read
+    "default",
+    "partition 1",
+    "partition 2",
+    rb.SCHEDULE,
+    "unseen designers",
+    rb.RELATIVES_OUT,
+)
+
+
+def as_declared(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """The per-seed rows of :data:`DECLARED_FROM` alone, so that the committed simulation recomputes the same once
+    the later columns' rows join the per-seed table (they take the default's sd, as when it was declared)."""
+    return per_seed[per_seed["perturbation"].isin(DECLARED_FROM)] if len(per_seed) else per_seed
+
+
 def _scenarios() -> list[tuple[str, float, str, dict[str, float]]]:
     """(scenario, δ, null column, true Δ per independent column)."""
     scenarios = [
@@ -123,8 +139,9 @@ def simulate_readings(
     either direction; under Δ in every column the power (for Q, its false rate: the truth is homogeneous); with one
     null column the false rate of the labels and of the every-column reading (the claim is not held there) and the
     power of the across-columns reading (the mean Δ is positive) and of Q. Seeded: the same arguments give the same
-    table."""
+    table. Only the cells of :data:`DECLARED_FROM` are read (:func:`as_declared`)."""
     claims = tuple(claims or rb.headline_claims())
+    per_seed = as_declared(per_seed)
     rows = []
     for index, claim in enumerate(claims):
         margin = claim.margin or verdicts.MARGIN
@@ -167,11 +184,13 @@ def simulate_readings(
 
 
 def seeds_needed(per_seed: pd.DataFrame, claims: Sequence[Claim] | None = None) -> pd.DataFrame:
-    """Per claim: the random-effects pooled Δ over the independent columns that ran, every independent column's sd
+    """Per claim, from the cells of :data:`DECLARED_FROM`: the random-effects pooled Δ over the independent columns
+    among them, every independent column's sd
     (the default's where it has not run), the every-column reading's power at 5 seeds per cell and the paired seeds
     per cell at which it reaches 80 % if every column's true Δ were the pooled Δ
     (:func:`robustness.seeds_for_every_column`)."""
     claims = tuple(claims or rb.headline_claims())
+    per_seed = as_declared(per_seed)
     rows = []
     for claim in claims:
         spreads = rb.simulated_spreads(per_seed, claim)
