@@ -11,7 +11,7 @@ ifdef PUBLISH_DIFFERENT_BUILD
 export DMLSTUDY_PUBLISH_DIFFERENT_BUILD := $(PUBLISH_DIFFERENT_BUILD)
 endif
 
-.PHONY: study publish teach test lint install lab data smoke full clean-runs notebooks tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-epochs30 robustness-table
+.PHONY: study publish teach test lint install lab data smoke full clean-runs notebooks tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-epochs30 robustness-table robustness-power
 
 $(STAMP): pyproject.toml requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -122,3 +122,7 @@ robustness-budget robustness-epochs30 robustness-224 robustness-designers: robus
 
 robustness-table: $(STAMP)
 	$(BIN)/dmlstudy study robustness
+
+## false rate and power of every robustness reading, simulated from the committed per-seed table (seconds)
+robustness-power: $(STAMP)
+	$(BIN)/dmlstudy study robustness-power

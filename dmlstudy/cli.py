@@ -317,6 +317,17 @@ def _study_robustness(args: argparse.Namespace) -> int:
     return 0
 
 
+def _study_robustness_power(args: argparse.Namespace) -> int:
+    from dmlstudy.findings import power
+    from dmlstudy.paths import study_outputs
+
+    simulation = power.write_power(draws=args.draws)
+    print(power.summary(simulation).to_string(index=False))
+    folder = study_outputs("robustness", "results")
+    print(f"written: {folder}/{power.POWER_CSV}, {folder}/{power.POWER_MD}")
+    return 0
+
+
 def _study_table(args: argparse.Namespace) -> int:
     from dmlstudy.paths import study_outputs
     from dmlstudy.study.report import configuration_columns, configuration_text, gather_runs, summarize, write_table
@@ -556,6 +567,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--recompute-relatives", action="store_true", help="compute the relatives-out column again from the runs"
     )
     robustness.set_defaults(handler=_study_robustness)
+    robustness_power = study_commands.add_parser(
+        "robustness-power",
+        help="false rate and power of every robustness reading, simulated → results/robustness/power.{csv,md}",
+        description="Simulates tables of the 9 declared robustness columns at each cell's observed paired sd (read "
+        "from the committed results/robustness/runs_per_seed.csv; seeded) and writes how often each reading (the "
+        'two labels, held in every column, across columns, Q) says held or varies (docs/protocol.md, "Second '
+        'amendment to the robustness study").',
+    )
+    robustness_power.add_argument("--draws", type=int, default=20_000, help="simulated tables per claim and scenario")
+    robustness_power.set_defaults(handler=_study_robustness_power)
     _add_pretrain_parser(commands, registered.pretrain_options)
     _add_tune_parser(commands)
     return parser

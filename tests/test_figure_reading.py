@@ -6,6 +6,7 @@ of one axis do not overprint each other, and the names written beside points do 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import matplotlib
 
@@ -20,6 +21,7 @@ from matplotlib.text import Text  # noqa: E402
 from dmlstudy import explanations, plots  # noqa: E402
 from dmlstudy.experiments import tables  # noqa: E402
 from dmlstudy.experiments.papers import cross_attention, crt, dgcrl, diml  # noqa: E402
+from dmlstudy.findings import robustness  # noqa: E402
 from dmlstudy.findings.claims import CLAIMS, claims_table, forest_figure  # noqa: E402
 from dmlstudy.methods import build_method  # noqa: E402
 from dmlstudy.models import build_backbone  # noqa: E402
@@ -212,6 +214,9 @@ WITHOUT_DATA = {  # figure functions that need no dataset
         title="R@1 (%) of sⁿ on an emoji test subset",
     ),
     "claims_forest": forest,
+    "robustness_forest": lambda: robustness.forest_figure(
+        pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "robustness" / "claims.csv")
+    ),
 }
 
 

@@ -5,7 +5,8 @@ several tests, one after another — build 1's default look (5 % per claim), the
 looks, read after the first), a confirmatory study on fresh seeds where one ran (5 %), build 2's default look (5 %).
 The verdict a claim publishes is the latest decided reading's; it carries, by Bonferroni over the chain, the sum
 of the levels of the readings up to and including the first one that reached that verdict (5 %, ≤ 10 %, ≤ 15 %,
-≤ 20 %). A later reading that agrees does not lower it. Every reading recomputes from committed tables: build 1's
+≤ 20 %). A later reading that agrees does not lower it. Beside it stands the bound over every reading that ran
+(the sum of all their levels). Every reading recomputes from committed tables: build 1's
 default look from the first five paired seeds of the sequential study's per-seed table (the default runs of
 build 1), the others from their studies' ``claims.csv``.
 """
@@ -91,14 +92,22 @@ def chain_readings(
 
 def chain_errors(readings: pd.DataFrame) -> pd.DataFrame:
     """Per claim: the published verdict (the latest decided reading's outcome; ``undecided`` when none decided),
-    the reading that published it, the first reading that reached it, and the error the verdict carries (the sum
-    of the levels up to that first reading), with every reading's outcome in chain order."""
+    the reading that published it, the first reading that reached it, the error the verdict carries (the sum
+    of the levels up to that first reading), the bound over every reading that ran (the sum of all their levels:
+    docs/protocol.md, "Second amendment to the robustness study"), with every reading's outcome in chain order."""
     rows = []
     for claim, group in readings.sort_values("order").groupby("claim", sort=False):
         decided = group[group["outcome"].isin(verdicts.RULE[">"].values())]
         if decided.empty:
             rows.append(
-                {"claim": claim, "published verdict": "undecided", "by": "", "first reached by": "", "error": np.nan}
+                {
+                    "claim": claim,
+                    "published verdict": "undecided",
+                    "by": "",
+                    "first reached by": "",
+                    "error": np.nan,
+                    "error over the readings run": np.nan,
+                }
             )
             continue
         latest = decided.iloc[-1]
@@ -111,6 +120,7 @@ def chain_errors(readings: pd.DataFrame) -> pd.DataFrame:
                 "by": latest["reading"],
                 "first reached by": first["reading"],
                 "error": round(error, 4),
+                "error over the readings run": round(float(group.loc[group["outcome"] != "not run", "level"].sum()), 4),
             }
         )
     errors = pd.DataFrame(rows)

@@ -23,6 +23,9 @@ Every cell recomputes from ``results/robustness/runs_per_seed.csv`` (its ``pertu
 column a per-seed row belongs to). Each claim is labelled by the amended rule (:func:`robustness_label`: robust,
 consistent, unstable, fragile, open) and, over the four columns that ran before the amendment, by the rule first
 declared (:func:`declared_label`); :func:`simulate_labels` gives both rules' false-label rates under no effect.
+The second amendment's readings over the independent columns (:data:`INDEPENDENT`): :func:`every_column_reading`
+and :func:`across_reading` (:mod:`dmlstudy.findings.across_columns`); their false rates and power:
+:mod:`dmlstudy.findings.power`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from dmlstudy import verdicts
+from dmlstudy.findings import across_columns
 from dmlstudy.findings.claims import Claim, load_claims
 from dmlstudy.paths import study_outputs
 
@@ -52,7 +56,7 @@ SCHEDULE = "30-epoch schedule, patience 2"
 @dataclass(frozen=True)
 class Perturbation:
     """One column of the robustness table: the study whose per-seed table it reads (``""``: computed here),
-    the dataset its runs trained on, and what its interval covers."""
+    the dataset its runs trained on, what its interval covers and the CPU kind its runs ran on (docs/time.md)."""
 
     name: str
     study: str
@@ -60,26 +64,58 @@ class Perturbation:
     covers: str
     labelled: bool = True  # counted by the label as first declared (each partition alone was not: the pooled was)
     reading: str = ""  # the reading its runs belong to, where cells share runs (the label counts a reading once)
+    independent: bool = True  # runs of its own: a column of the every-column and across-columns readings
+    numerics: str = ""  # the CPU kind of its runs ("": not run yet)
 
 
 DEFAULT_RUNS, PARTITION_RUNS = "default runs", "class partitions"
+CPU_A, CPU_C = "CPU-A (AVX-512)", "CPU-C (AVX2 only)"  # the machine kinds of docs/time.md
 PERTURBATIONS: tuple[Perturbation, ...] = (
-    Perturbation("default", "default", "emoji", "seeds", reading=DEFAULT_RUNS),
+    Perturbation("default", "default", "emoji", "seeds", reading=DEFAULT_RUNS, numerics=CPU_A),
     Perturbation(
-        "partition 1", "robust_partitions", "emoji_p1", "seeds (partition 1, its own tuning)", False, PARTITION_RUNS
+        "partition 1",
+        "robust_partitions",
+        "emoji_p1",
+        "seeds (partition 1, its own tuning)",
+        False,
+        PARTITION_RUNS,
+        numerics=CPU_C,
     ),
     Perturbation(
-        "partition 2", "robust_partitions", "emoji_p2", "seeds (partition 2, its own tuning)", False, PARTITION_RUNS
+        "partition 2",
+        "robust_partitions",
+        "emoji_p2",
+        "seeds (partition 2, its own tuning)",
+        False,
+        PARTITION_RUNS,
+        numerics=CPU_C,
     ),
-    Perturbation(POOLED, "", "", "seeds + partitions + tuning", reading=PARTITION_RUNS),
-    Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds"),
+    Perturbation(
+        POOLED,
+        "",
+        "",
+        "seeds + partitions + tuning",
+        reading=PARTITION_RUNS,
+        independent=False,
+        numerics=f"mixed: partition 0 (the default runs) on {CPU_A}, partitions 1 and 2 on {CPU_C}",
+    ),
+    Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds", numerics=CPU_A),
     Perturbation("30 epochs, no early stopping", "robust_epochs30", "emoji", "seeds"),
     Perturbation("224 px", "robust_224", "emoji224", "seeds"),
-    Perturbation("unseen designers", "robust_designers", "emoji_designers", "seeds"),
-    Perturbation(RELATIVES_OUT, "", "emoji", "seeds", reading=DEFAULT_RUNS),
+    Perturbation("unseen designers", "robust_designers", "emoji_designers", "seeds", numerics=CPU_A),
+    Perturbation(
+        RELATIVES_OUT,
+        "",
+        "emoji",
+        "seeds",
+        reading=DEFAULT_RUNS,
+        independent=False,
+        numerics=f"{CPU_A} (the default runs)",
+    ),
 )
 PARTITIONS = ("default", "partition 1", "partition 2")  # the columns the pooled reading pools
 DECLARED_COLUMNS = ("default", SCHEDULE, "unseen designers", RELATIVES_OUT)  # run before the label's amendment
+INDEPENDENT = tuple(p.name for p in PERTURBATIONS if p.independent)  # the columns of the second amendment's readings
 
 
 def reading_of(perturbation: str) -> str:
@@ -140,6 +176,95 @@ def claim_differences(per_seed: pd.DataFrame, claim: Claim, perturbation: str) -
     return np.asarray(paired.differences, dtype=float)
 
 
+def independent_differences(per_seed: pd.DataFrame, claim: Claim) -> dict[str, np.ndarray]:
+    """The claim's paired differences in each independent column (:data:`INDEPENDENT`) that ran with ≥ 2 seeds."""
+    found = {name: claim_differences(per_seed, claim, name) if len(per_seed) else np.zeros(0) for name in INDEPENDENT}
+    return {name: values for name, values in found.items() if len(values) >= 2}
+
+
+def across_reading(per_seed: pd.DataFrame, claim: Claim) -> across_columns.RandomEffects | None:
+    """The claim's random-effects reading over its independent columns that ran (docs/protocol.md, "Second
+    amendment to the robustness study"; :func:`dmlstudy.findings.across_columns.random_effects`): each column's
+    mean paired difference with variance sd² / n, Q's p-value from its null simulated at the columns' sds and seeds
+    (:func:`dmlstudy.findings.across_columns.q_null`, seeded). None below 2 columns."""
+    columns = list(independent_differences(per_seed, claim).values())
+    if len(columns) < 2:
+        return None
+    means = np.asarray([values.mean() for values in columns])
+    variances = np.asarray([values.var(ddof=1) / len(values) for values in columns])
+    null = across_columns.q_null(
+        np.asarray([values.std(ddof=1) for values in columns]), np.asarray([len(values) for values in columns])
+    )
+    q = float(across_columns.cochran_q(means, variances)[0])
+    return across_columns.random_effects(means, variances, q_p=float(across_columns.q_p_value(q, null)))
+
+
+def simulated_spreads(per_seed: pd.DataFrame, claim: Claim) -> dict[str, float]:
+    """The sd of every independent column (:data:`INDEPENDENT`) as the power simulation and the seeds per cell take
+    it: the observed paired sd (:func:`observed_spreads`), the default's for a column not run; under
+    :data:`RELATIVES_OUT` the observed per-seed shift's sd (0 when not computed)."""
+    observed = observed_spreads(per_seed, claim)
+    base = observed.get("default", 1.0)
+    spreads = {name: observed.get(name, base) for name in INDEPENDENT}
+    spreads[RELATIVES_OUT] = observed.get(RELATIVES_OUT, 0.0)
+    return spreads
+
+
+def seeds_for_every_column(
+    per_seed: pd.DataFrame, claim: Claim, reading: across_columns.RandomEffects | None
+) -> int | None:
+    """The paired seeds per cell at which the every-column reading has 80 % power over all 7 independent columns
+    if every column's true Δ were the claim's pooled Δ (``reading``), each column at its sd
+    (:func:`simulated_spreads`; :func:`dmlstudy.findings.across_columns.seeds_for_power`)."""
+    if reading is None:
+        return None
+    spreads = simulated_spreads(per_seed, claim)
+    return across_columns.seeds_for_power(reading.pooled, np.asarray([spreads[name] for name in INDEPENDENT]))
+
+
+def across_columns_row(per_seed: pd.DataFrame, claim: Claim, *, margin: float) -> dict[str, Any]:
+    """The claim's :data:`ACROSS_COLUMNS`: the every-column reading, the random-effects reading (pooled Δ, its
+    interval and prediction interval, τ, I², Q and its p-value), whether it varies with the compromise (said only
+    when Q rejects homogeneity at 5 %; empty otherwise) and the seeds per cell for 80 % power."""
+    reading = across_reading(per_seed, claim)
+    row: dict[str, Any] = {"every column": every_column_reading(per_seed, claim)}
+    if reading is None:
+        return {**row, "across columns": "not run", "columns pooled": 0}
+    pending = reading.columns < len(INDEPENDENT)
+    return {
+        **row,
+        "across columns": reading.outcome(margin=margin) + (" so far" if pending else ""),
+        "columns pooled": reading.columns,
+        "pooled Δ": round(reading.pooled, 2),
+        "pooled low": round(reading.low, 2),
+        "pooled high": round(reading.high, 2),
+        "prediction low": round(reading.prediction_low, 2),
+        "prediction high": round(reading.prediction_high, 2),
+        "τ": round(reading.tau, 2),
+        "I²": round(reading.i2, 3),
+        "Q": round(reading.q, 2),
+        "Q p": reading.q_p,
+        "varies with the compromise": "varies" if reading.varies else "",
+        "seeds per cell for 80 % power": seeds_for_every_column(per_seed, claim, reading),
+    }
+
+
+def every_column_reading(per_seed: pd.DataFrame, claim: Claim) -> str:
+    """The intersection–union reading over the independent columns that ran
+    (:func:`dmlstudy.findings.across_columns.every_column`), with "so far (k of 7)" while one has not run (the
+    reading's conclusion is about every declared column; a column that already fails it is final)."""
+    columns = independent_differences(per_seed, claim)
+    if not columns:
+        return "not run"
+    means = np.asarray([[values.mean() for values in columns.values()]])
+    sds = np.asarray([[values.std(ddof=1) for values in columns.values()]])
+    seeds = np.asarray([[len(values) for values in columns.values()]])
+    reading = str(across_columns.every_column(means, sds, seeds)[0])
+    if len(columns) < len(INDEPENDENT) and reading != across_columns.EVERY_COLUMN[2]:
+        reading += f" so far ({len(columns)} of {len(INDEPENDENT)})"
+    return reading
+
+
 def _cell(claim: Claim, perturbation: Perturbation, values: np.ndarray, *, margin: float, model: str) -> dict:
     verdict = verdicts.judge(values, claimed=claim.claimed, margin=claim.margin or margin)
     ran = len(values) > 0
@@ -193,11 +318,31 @@ def robustness_table(
             "robustness": f"{label} so far" if pending and label not in ("fragile", "not run") else label,
             "readings decided": readings_decided(ran),
             "label as first declared": declared_label(cells[cells["perturbation"].isin(DECLARED_COLUMNS)]),
+            **across_columns_row(per_seed, claim, margin=claim.margin or margin),
         }
-    return table.assign(**{key: table["claim"].map({c: v[key] for c, v in columns.items()}) for key in LABEL_COLUMNS})
+    numerics = {p.name: p.numerics or "not run yet" for p in PERTURBATIONS}
+    table = table.assign(numerics=table["perturbation"].map(numerics))
+    per_claim = LABEL_COLUMNS + ACROSS_COLUMNS
+    return table.assign(**{key: table["claim"].map({c: v.get(key) for c, v in columns.items()}) for key in per_claim})
 
 
 LABEL_COLUMNS = ("robustness", "readings decided", "label as first declared")
+ACROSS_COLUMNS = (  # the second amendment's per-claim columns (docs/protocol.md)
+    "every column",
+    "across columns",
+    "columns pooled",
+    "pooled Δ",
+    "pooled low",
+    "pooled high",
+    "prediction low",
+    "prediction high",
+    "τ",
+    "I²",
+    "Q",
+    "Q p",
+    "varies with the compromise",
+    "seeds per cell for 80 % power",
+)
 DECIDED = ("held", "reversed", "not held")  # the decided outcomes of a claim "A > B" (not held: an equivalence)
 LABELS = ("fragile", "robust", "consistent", "unstable", "open")  # the amended rule's labels, in its order
 
@@ -405,6 +550,68 @@ def wide_table(table: pd.DataFrame, *, interval: bool = True) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def _p_text(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def across_text(row: Mapping[str, Any]) -> str:
+    """``+2.67 [+1.97, +3.37] **held**``: the pooled Δ, its Hartung–Knapp interval and its reading."""
+    if not row.get("columns pooled"):
+        return "not run"
+    outcome = str(row["across columns"]).removesuffix(" so far")
+    verdict = VERDICT_WORDS.get(outcome, outcome) + (" so far" if str(row["across columns"]).endswith("so far") else "")
+    return f"{row['pooled Δ']:+.2f} [{row['pooled low']:+.2f}, {row['pooled high']:+.2f}] {verdict}"
+
+
+def readings_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per claim, the second amendment's readings over the independent columns, then both labels: held in every
+    column; across columns (pooled Δ [Hartung–Knapp 95 %] and its reading; the 95 % prediction interval; τ; I²;
+    Q and its p-value); varies with the compromise (only when Q rejects at 5 %); the seeds per cell for 80 % power."""
+    claims = list(dict.fromkeys(table["claim"]))
+    rows = table.drop_duplicates("claim").set_index("claim").loc[claims].reset_index().to_dict("records")
+    shown = []
+    for row in rows:
+        ran = bool(row.get("columns pooled"))
+        seeds = row.get("seeds per cell for 80 % power")
+        shown.append(
+            {
+                "claim": row["claim"],
+                "held in every column": row["every column"],
+                "across columns: pooled Δ [95 %]": across_text(row),
+                "columns pooled": f"{int(row['columns pooled'])} of {len(INDEPENDENT)}" if ran else "–",
+                "prediction interval": f"[{row['prediction low']:+.2f}, {row['prediction high']:+.2f}]"
+                if ran and np.isfinite(row["prediction low"])
+                else "–",
+                "τ": f"{row['τ']:.2f}" if ran else "–",
+                "I²": f"{100 * row['I²']:.0f} %" if ran else "–",
+                "Q (p)": f"{row['Q']:.1f} ({_p_text(row['Q p'])})" if ran else "–",
+                "varies with the compromise": row["varies with the compromise"]
+                if isinstance(row["varies with the compromise"], str)
+                else "",
+                "seeds per cell for 80 %": f"{int(seeds):,}" if seeds is not None and np.isfinite(seeds) else "–",
+                "robustness (amended label)": row["robustness"],
+                "label as first declared": row["label as first declared"],
+            }
+        )
+    return pd.DataFrame(shown)
+
+
+READINGS_RULE = (
+    "**held in every column**: each independent column's one-sided 95 % bound above 0 (an intersection–union test: "
+    "at most 5 % false, no correction needed); **across columns**: the random-effects pooled Δ (DerSimonian–Laird "
+    "τ²) with its Hartung–Knapp 95 % interval on k − 1 degrees of freedom (its variance never below "
+    "DerSimonian–Laird's), read by the study's rule; the **prediction interval** is where a further column's Δ "
+    "would fall (95 %); **τ** the sd of the true Δ between columns, **I²** the share of Q beyond its degrees of "
+    "freedom; **Q (p)** Cochran's Q with its p-value against its null simulated at the columns' sds; **varies with "
+    "the compromise** only when that p is below 5 % (otherwise nothing is said); **seeds per cell for 80 %**: the "
+    "paired seeds per cell at which *held in every column* would have 80 % power over all 7 independent columns if "
+    "every column's true Δ were the pooled Δ. The independent columns: default, partition 1, partition 2, both "
+    "30-epoch columns, 224 px, unseen designers (the relatives-out cell re-reads the default runs, the pooled cell "
+    'the partitions). "… so far" while one of them has not run. False rates and power of every reading: '
+    "`power.md`"
+)
+
+
 LABEL_RULE = (
     "**robust**: every cell decided, all alike; **consistent**: Δ of one sign everywhere, no opposite decision, "
     "some cells undecided; **unstable**: Δ of both signs, nothing opposite decided; **fragile**: held in one cell, "
@@ -439,14 +646,16 @@ def chain_markdown(chain: pd.DataFrame) -> str:
     errors = chain.drop_duplicates("claim").set_index("claim").loc[claims]
     shown["published verdict"] = errors["published verdict"]
     shown["first reached by"] = errors["first reached by"]
-    shown["error"] = [error_text(e) for e in errors["error"]]
+    shown["error (as first reached)"] = [error_text(e) for e in errors["error"]]
+    shown["error over the readings run"] = [error_text(e) for e in errors["error over the readings run"]]
     return (
         "## Each claim's chain of readings, and the error of its verdict\n\n"
         "The tests each headline claim went through, in the order they were made (Δ, paired seeds in brackets, the "
         "outcome; the full verdict texts in `chain.csv`): build 1's default look, the sequential design, a confirmatory study where one ran, build 2's "
         "default look. The published verdict is the latest decided reading's; it carries the sum of the levels of "
-        'the readings up to the first that reached it (docs/protocol.md, "Amendment to the robustness study"), '
-        "recomputed in `chain.csv` from the committed tables.\n\n"
+        'the readings up to the first that reached it (docs/protocol.md, "Amendment to the robustness study"); '
+        "beside it, the bound over every reading that ran (the sum of all their levels: docs/protocol.md, "
+        '"Second amendment to the robustness study"), both recomputed in `chain.csv` from the committed tables.\n\n'
         + shown.rename_axis("claim").reset_index().to_markdown(index=False)
         + "\n"
     )
@@ -456,6 +665,7 @@ def robustness_markdown(
     table: pd.DataFrame, simulation: pd.DataFrame | None = None, chain: pd.DataFrame | None = None
 ) -> str:
     covers = "; ".join(f"**{p.name}**: {p.covers}" for p in PERTURBATIONS)
+    numerics = "; ".join(f"**{p.name}**: {p.numerics or 'not run yet'}" for p in PERTURBATIONS)
     text = (
         "# The headline claims under the study's own compromises\n\n"
         "Each cell: Δ R@1 points (A − B) [95 % interval] and the verdict by the rule declared before the runs "
@@ -466,9 +676,13 @@ def robustness_markdown(
         "their seed noise: it tests the gallery, not the training. The 30-epoch schedule column stretches the cosine "
         "schedule with the cap and stops runs by patience (a longer schedule, not more training alone); the column "
         "with 30 epochs and no early stopping runs the schedule to its end and reads whether more training changes "
-        f"a verdict. What each interval covers: {covers}. Every cell recomputes from `runs_per_seed.csv` beside this "
+        f"a verdict. What each interval covers: {covers}. Numerics (the CPU kind each column ran on, docs/time.md): "
+        f"{numerics}. Every cell recomputes from `runs_per_seed.csv` beside this "
         "table (column `perturbation`; the pooled cells from the three partitions' mean paired differences).\n\n"
         + wide_table(table).to_markdown(index=False)
+        + "\n\n## Read across the independent columns\n\n"
+        + f"{READINGS_RULE}. The every-column and across-columns readings mix CPU kinds (CPU-A and CPU-C).\n\n"
+        + readings_table(table).to_markdown(index=False, disable_numparse=True)
         + "\n"
     )
     if chain is not None and len(chain):
@@ -504,38 +718,119 @@ def simulation_markdown(simulation: pd.DataFrame) -> str:
     )
 
 
+FOREST_COLOURS = {"independent": "#0072b2", "re-read": "#8c8c8c", "pooled": "#000000"}  # Okabe–Ito blue, greys
+
+
+def _forest_rows() -> list[str]:
+    """The forest's rows, top to bottom: the independent columns, then the cells that re-read their runs."""
+    return [*INDEPENDENT, *[p.name for p in PERTURBATIONS if not p.independent]]
+
+
+def _forest_title(cells: pd.DataFrame) -> str:
+    """``across columns: held so far; varies with the compromise`` (nothing about variation unless Q rejects)."""
+    first = cells.iloc[0]
+    if not first.get("columns pooled"):
+        return "across columns: not run"
+    outcome = str(first["across columns"]).replace("not held", "equivalent")
+    varies = "; varies with the compromise" if first.get("varies with the compromise") == "varies" else ""
+    return f"across columns: {outcome}{varies}"
+
+
 def forest_figure(table: pd.DataFrame) -> plt.Figure:
-    """One panel per claim, one interval per column (filled: decided; red: the pooled partitions), the ±margin band
-    shaded, the amended label in the title."""
+    """One panel per claim: every declared column's interval (filled: decided; open: undecided; blue: an
+    independent column, grey: a cell that re-reads another column's runs; "not run yet" where its study has not
+    run), then the random-effects pooled Δ of the independent columns as a diamond spanning its Hartung–Knapp 95 %
+    interval, with the 95 % prediction interval as a line through it (cut at the panel's edge with an arrow where it
+    reaches beyond; its bounds in the row's label). The ±margin band shaded; the across-columns reading in the
+    title."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Polygon
+
     claims = list(dict.fromkeys(table["claim"]))
-    order = [p.name for p in PERTURBATIONS]
+    order = _forest_rows()
     columns = 2
     rows = math.ceil(len(claims) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(11, 0.3 * len(order) * rows + 1), squeeze=False, sharey=True)
+    height = 0.3 * (len(order) + 2) * rows + 1.2
+    figure, axes = plt.subplots(rows, columns, figsize=(12, height), squeeze=False)
+    independent = set(INDEPENDENT)
     for axis, claim in zip(axes.flat, claims):
         cells = table[table["claim"] == claim].set_index("perturbation").reindex(order)
-        positions = np.arange(len(order))[::-1]
+        first = table[table["claim"] == claim].iloc[0]
+        diamond_y = 0.0
+        positions = np.arange(len(order))[::-1] + 1.6  # the columns above the diamond's row
+        ran = cells[cells["outcome"].ne("not run") & cells["CI low"].notna()]
+        bounds = [*ran["CI low"], *ran["CI high"]]
+        pooled = bool(first.get("columns pooled"))
+        if pooled:
+            bounds += [first["pooled low"], first["pooled high"]]
+        low, high = (min(bounds), max(bounds)) if bounds else (-2.0, 2.0)
+        margin = float(first["margin"]) if np.isfinite(first["margin"]) else verdicts.MARGIN
+        low, high = min(low, -margin), max(high, margin)
+        pad = 0.06 * (high - low)
+        low, high = low - pad, high + pad
         for y, (name, cell) in zip(positions, cells.iterrows()):
             if cell["outcome"] == "not run" or not np.isfinite(cell["CI low"]):
-                axis.text(0, y, "not run", va="center", ha="center", fontsize=7, color="0.5")
+                axis.axhline(y, color="0.85", lw=0.8, ls=":", zorder=0)
+                axis.text(0.015, y, "not run yet", transform=axis.get_yaxis_transform(), va="center", ha="left",
+                          fontsize=7, color="0.45", style="italic")  # fmt: skip
                 continue
+            colour = FOREST_COLOURS["independent" if name in independent else "re-read"]
             decided = cell["outcome"] in DECIDED
             axis.errorbar(
                 cell["Δ"], y, xerr=[[cell["Δ"] - cell["CI low"]], [cell["CI high"] - cell["Δ"]]],
-                fmt="o", color="C3" if name == POOLED else "C0", mfc=None if decided else "white", capsize=2,
+                fmt="o", color=colour, mfc=colour if decided else "white", capsize=2, ms=5,
             )  # fmt: skip
-        margin = float(cells["margin"].dropna().iloc[0]) if cells["margin"].notna().any() else verdicts.MARGIN
+        labels = [name if name in independent else f"{name} (re-read)" for name in order]
+        label = "across columns"
+        if pooled:
+            centre = float(first["pooled Δ"])
+            axis.add_patch(
+                Polygon(
+                    [
+                        (first["pooled low"], diamond_y),
+                        (centre, diamond_y + 0.35),
+                        (first["pooled high"], diamond_y),
+                        (centre, diamond_y - 0.35),
+                    ],
+                    closed=True,
+                    color=FOREST_COLOURS["pooled"],
+                    zorder=3,
+                )  # fmt: skip
+            )
+            left, right = float(first["prediction low"]), float(first["prediction high"])
+            if np.isfinite(left) and np.isfinite(right):
+                axis.plot([max(left, low), min(right, high)], [diamond_y, diamond_y], color="0.3", lw=1, zorder=2)
+                for edge, beyond, marker in ((low, left < low, "<"), (high, right > high, ">")):
+                    if beyond:
+                        axis.plot(edge, diamond_y, marker=marker, color="0.3", ms=5, clip_on=False, zorder=2)
+                label += (
+                    f" ({int(first['columns pooled'])} of {len(INDEPENDENT)})\nprediction [{left:+.1f}, {right:+.1f}]"
+                )
+        else:
+            axis.text(0.015, diamond_y, "not run yet", transform=axis.get_yaxis_transform(), va="center",
+                      ha="left", fontsize=7, color="0.45", style="italic")  # fmt: skip
+        axis.axhline(0.8, color="0.6", lw=0.6)
         axis.axvspan(-margin, margin, color="0.92", zorder=0)
         axis.axvline(0, color="0.4", lw=0.8)
-        label = cells["robustness"].dropna().iloc[0] if cells["robustness"].notna().any() else ""
-        axis.set_title(f"{claim}: {label}", fontsize=9)
-        axis.set_yticks(positions, order, fontsize=7)
+        axis.set_xlim(low, high)
+        axis.set_ylim(-0.7, positions[0] + 0.6)
+        axis.set_yticks([*positions, diamond_y], [*labels, label], fontsize=7)
+        axis.set_title(f"{claim}\n{_forest_title(table[table['claim'] == claim])}", fontsize=8.5)
         axis.tick_params(axis="x", labelsize=7)
     for axis in axes.flat[len(claims) :]:
         axis.set_visible(False)
     for axis in axes[-1]:
-        axis.set_xlabel("Δ R@1 points (A − B), 95 % interval; filled: decided", fontsize=8)
-    figure.tight_layout()
+        axis.set_xlabel("Δ R@1 points (A − B)", fontsize=8)
+    handles = [
+        Line2D([], [], marker="o", color=FOREST_COLOURS["independent"], ls="", label="decided (95 % interval)"),
+        Line2D([], [], marker="o", color=FOREST_COLOURS["independent"], mfc="white", ls="", label="undecided"),
+        Line2D([], [], marker="o", color=FOREST_COLOURS["re-read"], ls="", label="re-reads another column's runs"),
+        Patch(color=FOREST_COLOURS["pooled"], label="random-effects pooled Δ, Hartung–Knapp 95 %"),
+        Line2D([], [], color="0.3", lw=1, label="95 % prediction interval"),
+        Patch(color="0.92", label="±margin (1 R@1 point)"),
+    ]
+    figure.tight_layout(rect=(0, 0.035, 1, 1))
+    figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=7.5, frameon=False)
     return figure
 
 
@@ -576,18 +871,40 @@ def write_robustness(relatives: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def readme_markdown(table: pd.DataFrame, errors: pd.DataFrame | None = None) -> str:
-    """The front page's robustness table: every declared column (its cells without intervals: Δ and the
-    verdict, the seeds an undecided cell needs), the amended label, the label as first declared and, given the
-    chain (:func:`dmlstudy.findings.chain.chain_errors`), each claim's published verdict with its error."""
+    """The front page's robustness table, the readings with power first: per claim the across-columns reading, held
+    in every column, whether it varies with the compromise, the seeds per cell the every-column reading needs, then
+    both labels and, given the chain (:func:`dmlstudy.findings.chain.chain_errors`), the published verdict with
+    its error as first reached and the bound over the readings run. An amended label "unstable" (Δ of both signs
+    among the cells) where Q detects no variation says so beside it."""
     from dmlstudy.findings.chain import error_text
 
-    wide = wide_table(table, interval=False).drop(columns=["readings decided"])
+    shown = readings_table(table)[
+        [
+            "claim",
+            "across columns: pooled Δ [95 %]",
+            "held in every column",
+            "varies with the compromise",
+            "seeds per cell for 80 %",
+            "robustness (amended label)",
+            "label as first declared",
+        ]
+    ]
+    quiet = (shown["varies with the compromise"] != "varies") & shown["robustness (amended label)"].str.startswith(
+        "unstable"
+    )
+    shown.loc[quiet, "robustness (amended label)"] += " (no variation detected)"
     if errors is not None:
         by_claim = errors.set_index("claim")
-        wide["published verdict (error)"] = [
-            f"{by_claim.loc[c, 'published verdict']} ({error_text(by_claim.loc[c, 'error'])})" for c in wide["claim"]
-        ]
-    return wide.rename(columns={"claim": "claim (A > B)"}).to_markdown(index=False)
+        shown = shown.assign(
+            **{
+                "published verdict (error as first reached; over the readings run)": [
+                    f"{by_claim.loc[c, 'published verdict']} ({error_text(by_claim.loc[c, 'error'])}; "
+                    f"{error_text(by_claim.loc[c, 'error over the readings run'])})"
+                    for c in shown["claim"]
+                ]
+            }
+        )
+    return shown.rename(columns={"claim": "claim (A > B)"}).to_markdown(index=False, disable_numparse=True)
 
 
 def columns_not_run(table: pd.DataFrame) -> list[str]:

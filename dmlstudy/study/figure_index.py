@@ -70,11 +70,15 @@ FIGURE_CAPTIONS = {  # figure name, or a prefix ending in "_" followed by the da
     "compare_tsne.png": "t-SNE of the first test classes' embeddings, one panel per method (first seed).",
     "compare_umap.png": "UMAP of the first test classes' embeddings, one panel per method (first seed).",
     "compare_recall_vs_time.png": "Each method's R@1 against its training wall-clock time; up and left is better.",
-    "robustness_forest.png": "Each headline claim (one panel, its robustness label in the title) read in every "
-    "column of the robustness study: the default study, each class partition and the pooled partitions (red), the "
-    "30-epoch schedule stopped by patience, 30 epochs without early stopping, 224 px, unseen designers and "
-    "relatives out of the gallery; filled: decided. A claim is robust only when every interval is decided and all "
-    "sit on one side of 0 (or all inside the grey ±margin band); an open circle never counts as agreement.",
+    "robustness_forest.png": "Each headline claim (one panel) read in every declared column of the robustness "
+    "study: the seven independent columns (blue: the default study, each class partition, the 30-epoch schedule "
+    'stopped by patience, 30 epochs without early stopping, 224 px, unseen designers; "not run yet" where a '
+    "column's study has not run) and the two cells that re-read their runs (grey: the pooled partitions, relatives "
+    "out of the gallery); filled: decided, open: undecided. Below them the random-effects pooled Δ of the "
+    "independent columns: a diamond over its Hartung–Knapp 95 % interval, the line through it the 95 % prediction "
+    "interval of a further column (arrows where it runs past the panel; its bounds in the row's label). The title "
+    "gives the across-columns reading, and says the claim varies with the compromise only where Cochran's Q "
+    "rejects a common Δ at 5 %.",
     "tuning_best_so_far": "Best validation R@1 found so far against tuning trials, per method; a flat tail means the "
     "budget sufficed.",
 }
