@@ -334,7 +334,7 @@ def sweep_figure(frame: pd.DataFrame, *, sweep: str, metric: str = "P@1") -> plt
             stats = group.groupby(sweep)[metric].agg(["mean", "std"]).fillna(0.0) * 100
             style, label = plots.sweep_linestyle(stats.index), f"{BASE_LOSS_NAMES.get(base, base)}, {training}"
             axis.errorbar(
-                stats.index, stats["mean"], yerr=stats["std"], marker="o", linestyle=style, capsize=3, label=label
+                stats.index, stats["mean"], yerr=stats["std"], marker="o", linestyle=style, capsize=0, label=label
             )
         axis.set(xlabel=sweep, ylabel=f"{metric} (%)", title=dataset)
         if sweep == "K":
