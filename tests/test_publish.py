@@ -263,3 +263,15 @@ def test_a_build_that_differs_from_the_published_one_writes_beside_its_runs(tmp_
     assert different_build_message("embedded") == "" and different_build_message("smoke") == ""
     monkeypatch.setenv(PUBLISH_DIFFERENT_BUILD, "1")
     assert study_outputs("default", "results") == tmp_path / "results" and different_build_message("default") == ""
+
+
+def test_the_readme_states_the_published_folders_size_budget():
+    readme = (project_root() / "README.md").read_text()
+    assert f"Size budget: {publish.SIZE_BUDGET_MB:g} MB" in readme
+
+
+def test_publishing_warns_past_the_size_budget(executed_plan, monkeypatch):
+    plan, root = executed_plan
+    monkeypatch.setattr(publish, "SIZE_BUDGET_MB", 0.01)
+    with pytest.warns(UserWarning, match="over its budget of 0.01 MB"):
+        publish.publish_plan(plan, root=root, revision=REVISION)
