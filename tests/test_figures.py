@@ -187,9 +187,10 @@ def test_every_row_has_its_own_colour_and_its_group_marker():
 def test_row_colours_stay_apart_for_every_reader():
     """Any two rows are told apart in normal vision; the rows the default study draws together, and each of them
     against the white page, also for deuteranope, protanope and tritanope readers."""
+    from dmlstudy.paths import project_root
     from dmlstudy.study.plan import load_plan
 
-    compare = next(e for e in load_plan("plans/default.yaml") if e.notebook.stem == "90_compare")
+    compare = next(e for e in load_plan(project_root() / "plans" / "default.yaml") if e.notebook.stem == "90_compare")
     drawn = [*compare.parameters["methods"], *compare.parameters["classic_methods"]]
     assert sorted(drawn) == sorted(DEFAULT_STUDY_ROWS)
     every = [plots.method_style(name).colour for name in plots.method_order()]
