@@ -17,8 +17,10 @@ NOTEBOOK_LINKS = 8  # each notebook's first cell links its published copy
 
 
 def pages() -> list[Path]:
-    """What readers open from the repository: README.md, docs (every level), the notebooks' jupytext sources."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "notebooks").glob("*.py"))]
+    """What readers open from the repository: README.md, docs (every level), the notebooks' jupytext sources, and
+    the published folder's own index."""
+    sources = sorted((ROOT / "notebooks").glob("*.py"))
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sources, PUBLISHED / "README.md"]
 
 
 def links_into_published(page: Path) -> list[tuple[int, str, Path]]:
