@@ -172,7 +172,14 @@ def label_points(
                 ha="left",
                 fontsize=fontsize,
                 color="0.15",
-                arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "alpha": 0.7, "shrinkA": 0},
+                arrowprops={  # dotted, so a leader is never read as an error bar running on to the name
+                    "arrowstyle": "-",
+                    "color": colour,
+                    "linewidth": 0.7,
+                    "linestyle": ":",
+                    "alpha": 0.8,
+                    "shrinkA": 0,
+                },
                 annotation_clip=False,
             )
         )
