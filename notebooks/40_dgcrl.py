@@ -287,5 +287,5 @@ for reading in readings:
 #    one seed's picture says nothing about a difference between methods. On the default runs DGCRL is reversed
 #    against triplet, the plain softmax and normalized softmax, but re-tuned on two further class partitions it
 #    is held against the plain softmax on both (and against lifted structure), so the README reads three of its
-#    four claims as fragile and the fourth as unstable: a verdict of one tuning on one partition, not yet a
-#    property of the method.
+#    four claims as fragile and the fourth as unstable so far: a verdict of one tuning on one partition, not
+#    yet a property of the method.
