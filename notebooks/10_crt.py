@@ -70,8 +70,8 @@
 # mean ± std over seeds. The paper's numbers (ImageNet-pretrained MiT-B1 on CUB unless said) are printed
 # beside ours for orientation; each table ends with a sentence, computed from the numbers, saying whether
 # the paper's direction of effect held here. On emoji the paper's CUB numbers give the size of the effect it
-# reports on photographs, not a level to reach. One seed decides nothing: a row's R@1 varies by 0.8–2.4 points from seed to seed in the
-# default study, so a sentence marked "(1 seed)" reports a difference, not a verdict.
+# reports on photographs, not a level to reach. One seed decides nothing: a row's R@1 varies by 0.8–2.4 points
+# from seed to seed in the default study, so a sentence marked "(1 seed)" reports a difference, not a verdict.
 #
 # The defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
 # `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
