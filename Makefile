@@ -84,7 +84,10 @@ notebooks: $(STAMP)
 	$(BIN)/python -m dmlstudy.experiments.notebooks build
 
 ## JupyterLab at the repository root (notebooks/, published/, figures/, results/ and docs/ in reach), on the
-## venv's kernel; as root (a container) it passes --allow-root
+## venv's kernel; as root (a container) it passes --allow-root. LAB_ARGS goes to `jupyter lab` as it stands: in a
+## container or on a remote machine, `make lab LAB_ARGS="--ip=0.0.0.0 --no-browser"` (add --port=8888 to fix the
+## port), then open the printed URL with the machine's address (README.md, "Explore")
+LAB_ARGS ?=
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=. $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 

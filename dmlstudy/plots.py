@@ -6,10 +6,10 @@
 
 * a colour-blind-safe palette (seaborn's ``colorblind``), set as matplotlib's colour cycle with readable font
   sizes when this module is imported (:data:`STYLE`);
-* one colour and one marker per method (:func:`method_style`), from the comparison's row order (``ms``, the
-  paper methods of the registry, the extra rows such as ``diml_rerank``, then the classic baselines): MS is the
-  same colour in every figure; the marker says the group (circles: the papers' methods, squares then triangles:
-  classic baselines); no two methods share both colour and marker;
+* one colour per row of the comparison, its own in every figure (:data:`dmlstudy.rows.ROW_COLOURS`: no two rows
+  share one, and the rows the default study draws together stay apart for colour-blind readers), and one marker
+  per group (:func:`method_style`: circles for the papers' methods, squares for the classic baselines, MS
+  included); markers are drawn without error-bar caps, so a circle stays a circle;
 * same class / other class as blue / vermillion (:data:`CORRECT`, :data:`WRONG`), never red / green;
 * legends outside the data area (:func:`legend_outside`), a colourbar on every heat map (:func:`heatmap`),
   integer ticks on epoch axes (:func:`integer_ticks`), plain numbers on log-scaled K axes;
@@ -37,7 +37,7 @@ from matplotlib.ticker import MaxNLocator, NullFormatter
 from dmlstudy import metrics as metric_functions
 from dmlstudy.data.base import image_credit
 from dmlstudy.paths import study_outputs
-from dmlstudy.rows import classic_rows, main_rows, row_info
+from dmlstudy.rows import ROW_COLOURS, classic_rows, main_rows, row_info
 
 # ----------------------------------------------------------------------------------------------
 # The study style
@@ -58,10 +58,7 @@ STYLE = {
     "figure.titlesize": 11,
     "image.cmap": HEATMAP_CMAP,
 }
-GROUP_MARKERS = {  # per group, one marker per pass through the palette (so colour + marker stays unique)
-    "paper": ("o", "P", "*"),
-    "classic": ("s", "^", "v"),
-}
+GROUP_MARKERS = {"paper": "o", "classic": "s"}  # the marker says the row's group; the colour says the row
 OTHER_MARKER = "X"  # a name that is no row of the comparison (a sweep variant, a plugin)
 
 
@@ -84,24 +81,22 @@ class MethodStyle:
 
 def method_order() -> list[str]:
     """Every row of the comparison in its order: ``ms``, the registry's paper methods, the extra rows
-    (``diml_rerank``, ``softmax``), then the classic baselines — the order that gives each its colour."""
+    (``diml_rerank``, ``softmax``), then the classic baselines."""
     return list(dict.fromkeys([*main_rows(), *classic_rows()]))
 
 
 def method_style(name: str) -> MethodStyle:
     """Colour and marker of method ``name`` (a registered method or an extra row of the comparison).
 
-    The i-th row of :func:`method_order` gets colour ``PALETTE[i % 10]`` and its group's marker for pass
-    ``i // 10``; a name outside the order gets a colour fixed by its name and the marker ``X``.
+    A row of :func:`method_order` gets its colour of :data:`dmlstudy.rows.ROW_COLOURS` and its group's marker
+    (:data:`GROUP_MARKERS`); a name outside the order, or a row registered without a colour, gets a colour of
+    :data:`PALETTE` fixed by its name and the marker ``X``.
     """
-    order = method_order()
-    if name not in order:
+    if name not in method_order() or name not in ROW_COLOURS:
         digest = int(hashlib.sha256(name.encode()).hexdigest(), 16)
         return MethodStyle(PALETTE[digest % len(PALETTE)], OTHER_MARKER, "other")
-    index = order.index(name)
     group = row_info(name).group
-    markers = GROUP_MARKERS.get(group, GROUP_MARKERS["classic"])
-    return MethodStyle(PALETTE[index % len(PALETTE)], markers[min(index // len(PALETTE), len(markers) - 1)], group)
+    return MethodStyle(ROW_COLOURS[name], GROUP_MARKERS.get(group, GROUP_MARKERS["classic"]), group)
 
 
 def legend_outside(figure: plt.Figure, axes: Iterable[plt.Axes] | None = None, *, title: str | None = None):
@@ -177,7 +172,14 @@ def label_points(
                 ha="left",
                 fontsize=fontsize,
                 color="0.15",
-                arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "alpha": 0.7, "shrinkA": 0},
+                arrowprops={  # dotted, so a leader is never read as an error bar running on to the name
+                    "arrowstyle": "-",
+                    "color": colour,
+                    "linewidth": 0.7,
+                    "linestyle": ":",
+                    "alpha": 0.8,
+                    "shrinkA": 0,
+                },
                 annotation_clip=False,
             )
         )

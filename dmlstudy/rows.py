@@ -3,9 +3,16 @@
 Most rows are registered methods (their :class:`~dmlstudy.methods.MethodInfo` comes from the registry); the
 others are :data:`EXTRA_ROWS`: ``diml_rerank`` (the ``ms`` runs re-ranked by DIML at test time) and the shared
 variants (:data:`SHARED_VARIANTS`: runs one notebook trains under a name and another shows, such as ``softmax``).
-The order of :func:`main_rows` then :func:`classic_rows` gives every row its colour and marker in every figure
-(:func:`dmlstudy.plots.method_style`). Only the method registry is imported here, so the figure style, tuning and
-the study notebooks read the rows from below all of them.
+Every row has its own colour, the same in every figure (:data:`ROW_COLOURS`, read by
+:func:`dmlstudy.plots.method_style`); the marker says its group. Only the method registry is imported here, so the
+figure style, tuning and the study notebooks read the rows from below all of them.
+
+Decision (the colours): no two rows share a colour. The ten rows the default study draws together (its comparison's
+rows and classic baselines) come first, picked from Okabe and Ito's and Paul Tol's colour-blind-safe sets so that
+every pair stays apart (CIEDE2000 ΔE ≥ 10) in normal vision and under simulated deuteranopia, protanopia and
+tritanopia, and against the white page; the other rows, which only the full study draws, take further colours from
+those sets, distinct in normal vision. A row added to the study gets its colour here (``tests/test_figures.py``
+fails for a row without one, or for two rows whose colours a reader could confuse).
 """
 
 from __future__ import annotations
@@ -28,6 +35,29 @@ SHARED_ROWS = {  # how the comparison shows them
         "DGCRL's own baseline",
         "DGCRL's head as a plain softmax classifier: no normalize-scale, no margin, no decorrelation (the run of notebook 40)",
     ),
+}
+ROW_COLOURS: dict[str, str] = {  # row → its colour in every figure (module docstring: how they were chosen)
+    # the default study's rows, drawn together
+    "ms": "#0072b2",  # blue
+    "crt": "#cc3311",  # red
+    "dgcrl": "#000000",  # black
+    "diml_rerank": "#33bbee",  # sky blue
+    "cross_attention": "#ccbb44",  # olive yellow
+    "softmax": "#777777",  # grey
+    "diml": "#332288",  # indigo
+    "triplet": "#663333",  # brown
+    "normsoftmax": "#bbbbbb",  # light grey
+    "lifted": "#cc79a7",  # pink
+    # the rows only the full study draws
+    "gcrl": "#999933",  # olive
+    "arcface": "#009e73",  # bluish green
+    "contrastive": "#e69f00",  # orange
+    "cosface": "#aa3377",  # purple
+    "margin": "#99ddff",  # pale blue
+    "npairs": "#228833",  # green
+    "proxyanchor": "#882255",  # wine
+    "proxynca": "#ee6677",  # rose
+    "softtriple": "#44aa99",  # teal
 }
 EXTRA_ROWS = {  # rows of the comparison that are not registered methods (the others come from the method registry)
     RERANK: MethodInfo(

@@ -70,9 +70,8 @@
 # mean ± std over seeds. The paper's numbers (ImageNet-pretrained MiT-B1 on CUB unless said) are printed
 # beside ours for orientation; each table ends with a sentence, computed from the numbers, saying whether
 # the paper's direction of effect held here. On emoji the paper's CUB numbers give the size of the effect it
-# reports on photographs, not a level to reach (in the embedded study, SynBirds stands beside CUB and Glyphs
-# beside Cars). One seed decides nothing: a row's R@1 varies by 0.8–2.4 points from seed to seed in the
-# default study, so a sentence marked "(1 seed)" reports a difference, not a verdict.
+# reports on photographs, not a level to reach. One seed decides nothing: a row's R@1 varies by 0.8–2.4 points
+# from seed to seed in the default study, so a sentence marked "(1 seed)" reports a difference, not a verdict.
 #
 # The defaults below are CI-sized (seconds, meaningless numbers); the study's plans inject real sizes.
 # `protocol` is the protocol every study notebook shares (backbone, image size, d, batch, epochs, seeds, …), one
@@ -92,7 +91,7 @@ lambda2_values: list = [0.0]  # λ2 sweep; 0.9 (the default run) is always added
 batch_sizes: list = [32]  # total batch N (P·M) at the protocol M; its N added
 dim_pairs: list = [[32, 64]]  # (d, D) scored on both branches; (128, 1024) added
 backbones: list = ['test_vit']  # MS vs +CRT per backbone; the protocol's added
-complexity_backbones: list = ['dml_convnet', 'test_resnet', 'test_vit']  # FLOPs
+complexity_backbones: list = ['test_resnet', 'test_vit']  # whole backbones counted after the protocol's
 complexity_image_size: int = 227  # pixels of the params/FLOPs count (227 as in the paper)
 geometry_splits: list = ['test']  # ESD/ρ on these splits (test, train)
 geometry_drop_first: list = [0, 1]  # ρ with these many singular values dropped
@@ -105,8 +104,6 @@ from IPython.display import display
 from dmlstudy import plots
 from dmlstudy.experiments import ablations, kit
 from dmlstudy.experiments.papers import crt
-from dmlstudy.methods import build_method
-from dmlstudy.models import build_backbone
 from dmlstudy.records import seed_everything
 from dmlstudy.run.data import load_datasets
 
@@ -120,19 +117,15 @@ print("ablation protocol:", ablation.protocol_text(), "on", config.ablation_data
 # %% [markdown]
 # ## The transform, annotated
 #
-# The diagram is drawn from a CRT built on the study's backbone, so the sizes are the real ones: the
-# backbone's grid gives $H\cdot W$ tokens; each is coded against every prototype (orange); the coded
-# residuals $r_k$ go through per-prototype projections into the two branches (green); the three losses
-# are in red.
+# The diagram is drawn from the CRT that the protocol's runs start from, built as they build it, so the sizes
+# are the real ones: in the default study EfficientNet-Lite0's last stage gives a $320 \times 4 \times 4$ map at
+# 128 px ($C = 320$ channels: the runs leave out EfficientNet's $1 \times 1$ `conv_head`, which would widen it to
+# 1,280), so $H\cdot W = 16$ tokens; each is coded against every prototype (orange); the coded residuals $r_k$ go
+# through per-prototype projections into the two branches (green); the three losses are in red. `untrained` is
+# kept for the prototype correlations below: its prototypes are the ones a run starts from.
 
 # %%
-seed_everything(0)
-untrained = build_method(
-    "crt",
-    backbone=build_backbone(config.protocol.backbone, image_size=config.protocol.image_size),
-    embedding_dim=config.protocol.embedding_dim,
-    num_classes=2,
-)
+untrained = crt.untrained_model(config.protocol)
 figure = crt.transform_figure(untrained, image_size=config.protocol.image_size)
 plots.save_and_show(figure, "crt_transform", study=config.protocol.study)
 # %% [markdown]
@@ -249,22 +242,24 @@ if config.backbones:
 # Counted for one image at the paper's 227 px (`torch.utils.flop_counter`, 2 FLOPs per multiply-add).
 # The paper's table counts backbones only; we add the MS head and CRT's heads: at test time CRT keeps
 # one bank ($K \cdot C$) and the branch-1 projections ($K \cdot C \cdot d$); training adds branch 2
-# ($K \cdot C \cdot D$). With one full projection per prototype the heads grow with the backbone's width $C$.
+# ($K \cdot C \cdot D$). With one full projection per prototype the heads grow with the backbone's width $C$
+# (column `C`). The first row is the protocol's backbone as its runs train it (the default study:
+# EfficientNet-Lite0 without `conv_head`, $C = 320$); `complexity_backbones` adds others, whole.
 
 # %%
-if config.complexity_backbones:
-    ours, paper, sentences = crt.complexity_table(
-        config.complexity_backbones,
-        image_size=config.complexity_image_size,
-        embedding_dim=config.protocol.embedding_dim,
-    )
-    print(f"ours, {config.complexity_image_size} px, d = {config.protocol.embedding_dim}:")
-    display(ours)
-    print("paper (backbones only, 227 px):")
-    display(paper)
-    for sentence in sentences:
-        print("→", sentence)
-    readings += [f"Complexity — {sentence}" for sentence in sentences]
+ours, paper, sentences = crt.complexity_table(
+    config.complexity_backbones,
+    image_size=config.complexity_image_size,
+    embedding_dim=config.protocol.embedding_dim,
+    protocol=config.protocol,
+)
+print(f"ours, {config.complexity_image_size} px, d = {config.protocol.embedding_dim}:")
+display(ours)
+print("paper (backbones only, 227 px):")
+display(paper)
+for sentence in sentences:
+    print("→", sentence)
+readings += [f"Complexity — {sentence}" for sentence in sentences]
 
 # %% [markdown]
 # ## Generalisation: embedding-space density and spectral decay
@@ -316,11 +311,25 @@ figure = kit.explained_retrievals(
 )
 plots.save_and_show(figure, "crt_heatmaps", study=config.protocol.study)
 # %% [markdown]
-# **Prototype correlations.** $|\cos(c_k, c_j)|$ between the learned prototypes; $L_{DIV}$ pushes the
-# off-diagonal towards zero (diverse perspectives).
+# **Prototype correlations.** $|\cos(c_k, c_j)|$ between the prototypes of the trained `crt` run (left) and of
+# the same CRT before training (middle), the diagonal greyed out (it is 1 by definition) and both maps on one
+# colour scale fitted to their off-diagonal; on the right, the histogram of the off-diagonal values of each.
+#
+# Why the trained bank can reach orthogonality: $K = 64$ prototypes live in $C = 320$ dimensions, and since
+# $K \le C$ there is room for 64 mutually orthogonal directions, so $L_{DIV}$'s minimum, 0, is attainable
+# exactly. Random prototypes start near it already: two random directions in $C$ dimensions have
+# $|\cos| \approx \sqrt{2/(\pi C)} \approx 0.045$ (the dashed line). $L_{DIV}$ is a mean of $|\cos|$, whose
+# gradient on each pair does not shrink as the cosine shrinks (its size does not depend on how close to 0 the
+# pair is, only its sign does), and AdamW scales each step by the gradient's running size, so the
+# prototypes keep being pushed until the cosines sit at 0 within the step size. The retrieval losses leave room
+# for it: 64 orthogonal directions fill only a fifth of the 320 dimensions, so a bank can be exactly orthogonal
+# and still point where MS and $L_{CON}$ need it, and the two objectives hardly compete. So expect the trained
+# histogram to be a spike at 0 (the title's off-diagonal mean 0.000) and the trained map uniformly dark, against
+# the untrained spread around 0.045. With $K > C$ (more prototypes than dimensions) exact orthogonality is
+# impossible and the off-diagonal could not reach 0.
 
 # %%
-figure = crt.prototype_correlation_figure(reference.method)
+figure = crt.prototype_correlation_figure(reference.method, untrained=untrained)
 plots.save_and_show(figure, "crt_prototype_correlation", study=config.protocol.study)
 # %% [markdown]
 # **t-SNE of the two branches.** Test embeddings of the first classes from branch 2 ($D$) and branch 1
@@ -346,11 +355,12 @@ for reading in readings:
 # copy in `runs/teach/crt/10_crt.ipynb`), or edit the parameters cell and run all.
 #
 # 1. **Predict, then look.** $L_{DIV}$ pushes $|\cos(c_k, c_j)|$ towards 0. Before reading the prototype
-#    correlations: will the trained run's off-diagonal mean (in the heat map's title) be far below that of
-#    the untrained CRT drawn in the first figure? Check with `crt.prototype_correlation_figure(untrained)`.
-#    *Hint:* random prototypes in $C$ dimensions are already nearly orthogonal, $|\cos| \approx
-#    \sqrt{2/(\pi C)}$: about 0.045 for the $C$ = 320 channels of EfficientNet-Lite0's last stage. Compare the
-#    trained value with that, to the third decimal.
+#    correlations: will the trained run's off-diagonal mean be far below that of the untrained CRT (the model
+#    drawn in the first figure, `untrained`)? Write down both numbers you expect, then read them in the titles
+#    of the figure's two maps and in its histogram. *Hint:* random prototypes in $C$ dimensions are already
+#    nearly orthogonal, $|\cos| \approx \sqrt{2/(\pi C)}$: about 0.045 for the $C$ = 320 channels of
+#    EfficientNet-Lite0's last stage (`crt.random_prototype_cosine(320)`). Compare the trained value with that, to
+#    the third decimal, and say whether it could reach 0 if $K$ were larger than $C$.
 # 2. **Change one parameter.** Set `lambda2_values = [0.0]` (two branches trained without the consistency
 #    loss) and re-run the $\lambda_2$ table. Is R@1 at $\lambda_2 = 0$ lower than at 0.9, as in the paper
 #    (almost 3 points)? *Hint:* with one seed a difference of 2 points is within the spread of one row over

@@ -190,8 +190,13 @@ print(f"{len(results)} runs, {len(frame)} evaluated settings")
 # Rows: each base loss, trained plainly (*baseline*: DIML as test-time re-ranking only) or with DIML, then
 # ranked by cosine ($K = 0$) or re-ranked in the top $K$ at $G$ = `grid_size`. The paper's columns are its
 # re-ranked baselines (ResNet-50) on the dataset named by `paper_dataset`. Look for: most of the paper's
-# gain is already there at $K = 10$ (P@1 can only change through the first position, RP and MAP@R
-# through the first $R$); past $K \approx R$ nothing changes.
+# gain is already there at $K = 10$. Re-ranking only reorders the first $K$ results, so what a metric can gain
+# depends on which positions it reads. P@1 reads the first position: it can change for every $K \ge 2$, as soon
+# as a better candidate can be moved up into it. RP counts how many of the first $R$ results are the query's
+# class ($R$: the number of other images of that class); while $K \le R$ the re-ranked images all stay inside the
+# first $R$, so that count, and RP with it, cannot change. Only at $K > R$ can re-ranking bring a right image in
+# from beyond position $R$ (or push a wrong one out). MAP@R, which weighs the order inside the first $R$, can
+# change for every $K \ge 2$.
 
 # %%
 truncation = diml_study.rerank_sweep_table(frame, sweep="K", paper_dataset=config.paper_dataset)
@@ -297,10 +302,14 @@ plots.save_and_show(diml_study.cost_figure(cost), "diml_cost", study=config.prot
 # Each uses this notebook's own outputs; run it with the teaching preset (`make teach ONLY=diml`, the executed
 # copy in `runs/teach/diml/20_diml.ipynb`), or edit the parameters cell and run all.
 #
-# 1. **Predict, then look.** In the truncation table, from which $K$ on can P@1 no longer change, and why does
-#    RP stop changing once $K$ reaches about $R$? *Hint:* P@1 changes only when re-ranking moves a new image
-#    into the first position, RP only through the first $R$ positions; an emoji test class has about 7.5
-#    images (4,196 images, 561 classes), so $R \approx 6.5$.
+# 1. **Predict, then look.** In the truncation table, for which $K$ can re-ranking change P@1, and for which
+#    can it change RP? Predict both before reading the columns, then check the $K = 10$ and $K = 100$ rows
+#    against $K = 0$. *Hint:* re-ranking the top $K$ only permutes the first $K$ results. P@1 changes when a
+#    different image is moved into the first position, which any $K \ge 2$ allows. RP counts the query's class
+#    among the first $R$; with $K \le R$ a permutation of the first $K$ keeps the first $R$ the same set, so RP
+#    cannot change until $K > R$. An emoji class has 5 to 9 images (one per design family that draws it;
+#    about 7.5 on average), so $R$ is 4 to 8: $K = 10$ already exceeds $R$ for every query, and RP can move at
+#    $K = 10$ as well as at $K = 100$. Which of the two moves it more, and why?
 # 2. **Change one parameter.** Set `epsilon = 0.5` (ten times the paper's 0.05) and re-run the worked example
 #    and the transport plans. What happens to the lines, and to $s_{\text{struct}}$ of a correct retrieval?
 #    *Hint:* the marginals do not depend on $\varepsilon$; the plan blurs towards $\mu^s {\mu^t}^\top$, so

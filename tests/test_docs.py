@@ -223,3 +223,19 @@ def test_no_text_cites_a_document_the_reader_does_not_have(folder, pattern):
         f"README.md:{n}" for n, line in enumerate(read(README).splitlines(), 1) if UNAVAILABLE_SOURCES.search(line)
     ]
     assert not cited, "\n".join(cited)
+
+
+def test_make_lab_passes_the_lab_args_the_readme_documents():
+    """`make lab LAB_ARGS="…"` as the README gives it for containers and remote machines reaches `jupyter lab`."""
+    import subprocess
+
+    documented = re.search(r'make lab LAB_ARGS="([^"]+)"', read(README))
+    assert documented, "the README shows `make lab` with LAB_ARGS"
+    arguments = documented.group(1)
+    assert "--ip=0.0.0.0" in arguments and "--no-browser" in arguments
+    dry = subprocess.run(
+        ["make", "-n", "lab", f"LAB_ARGS={arguments}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    [command] = [line for line in dry.splitlines() if "jupyter lab" in line]
+    assert command.rstrip().endswith(arguments) and "--ServerApp.root_dir=." in command
+    assert "LAB_ARGS" in read(ROOT / "Makefile").split("\nlab:")[0].rsplit("\n\n", 1)[-1]  # the target's comment

@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from dmlstudy import explanations, plots  # noqa: E402
@@ -113,18 +114,93 @@ def comparison_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_method_styles_are_distinct_and_follow_the_comparison_order():
+# Colour-vision-deficiency simulation (Machado, Oliveira and Fernandes, 2009, severity 1), on linear RGB
+CVD_MATRICES = {
+    "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]],
+    "protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]],
+    "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602], [0.004733, 0.691367, 0.303900]],
+}
+DEFAULT_STUDY_ROWS = [
+    "ms",
+    "crt",
+    "diml_rerank",
+    "diml",
+    "cross_attention",
+    "dgcrl",
+    "softmax",
+    "triplet",
+    "lifted",
+    "normsoftmax",
+]
+MIN_DELTA_E = {"drawn together": 10.0, "any two rows": 5.0}  # CIEDE2000; about 2 is just noticeable side by side
+
+
+def seen_lab(colours: list[str], vision: str = "normal") -> np.ndarray:
+    """CIELAB of ``colours`` as a reader with ``vision`` (normal, or a :data:`CVD_MATRICES` key) sees them."""
+    from matplotlib.colors import to_rgb
+    from skimage.color import rgb2lab
+
+    rgb = np.array([to_rgb(colour) for colour in colours])
+    if vision != "normal":
+        linear = (
+            np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4) @ np.array(CVD_MATRICES[vision]).T
+        )
+        linear = np.clip(linear, 0, 1)
+        rgb = np.where(linear <= 0.0031308, 12.92 * linear, 1.055 * linear ** (1 / 2.4) - 0.055)
+    return rgb2lab(rgb[None])[0]
+
+
+def closest_pair(colours: list[str], vision: str = "normal") -> tuple[float, str, str]:
+    """The smallest CIEDE2000 distance between two of ``colours`` as seen with ``vision``, and the pair."""
+    from skimage.color import deltaE_ciede2000
+
+    lab = seen_lab(colours, vision)
+    return min(
+        (float(deltaE_ciede2000(lab[i], lab[j])), colours[i], colours[j])
+        for i in range(len(colours))
+        for j in range(i + 1, len(colours))
+    )
+
+
+def test_closest_pair_sees_what_colour_blind_readers_confuse():
+    """The check below can fail: red and green, far apart in normal vision, nearly merge for a deuteranope."""
+    red_green = ["#d62728", "#2ca02c"]
+    assert closest_pair(red_green)[0] > 40
+    assert closest_pair(red_green, "deuteranopia")[0] < MIN_DELTA_E["drawn together"]
+
+
+def test_every_row_has_its_own_colour_and_its_group_marker():
     order = plots.method_order()
     assert order[0] == "ms" and RERANK in order and "softmax" in order
     assert set(list_methods()) <= set(order)
-    styles = [plots.method_style(name) for name in order]
-    assert len({(s.colour, s.marker) for s in styles}) == len(order)
-    assert all(s.colour in plots.PALETTE for s in styles)
-    paper = {plots.method_style(n).marker for n in order if row_info(n).group == "paper"}
-    classic = {plots.method_style(n).marker for n in order if row_info(n).group == "classic"}
-    assert not paper & classic  # the marker tells the group
+    styles = {name: plots.method_style(name) for name in order}
+    assert all(style.marker != plots.OTHER_MARKER for style in styles.values()), "a row without a colour of its own"
+    colours = [style.colour.lower() for style in styles.values()]
+    assert len(set(colours)) == len(order), "two rows share a colour"
+    paper = {styles[n].marker for n in order if row_info(n).group == "paper"}
+    classic = {styles[n].marker for n in order if row_info(n).group == "classic"}
+    assert len(paper) == len(classic) == 1 and not paper & classic  # the marker tells the group
     assert plots.method_style("no-such-row") == plots.method_style("no-such-row")
     assert plots.method_style("no-such-row").marker == plots.OTHER_MARKER
+
+
+def test_row_colours_stay_apart_for_every_reader():
+    """Any two rows are told apart in normal vision; the rows the default study draws together, and each of them
+    against the white page, also for deuteranope, protanope and tritanope readers."""
+    from dmlstudy.paths import project_root
+    from dmlstudy.study.plan import load_plan
+
+    compare = next(e for e in load_plan(project_root() / "plans" / "default.yaml") if e.notebook.stem == "90_compare")
+    drawn = [*compare.parameters["methods"], *compare.parameters["classic_methods"]]
+    assert sorted(drawn) == sorted(DEFAULT_STUDY_ROWS)
+    every = [plots.method_style(name).colour for name in plots.method_order()]
+    assert closest_pair(every)[0] >= MIN_DELTA_E["any two rows"], closest_pair(every)
+    together = ["#ffffff", *(plots.method_style(name).colour for name in DEFAULT_STUDY_ROWS)]
+    for vision in ("normal", *CVD_MATRICES):
+        assert closest_pair(together, vision)[0] >= MIN_DELTA_E["drawn together"], (
+            vision,
+            closest_pair(together, vision),
+        )
 
 
 def test_a_method_has_one_colour_in_every_figure():
@@ -173,6 +249,79 @@ def test_the_time_figure_names_each_method_once_beside_its_panel():
     assert sorted(names) == sorted(method_label(v) for v in comparison_frame()["variant"].unique())
     right = axis.get_window_extent(renderer).x1
     assert all(Text.get_window_extent(text, renderer).x0 > right for text in axis.texts)
+
+
+def skewed_times() -> pd.DataFrame:
+    """Two rows whose training seconds are skewed as on a shared machine: mean − std < 0 for ``ms``."""
+    rows = []
+    for variant, seconds in (("ms", (12.0, 15.0, 20.0, 25.0, 320.0)), ("crt", (300.0, 380.0, 420.0, 450.0, 560.0))):
+        for seed, value in enumerate(seconds):
+            rows.append({"dataset": "emoji", "variant": variant, "seed": seed, "train_seconds": value, "R@1": 0.5})
+    return pd.DataFrame(rows)
+
+
+def error_bars(figure: plt.Figure) -> list:
+    """Every error-bar container of the figure's data axes."""
+    return [c for axis in data_axes(figure) for c in axis.containers if isinstance(c, ErrorbarContainer)]
+
+
+def assert_no_time_below_zero(figure: plt.Figure) -> None:
+    """No horizontal error bar (training seconds) reaches below 0 s, and the axis does not show negative time."""
+    for container in error_bars(figure):
+        _, _, bars = container.lines
+        for collection in bars:
+            for segment in collection.get_segments():
+                assert np.min(segment[:, 0]) >= 0, (
+                    f"{container.get_label()}: a time bar reaches {np.min(segment[:, 0])} s"
+                )
+    for axis in data_axes(figure):
+        assert axis.get_xlim()[0] >= 0
+
+
+def test_training_time_is_never_drawn_below_zero():
+    frame = skewed_times()
+    mean, std = frame[frame["variant"] == "ms"]["train_seconds"].agg(["mean", "std"])
+    assert mean - std < 0  # the data a mean ± std bar would draw below 0 s
+    figure = tables.time_figure(frame)
+    assert error_bars(figure)
+    assert_no_time_below_zero(figure)
+    summary = tables.time_summary(frame).set_index("variant")
+    _, _, (seconds_bar, *_) = error_bars(figure)[0].lines  # matplotlib draws the x error bars first
+    [segment] = seconds_bar.get_segments()
+    assert sorted(segment[:, 0]) == [summary.loc["ms", "seconds_min"], summary.loc["ms", "seconds_max"]]
+
+
+def test_the_check_for_negative_time_fails_on_a_mean_minus_std_bar():
+    figure, axis = plt.subplots()
+    axis.errorbar([112.1], [50.0], xerr=[114.2], fmt="o")
+    with pytest.raises(AssertionError, match="reaches"):
+        assert_no_time_below_zero(figure)
+
+
+def test_time_figure_redrawn_from_tables_keeps_the_range(tmp_path):
+    frame = skewed_times().assign(group="main", parameters=1e6)
+    cost = tables.cost_table(frame)
+    assert list(cost[tables.SECONDS_RANGE]) == ["12.0–320.0", "300.0–560.0"]
+    cost.to_csv(tmp_path / "compare_cost.csv", index=False)
+    pd.DataFrame(
+        {"dataset": "emoji", "variant": ["ms", "crt"], "R@1_mean": [50.0, 51.0], "R@1_std": [1.0, 1.0]}
+    ).to_csv(tmp_path / f"compare_main_emoji{tables.table_suffix('imagenet')}.csv", index=False)
+    summary = tables.time_summary_of_tables(tmp_path, regime="imagenet").set_index("variant")
+    assert (summary.loc["ms", "seconds_min"], summary.loc["ms", "seconds_max"]) == (12.0, 320.0)
+    assert_no_time_below_zero(tables.draw_time_figure(summary.reset_index()))
+
+
+def test_markers_keep_their_shape():
+    """Error bars carry no caps (caps on both axes framed each circle in a square), and each point keeps its
+    group's marker."""
+    figure = tables.time_figure(comparison_frame())
+    for container in error_bars(figure):
+        point, caps, _ = container.lines
+        assert not caps, f"{container.get_label()} has error-bar caps"
+        variant = next(v for v in comparison_frame()["variant"].unique() if method_label(v) == container.get_label())
+        assert point.get_marker() == plots.method_style(variant).marker
+    sweep = diml.sweep_figure(sweep_frame(), sweep="G")
+    assert error_bars(sweep) and all(not container.lines[1] for container in error_bars(sweep))
 
 
 def test_epoch_axes_have_integer_ticks():
@@ -241,6 +390,75 @@ def test_heat_maps_have_a_colourbar_and_a_title():
     grid = pd.DataFrame({"n=1": [40.0, 41.0], "n=2": [np.nan, 43.0]}, index=[1, 2])
     figure = cross_attention.grid_heatmap(grid)
     assert colourbar_axes(figure) and figure.axes[0].get_title()
+
+
+def test_crt_correlation_figure_shows_the_off_diagonal():
+    """A trained bank at |cos| 0 and an untrained one near √(2/(πC)) must look different: the diagonal is masked,
+    both maps share a colour scale fitted to the off-diagonal (not 0–1), and a histogram shows both."""
+    torch.manual_seed(0)
+    untrained = build_method("crt", backbone=build_backbone("dml_convnet"), num_classes=4).eval()
+    trained = build_method("crt", backbone=build_backbone("dml_convnet"), num_classes=4).eval()
+    bank = trained.bank(1).prototypes
+    count, channels = bank.shape
+    assert count <= channels
+    with torch.no_grad():  # what L_DIV reaches when K ≤ C: mutually orthogonal prototypes
+        bank.copy_(torch.linalg.qr(torch.randn(channels, count))[0].T)
+    figure = crt.prototype_correlation_figure(trained, untrained=untrained)
+    maps = [axis for axis in data_axes(figure) if axis.images]
+    assert len(maps) == 2 and len(colourbar_axes(figure)) == 2
+    off = crt.off_diagonal(crt.prototype_correlation(untrained).numpy())
+    for axis in maps:
+        image = axis.images[0]
+        assert np.ma.getmaskarray(image.get_array()).diagonal().all()  # the diagonal (1 by definition) is masked
+        assert image.norm.vmax == pytest.approx(off.max(), rel=1e-5)  # the scale is the off-diagonal's, not 0–1
+    assert "mean 0.000" in maps[0].get_title() and f"mean {off.mean():.3f}" in maps[1].get_title()
+    [histogram] = [axis for axis in data_axes(figure) if not axis.images]
+    assert len(histogram.patches) > 0 and histogram.get_yscale() == "log"
+    legend_text = [text.get_text() for legend in legends(figure) for text in legend.get_texts()]
+    assert any(t.startswith("trained") for t in legend_text) and any(t.startswith("untrained") for t in legend_text)
+    assert crt.random_prototype_cosine(320) == pytest.approx(0.0446, abs=1e-4)
+    assert crt.random_prototype_cosine(channels) == pytest.approx(off.mean(), rel=0.15)
+
+
+def test_projection_panels_are_framed_and_say_the_colours_are_classes():
+    from dmlstudy.experiments import kit
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 8)
+    panels = {name: (rng.normal(size=(len(labels), 6)), labels) for name in ("ms", "crt", "dgcrl")}
+    figure = kit.projection_figure(panels, kind="tsne", classes=4, iterations=250)
+    drawn = [axis for axis in figure.axes if axis.collections]
+    assert len(drawn) == 3
+    for axis in drawn:
+        assert axis.axison and all(spine.get_visible() for spine in axis.spines.values())
+        assert not axis.get_xticks().size and not axis.get_yticks().size
+        points = axis.collections[0]
+        colours = {to_hex(c) for c in points.to_rgba(points.get_array())}
+        assert len(colours) == 4 and colours <= set(plots.PALETTE)  # one colour-blind-safe colour per class
+    assert "coloured by class" in figure.get_suptitle()
+
+
+def test_attention_figure_draws_the_blocks_the_model_has_and_says_which():
+    assert cross_attention.drawn_blocks([2, 4, 6], 5)[0] == [2, 4, 5]
+    assert "6 asked for" in cross_attention.drawn_blocks([2, 4, 6], 5)[1]
+    assert cross_attention.drawn_blocks([2, 4, 6], 6) == ([2, 4, 6], "The model has 6 blocks; drawn: 2, 4 and 6.")
+    assert cross_attention.drawn_blocks([1], 3)[0] == [1, 3]
+    with pytest.raises(ValueError):
+        cross_attention.drawn_blocks([1], 0)
+
+
+def test_complexity_counts_the_backbone_the_runs_train():
+    """Without conv_head the feature map CRT codes has the last stage's 320 channels, and the 1 × 1 conv_head the
+    runs never run is not counted."""
+    from dmlstudy.models.trunk_cache import StemCachedBackbone
+
+    whole = crt.complexity_row("lite0", image_size=64, backbone=StemCachedBackbone(conv_head=True))
+    trained = crt.complexity_row("lite0", image_size=64, backbone=StemCachedBackbone(conv_head=False))
+    assert (whole["C"], trained["C"]) == (1280, 320)
+    head = StemCachedBackbone(conv_head=True).model
+    idle = sum(p.numel() for module in (head.conv_head, head.bn2) for p in module.parameters()) / 1e6
+    assert trained["backbone params (M)"] == pytest.approx(whole["backbone params (M)"] - idle)
+    assert trained["+CRT params, train (M)"] < whole["+CRT params, train (M)"] / 3  # K·C·D: C 4× smaller
 
 
 def test_crt_figures_have_colourbars(tiny_config):

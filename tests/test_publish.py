@@ -17,6 +17,7 @@ from dmlstudy.paths import project_root
 from dmlstudy.study import publish
 from dmlstudy.study.executor import run_plan
 
+PINNED_MATHJAX = publish.MATHJAX  # the real pins, read before a fixture puts a stand-in in their place
 REVISION = "0123abc"  # what the copies say they were published from (git is not asked: seconds per call)
 DEBRIS_CELL = """\
 import os, sys, time
@@ -70,6 +71,34 @@ def executed_plan(tmp_path):
     return plan, root
 
 
+MATHJAX_STAND_IN = b"window.MathJaxStandIn = true;\n"
+
+
+@pytest.fixture(autouse=True)
+def mathjax_tarball(tmp_path_factory, monkeypatch):
+    """A stand-in for the MathJax npm tarball, laid out as the package is and pinned as :data:`publish.MATHJAX`
+    pins the real one, so publishing is tested without network; returns the specs that npm was asked for."""
+    import dataclasses
+    import hashlib
+    import tarfile
+
+    from dmlstudy.data.emoji_sources import integrity_of
+
+    tarball = tmp_path_factory.mktemp("npm") / "mathjax-stand-in.tgz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        for name, content in ((publish.MATHJAX.member, MATHJAX_STAND_IN), ("LICENSE", b"Apache License 2.0\n")):
+            info = tarfile.TarInfo(f"package/{name}")
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    pinned = dataclasses.replace(
+        publish.MATHJAX, integrity=integrity_of(tarball), sha256=hashlib.sha256(MATHJAX_STAND_IN).hexdigest()
+    )
+    monkeypatch.setattr(publish, "MATHJAX", pinned)
+    asked = []
+    monkeypatch.setattr(publish, "_npm_pack", lambda asset, destination: asked.append(asset.spec) or tarball)
+    return asked
+
+
 def machine_paths(tmp_path) -> list[str]:
     return [str(tmp_path), str(project_root()), os.path.expanduser("~") + "/", "/tmp/", "site-packages"]
 
@@ -84,7 +113,10 @@ def test_a_published_notebook_keeps_its_outputs_and_loses_what_only_its_machine_
         "20_debris.ipynb",
         "README.md",
         "index.html",
+        "mathjax",
     ]  # the failed entry is not published
+    assert (folder / "mathjax" / "tex-svg-full.js").read_bytes() == MATHJAX_STAND_IN
+    assert (folder / "mathjax" / "LICENSE").is_file()
     text = (folder / "20_debris.ipynb").read_text()
     notebook = nbformat.reads(text, as_version=4)
     note = notebook.cells[0].source
@@ -109,11 +141,55 @@ def test_a_published_notebook_keeps_its_outputs_and_loses_what_only_its_machine_
         assert path not in text, path
     page = (folder / "20_debris.html").read_text()
     assert "Debris of every kind" in page and "data:image/png;base64" in page
+    assert_offline_math(page)
     for path in machine_paths(tmp_path)[:2]:
         assert path not in page
     index = (folder / "README.md").read_text()
     assert "[ipynb](20_debris.ipynb) · [HTML](20_debris.html)" in index and "Debris of every kind" in index
     assert "broken" not in index and '<a href="20_debris.html">' in (folder / "index.html").read_text()
+
+
+def assert_offline_math(page: str) -> None:
+    """The page typesets ``$…$`` and ``$$…$$`` with the MathJax beside it and loads no script from the network."""
+    import re
+
+    scripts = re.findall(r'<script[^>]*src="([^"]*)"', page)
+    assert scripts == ["mathjax/tex-svg-full.js"], scripts
+    config = json.loads(re.search(r"window\.MathJax = (\{.*?\});</script>", page).group(1))
+    assert ["$", "$"] in config["tex"]["inlineMath"] and ["$$", "$$"] in config["tex"]["displayMath"]
+    assert page.index("window.MathJax = ") < page.index('src="mathjax/tex-svg-full.js"')  # configured before it loads
+    assert "MathJax.Hub" not in page  # nbconvert's MathJax 2 configuration is gone
+
+
+def test_an_exported_page_typesets_its_equations_offline():
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_markdown_cell("Inline $a_{jk} = x_j^\\top c_k$ and\n\n$$L = \\frac{1}{K}\\sum_k r_k$$")
+    ]
+    page = publish.export_html(notebook)
+    assert_offline_math(page)
+    assert "$a_{jk} = x_j^\\top c_k$" in page and "$$L = \\frac{1}{K}\\sum_k r_k$$" in page  # left for MathJax
+
+
+def test_mathjax_is_fetched_once_checked_and_replaced_when_not_the_pinned_file(tmp_path, mathjax_tarball):
+    shipped = publish.ensure_mathjax(tmp_path, publish.MATHJAX)
+    assert shipped == tmp_path / "mathjax" / "tex-svg-full.js" and mathjax_tarball == ["mathjax@3.2.2"]
+    assert publish.ensure_mathjax(tmp_path, publish.MATHJAX) == shipped and len(mathjax_tarball) == 1  # reused
+    shipped.write_text("tampered")
+    publish.ensure_mathjax(tmp_path, publish.MATHJAX)
+    assert shipped.read_bytes() == MATHJAX_STAND_IN and len(mathjax_tarball) == 2
+    import dataclasses
+
+    other = dataclasses.replace(publish.MATHJAX, sha256="0" * 64)
+    with pytest.raises(publish.MathJaxUnavailable, match="not the pinned file"):
+        publish.ensure_mathjax(tmp_path / "elsewhere", other)
+
+
+def test_the_pinned_mathjax_is_the_one_the_notices_record():
+    pinned = PINNED_MATHJAX
+    notices = (project_root() / "THIRD_PARTY_NOTICES.md").read_text()
+    for fact in (pinned.spec, pinned.integrity, pinned.sha256, pinned.member):
+        assert fact in notices, fact
 
 
 def test_an_entry_that_fails_later_loses_its_earlier_copy(executed_plan, tmp_path):
@@ -187,3 +263,15 @@ def test_a_build_that_differs_from_the_published_one_writes_beside_its_runs(tmp_
     assert different_build_message("embedded") == "" and different_build_message("smoke") == ""
     monkeypatch.setenv(PUBLISH_DIFFERENT_BUILD, "1")
     assert study_outputs("default", "results") == tmp_path / "results" and different_build_message("default") == ""
+
+
+def test_the_readme_states_the_published_folders_size_budget():
+    readme = (project_root() / "README.md").read_text()
+    assert f"Size budget: {publish.SIZE_BUDGET_MB:g} MB" in readme
+
+
+def test_publishing_warns_past_the_size_budget(executed_plan, monkeypatch):
+    plan, root = executed_plan
+    monkeypatch.setattr(publish, "SIZE_BUDGET_MB", 0.01)
+    with pytest.warns(UserWarning, match="over its budget of 0.01 MB"):
+        publish.publish_plan(plan, root=root, revision=REVISION)

@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import Subset
 
 from dmlstudy import metrics as metric_functions
+from dmlstudy import plots
 from dmlstudy.config import TypedConfig
 from dmlstudy.data import build_dataset, build_transforms
 from dmlstudy.explanations import explanation_figure
@@ -537,25 +538,35 @@ def projection_figure(
     label: Callable[[str], str] = str,
     iterations: int = TSNE_ITERATIONS,
 ) -> plt.Figure:
-    """One panel per entry (titled ``label(name)``): the 2-D ``kind`` projection of the same subset of test
-    images (:func:`projection_subset`), coloured by class; ``title`` above, after the point count."""
+    """One framed panel per entry (titled ``label(name)``): the 2-D ``kind`` projection of the same subset of test
+    images (:func:`projection_subset`), one colour per class (the study's colour-blind-safe
+    :data:`~dmlstudy.plots.PALETTE` for up to 10 classes), the axes' units left off (a projection's coordinates
+    mean nothing); ``title`` above, after the point count and what the colours are."""
+    from matplotlib.colors import ListedColormap
+
     names = list(embeddings)
     columns = min(4, max(len(names), 1))
     rows = int(math.ceil(max(len(names), 1) / columns))
     figure, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.4 * rows), squeeze=False)
-    for axis in axes.flat:
-        axis.axis("off")
+    for axis in axes.flat[len(names) :]:
+        axis.axis("off")  # an empty place in the last row
+    colours = ListedColormap(plots.PALETTE[:classes]) if classes <= len(plots.PALETTE) else "tab20"
     for axis, name in zip(axes.flat, names):
         vectors, labels = embeddings[name]
         keep = projection_subset(labels, classes=classes, seed=seed)
         points = project(np.asarray(vectors)[keep], kind=kind, seed=seed, iterations=iterations)
         codes = np.searchsorted(np.unique(labels[keep]), labels[keep])
-        axis.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab20" if classes > 10 else "tab10", s=5, linewidths=0)
+        axis.scatter(
+            points[:, 0], points[:, 1], c=codes, cmap=colours, vmin=0, vmax=max(classes - 1, 1), s=5, linewidths=0
+        )
+        axis.set(xticks=[], yticks=[])
+        for spine in axis.spines.values():
+            spine.set(visible=True, color="0.4", linewidth=0.8)
         axis.set_title(label(name), fontsize=9)
     shown = len(projection_subset(next(iter(embeddings.values()))[1], classes=classes, seed=seed)) if names else 0
     figure.suptitle(
-        f"{'UMAP' if kind == 'umap' else 't-SNE'}: {shown} test images of the first {classes} classes"
-        + (f"; {title}" if title else "")
+        f"{'UMAP' if kind == 'umap' else 't-SNE'}: {shown} test images of the first {classes} classes, "
+        "coloured by class (one colour per class, the same in every panel)" + (f"\n{title}" if title else "")
     )
     figure.tight_layout()
     return figure

@@ -3,8 +3,10 @@
     python -m dmlstudy.experiments.redraw default embedded sequential   # rewrites what each study's folder holds
 
 * ``compare_recall_vs_time.png``: R@1 against training seconds, from ``compare_cost.csv`` (training seconds, mean ±
-  std) and ``compare_main_<dataset><suffix>.csv`` (R@1 mean and std) of the regime of the plan's comparison
-  entry (:func:`dmlstudy.experiments.tables.time_summary_of_tables`): the same numbers the notebook drew;
+  std and, in tables that record it, their range over seeds) and ``compare_main_<dataset><suffix>.csv`` (R@1 mean
+  and std) of the regime of the plan's comparison entry
+  (:func:`dmlstudy.experiments.tables.time_summary_of_tables`): the same numbers the notebook drew (from a table
+  without the range, without a spread of training time);
 * ``dgcrl_toy_decorrelation.png``: the decorrelation toy, a seeded computation on three 3-D centres with the plan's
   ``toy_steps``.
 

@@ -263,11 +263,26 @@ def spectrum_figure(embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]], *, 
 # ----------------------------------------------------------------------------------------------
 # Cost
 # ----------------------------------------------------------------------------------------------
+SECONDS_RANGE = "train_seconds (min–max)"  # the cost table's column of training seconds over seeds, fastest–slowest
+
+
 def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per dataset and method: parameters (M), training seconds and seconds per epoch (mean ± std over seeds),
-    and, for the re-ranked row, the re-ranking seconds."""
+    the training seconds' range over seeds (:data:`SECONDS_RANGE`, ``min–max``: what the recall-vs-time figure
+    draws, since a mean ± std of skewed times can reach below 0 s), and, for the re-ranked row, the re-ranking
+    seconds."""
     metrics = [m for m in ("train_seconds", "seconds_per_epoch", "rerank_seconds") if m in frame.columns]
     table = summarize(frame, by=["dataset", "variant"], metrics=metrics, percent=False, decimals=1)
+    if "train_seconds" in frame.columns:
+        seconds = frame.groupby(["dataset", "variant"], sort=False)["train_seconds"].agg(["min", "max"])
+        table.insert(
+            table.columns.get_loc("train_seconds") + 1,
+            SECONDS_RANGE,
+            [
+                f"{seconds.loc[(d, v), 'min']:.1f}–{seconds.loc[(d, v), 'max']:.1f}"
+                for d, v in zip(table["dataset"], table["variant"])
+            ],
+        )
     parameters = frame.groupby(["dataset", "variant"], sort=False)["parameters"].first() / 1e6
     table.insert(
         2,
@@ -283,8 +298,9 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def time_summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """What :func:`time_figure` draws, per dataset and row: training seconds (``seconds_mean``, ``seconds_std``)
-    and test R@1 in % (``recall_mean``, ``recall_std``), mean and std over seeds (std NaN for one seed)."""
+    """What :func:`time_figure` draws, per dataset and row: training seconds (``seconds_mean``, ``seconds_std``,
+    and their range ``seconds_min``, ``seconds_max``) and test R@1 in % (``recall_mean``, ``recall_std``), over
+    seeds (std NaN for one seed)."""
     records = []
     for (dataset, variant), group in frame.groupby(["dataset", "variant"], sort=False):
         seconds, recall = group["train_seconds"], 100 * group["R@1"]
@@ -294,6 +310,8 @@ def time_summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "variant": variant,
                 "seconds_mean": seconds.mean(),
                 "seconds_std": seconds.std() if len(group) > 1 else np.nan,
+                "seconds_min": seconds.min(),
+                "seconds_max": seconds.max(),
                 "recall_mean": recall.mean(),
                 "recall_std": recall.std() if len(group) > 1 else np.nan,
             }
@@ -303,8 +321,10 @@ def time_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 def time_summary_of_tables(folder: str | Path, *, regime: str) -> pd.DataFrame:
     """:func:`time_summary` read back from a study's published tables in ``folder``: ``compare_cost.csv`` (training
-    seconds, ``mean ± std``, of the protocol's regime) and ``compare_main_<dataset><suffix>.csv`` of that
-    ``regime`` (R@1 mean and std; :func:`table_suffix`), so the figure can be redrawn without the runs."""
+    seconds, ``mean ± std``, and their range over seeds where the table has it, of the protocol's regime) and
+    ``compare_main_<dataset><suffix>.csv`` of that ``regime`` (R@1 mean and std; :func:`table_suffix`), so the
+    figure can be redrawn without the runs. A table written before it recorded the range gives NaN for it (the
+    figure then draws no spread of training time)."""
     folder = Path(folder)
     cost = pd.read_csv(folder / "compare_cost.csv")
     mains = [
@@ -317,18 +337,26 @@ def time_summary_of_tables(folder: str | Path, *, regime: str) -> pd.DataFrame:
         mean, _, std = str(text).partition("±")
         return float(mean), float(std) if std.strip() else np.nan
 
+    def low_high(text) -> tuple[float, float]:
+        low, _, high = str(text).partition("–")
+        return (float(low), float(high)) if high.strip() else (np.nan, np.nan)
+
+    ranges = cost[SECONDS_RANGE] if SECONDS_RANGE in cost.columns else [""] * len(cost)
     records = []
-    for dataset, variant, seconds in zip(cost["dataset"], cost["variant"], cost["train_seconds"]):
+    for dataset, variant, seconds, extent in zip(cost["dataset"], cost["variant"], cost["train_seconds"], ranges):
         if (dataset, variant) not in recall.index:
             continue
         row = recall.loc[(dataset, variant)]
         seconds_mean, seconds_std = mean_std(seconds)
+        seconds_min, seconds_max = low_high(extent)
         records.append(
             {
                 "dataset": dataset,
                 "variant": variant,
                 "seconds_mean": seconds_mean,
                 "seconds_std": seconds_std,
+                "seconds_min": seconds_min,
+                "seconds_max": seconds_max,
                 "recall_mean": float(row["R@1_mean"]),
                 "recall_std": float(row["R@1_std"]),
             }
@@ -337,8 +365,9 @@ def time_summary_of_tables(folder: str | Path, *, regime: str) -> pd.DataFrame:
 
 
 def time_figure(frame: pd.DataFrame) -> plt.Figure:
-    """R@1 (%) against training seconds per method, one panel per dataset, mean ± std over seeds (``frame``: one
-    row per run; :func:`draw_time_figure` draws a :func:`time_summary`)."""
+    """R@1 (%) against training seconds per method, one panel per dataset: the mean over seeds, R@1 ± its std, the
+    training seconds' range over seeds (``frame``: one row per run; :func:`draw_time_figure` draws a
+    :func:`time_summary`)."""
     return draw_time_figure(time_summary(frame))
 
 
@@ -347,7 +376,11 @@ def draw_time_figure(summary: pd.DataFrame) -> plt.Figure:
     cost is at test time). Each method keeps its colour and marker of every figure
     (:func:`dmlstudy.plots.method_style`) and is named in a column right of its panel, at its point's height, with
     a leader line (:func:`dmlstudy.plots.label_points`): names beside crowded points overprinted each other and
-    the error bars."""
+    the error bars.
+
+    Decision (the spread): training time is drawn from the fastest to the slowest seed, never as mean ± std, which
+    for a skewed time (one long seed) reached below 0 s; R@1 as mean ± std. Bars have no caps, which on both axes
+    framed every marker in a square; the marker is drawn over its bars."""
     datasets = list(dict.fromkeys(summary["dataset"]))
     figure, axes = plt.subplots(1, len(datasets), figsize=(6.4 * len(datasets), 4.0), squeeze=False)
     labels = {}
@@ -355,22 +388,38 @@ def draw_time_figure(summary: pd.DataFrame) -> plt.Figure:
         points = []
         for row in summary[summary["dataset"] == dataset].itertuples(index=False):
             style = plots.method_style(row.variant)
+            spread = (row.seconds_min, row.seconds_max)
             axis.errorbar(
                 row.seconds_mean,
                 row.recall_mean,
-                xerr=None if np.isnan(row.seconds_std) else row.seconds_std,
+                xerr=None
+                if np.isnan(spread).any()
+                else [[row.seconds_mean - spread[0]], [spread[1] - row.seconds_mean]],
                 yerr=None if np.isnan(row.recall_std) else row.recall_std,
                 marker=style.marker,
+                markersize=7,
+                markeredgecolor="white",
                 color=style.colour,
-                capsize=3,
+                elinewidth=1.2,
+                capsize=0,
                 linestyle="none",
                 label=method_label(row.variant),
             )
             points.append((row.seconds_mean, row.recall_mean, method_label(row.variant), style.colour))
         axis.set(xlabel="training seconds (whole run)", ylabel="R@1 (%)", title=dataset)
+        axis.set_xlim(left=0)
         axis.grid(alpha=0.3)
         labels[axis] = points
-    figure.suptitle("R@1 against training time (circles: the papers' methods; squares, triangles: classic baselines)")
+    ranges = (
+        "training seconds from the fastest to the slowest seed"
+        if summary["seconds_min"].notna().any()
+        else ("no spread of training time: these tables did not record it")
+    )
+    figure.suptitle(
+        "R@1 against training time (circles: the papers' methods; squares: classic baselines)\n"
+        f"mean over seeds; bars: R@1 ± std, {ranges}",
+        fontsize=10,
+    )
     figure.tight_layout()  # the panels' final height first: the names are spaced in it
     for axis, points in labels.items():
         plots.label_points(axis, points)

@@ -91,6 +91,11 @@ class StemCachedBackbone(Backbone):
             module.requires_grad_(False)
             module.eval()
 
+    def idle_modules(self) -> list[nn.Module]:
+        """The layers whose weights the state dict keeps but the forward pass never runs (``conv_head`` and
+        ``bn2`` without ``conv_head``): not part of the network a run trains, so not counted as its parameters."""
+        return [] if self.conv_head else [self.model.conv_head, self.model.bn2]
+
     def stem_modules(self) -> list[nn.Module]:
         """The frozen layers, in the order they run."""
         return [self.model.conv_stem, self.model.bn1, *self.model.blocks[: self.first_trainable_block]]

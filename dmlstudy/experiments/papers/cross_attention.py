@@ -300,16 +300,36 @@ def _sup(number: int) -> str:
     return str(number).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
 
 
+def drawn_blocks(requested: Sequence[int], num_blocks: int) -> tuple[list[int], str]:
+    """The blocks an attention figure draws for a model with ``num_blocks`` blocks, and a sentence saying which
+    and why: the ``requested`` blocks the model has, and always its last block (the deepest attention, which the
+    paper's depth claim is about), in increasing order. A requested block past the model's last is named as left
+    out (a model trained with N blocks has no block N + 1: its tuned N decides, 5 on emoji)."""
+    if num_blocks < 1:
+        raise ValueError(f"drawn_blocks: the model has no attention block (num_blocks = {num_blocks})")
+    kept = sorted({n for n in requested if 1 <= n <= num_blocks} | {num_blocks})
+    missing = sorted({n for n in requested if n > num_blocks})
+    sentence = f"The model has {num_blocks} block{'s' * (num_blocks != 1)}; drawn: {_listed(kept)}"
+    if missing:
+        sentence += f" ({_listed(missing)} asked for, which it does not have; its last block {num_blocks} instead)"
+    elif num_blocks not in requested:
+        sentence += f" (its last block {num_blocks} added)"
+    return kept, sentence + "."
+
+
+def _listed(numbers: Sequence[int]) -> str:
+    words = [str(n) for n in numbers]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def attention_figure(
     method: CrossAttention, dataset, triples: Sequence[tuple[int, int, int]], *, blocks: Sequence[int] = (2, 4, 6)
 ) -> plt.Figure:
-    """For each triple (x, a, b): Attn over x's locations at the given blocks when x is conditioned on a (top),
-    on b (bottom), and their difference (middle, red = more weight when conditioned on a). Each panel is scaled
-    by its own largest value (titles give it; uniform attention is 1/hw); one colour bar per kind, under the maps,
-    gives the scaled units."""
-    blocks = [n for n in blocks if 1 <= n <= method.num_blocks]
-    if not blocks:
-        raise ValueError(f"attention_figure: none of the blocks is in 1..{method.num_blocks}")
+    """For each triple (x, a, b): Attn over x's locations at the blocks :func:`drawn_blocks` chooses when x is
+    conditioned on a (top), on b (bottom), and their difference (middle, red = more weight when conditioned on a).
+    Each panel is scaled by its own largest value (titles give it; uniform attention is 1/hw); one colour bar per
+    kind, under the maps, gives the scaled units."""
+    blocks, _ = drawn_blocks(blocks, method.num_blocks)
     figure, axes = plt.subplots(
         3 * len(triples), len(blocks) + 1, figsize=(1.7 * (len(blocks) + 1), 1.75 * 3 * len(triples)), squeeze=False
     )

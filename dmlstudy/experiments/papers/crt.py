@@ -7,6 +7,8 @@ numbers (MiT-B1 on CUB for the ablations) orient the reader, they are not target
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,7 @@ from dmlstudy.findings.numbers import numbers
 from dmlstudy.methods import build_method
 from dmlstudy.methods.crt import CRT, BranchEmbedder, prototype_correlation
 from dmlstudy.models import build_backbone
+from dmlstudy.models.backbones import Backbone
 from dmlstudy.run.evaluation import embed
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult
@@ -52,7 +55,9 @@ class CRTStudy(kit.StudyConfig):
     batch_sizes: list = field(default_factory=lambda: [32])  # total batch N (P·M) at the protocol M; its N added
     dim_pairs: list = field(default_factory=lambda: [[32, 64]])  # (d, D) scored on both branches; (128, 1024) added
     backbones: list = field(default_factory=lambda: ["test_vit"])  # MS vs +CRT per backbone; the protocol's added
-    complexity_backbones: list = field(default_factory=lambda: ["dml_convnet", "test_resnet", "test_vit"])  # FLOPs
+    complexity_backbones: list = field(
+        default_factory=lambda: ["test_resnet", "test_vit"]
+    )  # whole backbones counted after the protocol's
     complexity_image_size: int = 227  # pixels of the params/FLOPs count (227 as in the paper)
     geometry_splits: list = field(default_factory=lambda: ["test"])  # ESD/ρ on these splits (test, train)
     geometry_drop_first: list = field(default_factory=lambda: [0, 1])  # ρ with these many singular values dropped
@@ -176,31 +181,41 @@ def _count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def complexity_row(name: str, *, image_size: int = 227, embedding_dim: int = 128) -> dict[str, Any]:
+def complexity_row(
+    name: str, *, image_size: int = 227, embedding_dim: int = 128, backbone: Backbone | None = None
+) -> dict[str, Any]:
     """Parameters (M) and GFLOPs of one image: the backbone, MS (backbone + FC) and CRT (branch 1 at test time; both
     branches in training). A ViT whose patch size does not divide ``image_size`` is counted at the nearest smaller
-    multiple (column ``px``)."""
+    multiple (column ``px``). ``backbone``: count this one (built at ``image_size``; ``name`` labels it) instead of
+    the registry's ``name``; layers it keeps but never runs (:meth:`~dmlstudy.models.trunk_cache.StemCachedBackbone.idle_modules`) are not
+    counted. Column ``C``: the channels of the feature map CRT codes."""
     torch.manual_seed(0)
-    stride = COMPLEXITY_OUTPUT_STRIDE.get(name)
+    stride = COMPLEXITY_OUTPUT_STRIDE.get(name) if backbone is None else None
     options = {"output_stride": stride} if stride else {}
-    backbone = build_backbone(name, image_size=image_size, **options).eval()
-    patch = np.atleast_1d(getattr(getattr(backbone.model, "patch_embed", None), "patch_size", 1))[0]
-    if (size := image_size - image_size % int(patch)) != image_size:
-        backbone = build_backbone(name, image_size=size, **options).eval()
+    size = image_size
+    if backbone is None:
+        backbone = build_backbone(name, image_size=image_size, **options)
+        patch = np.atleast_1d(getattr(getattr(backbone.model, "patch_embed", None), "patch_size", 1))[0]
+        if (size := image_size - image_size % int(patch)) != image_size:
+            backbone = build_backbone(name, image_size=size, **options)
+    backbone = backbone.eval()
+    idle = sum(p.numel() for module in getattr(backbone, "idle_modules", list)() for p in module.parameters())
     image = torch.randn(1, 3, size, size)
     ms, crt = (
         build_method(m, backbone=backbone, embedding_dim=embedding_dim, num_classes=2).eval() for m in ("ms", "crt")
     )
     with torch.no_grad():
+        feature_map = backbone(image)
         return {
             "backbone": name,
             "px": size,
             "output stride": stride or "own",
-            "grid": "×".join(map(str, backbone(image).shape[2:])),
-            "backbone params (M)": _count(backbone) / 1e6,
-            "MS params (M)": _count(ms) / 1e6,
-            "+CRT params, test (M)": (_count(crt) - _count(crt.heads[1])) / 1e6,
-            "+CRT params, train (M)": _count(crt) / 1e6,
+            "C": int(feature_map.shape[1]),
+            "grid": "×".join(map(str, feature_map.shape[2:])),
+            "backbone params (M)": (_count(backbone) - idle) / 1e6,
+            "MS params (M)": (_count(ms) - idle) / 1e6,
+            "+CRT params, test (M)": (_count(crt) - idle - _count(crt.heads[1])) / 1e6,
+            "+CRT params, train (M)": (_count(crt) - idle) / 1e6,
             "backbone GFLOPs": _flops(backbone, image) / 1e9,
             "MS GFLOPs": _flops(ms, image) / 1e9,
             "+CRT GFLOPs, test": _flops(crt, image) / 1e9,
@@ -208,13 +223,44 @@ def complexity_row(name: str, *, image_size: int = 227, embedding_dim: int = 128
         }
 
 
-def complexity_table(backbones: Sequence[str], *, image_size: int = 227, embedding_dim: int = 128):
+def run_config(protocol: ProtocolConfig, *, seed: int = 0):
+    """The :class:`~dmlstudy.run.train.TrainConfig` of the protocol's ``crt`` run on its first dataset."""
+    return protocol.train_config(dataset=protocol.datasets[0], method=DECLARED.method, seed=seed, name=DECLARED.method)
+
+
+def untrained_model(protocol: ProtocolConfig, *, seed: int = 0) -> CRT:
+    """CRT as the protocol's runs build it before their first step (:func:`~dmlstudy.run.model.build_model`): their
+    backbone, with the weights their regime starts from, and fresh prototypes and heads (seeded). Figures drawn
+    from it have the runs' real sizes: in the ``imagenet`` regime EfficientNet-Lite0's last stage, C = 320, without
+    the 1 × 1 ``conv_head`` (1,280) that the runs leave out."""
+    from dmlstudy.run.model import build_model
+
+    return build_model(run_config(protocol, seed=seed), num_classes=2)
+
+
+def complexity_table(
+    backbones: Sequence[str],
+    *,
+    image_size: int = 227,
+    embedding_dim: int = 128,
+    protocol: ProtocolConfig | None = None,
+):
     """Our params/FLOPs per backbone (:func:`complexity_row`), the paper's table (backbones only), and per backbone
-    CRT's extra cost over MS (the paper names the two branches' training cost as a limitation)."""
+    CRT's extra cost over MS (the paper names the two branches' training cost as a limitation). With ``protocol``,
+    the first row is the protocol's backbone as its runs build it (:func:`~dmlstudy.run.model.run_backbone`; in the
+    ``imagenet`` regime without ``conv_head``, C = 320), counted at ``image_size``, its ImageNet weights not
+    loaded (counting needs none); a listed backbone of the same name is then the registry's whole network."""
+    from dmlstudy.run.model import run_backbone
+
     paper = numbers("crt", "COMPLEXITY")
-    ours = pd.DataFrame(
-        [complexity_row(n, image_size=image_size, embedding_dim=embedding_dim) for n in backbones]
-    ).round(3)
+    rows = []
+    if protocol is not None:
+        config = dataclasses.replace(run_config(protocol), image_size=image_size, pretrained=False, checkpoint_path="")
+        label = f"{config.backbone}, as the study's runs train it"
+        backbone = run_backbone(config)
+        rows.append(complexity_row(label, image_size=image_size, embedding_dim=embedding_dim, backbone=backbone))
+    rows += [complexity_row(n, image_size=image_size, embedding_dim=embedding_dim) for n in backbones]
+    ours = pd.DataFrame(rows).round(3)
     ours["paper backbone (params M, GFLOPs)"] = [
         paper.get(PAPER_NAME_OF_BACKBONE.get(n, ""), "–") for n in ours["backbone"]
     ]
@@ -336,15 +382,70 @@ def branch_tsne_figure(result: RunResult, *, classes: int = 10, seed: int = 0) -
     return kit.projection_figure(panels, kind="tsne", classes=classes, seed=seed, title=title)
 
 
-def prototype_correlation_figure(method: CRT, *, branch: int = 1) -> plt.Figure:
-    """The K × K |cos| matrix between the learned prototypes (L_DIV pushes its off-diagonal towards 0)."""
-    matrix = prototype_correlation(method, branch=branch).cpu().numpy()
-    off = matrix[~np.eye(len(matrix), dtype=bool)]
-    figure, axis = plt.subplots(figsize=(4.2, 3.6))
-    title = f"|cos(c_k, c_j)|, K = {len(matrix)}" + (f"; off-diagonal mean {off.mean():.3f}" if len(matrix) > 1 else "")
-    plots.heatmap(axis, matrix, title=title, label="|cos|", vmin=0, vmax=1)
-    axis.set(xlabel="prototype j", ylabel="prototype k")
-    plots.integer_ticks(axis, "x")
-    plots.integer_ticks(axis, "y")
+def random_prototype_cosine(channels: int) -> float:
+    """The mean |cos| between two independent random directions in ``channels`` dimensions, ``√(2 / (π C))`` for
+    large C (each cosine is then nearly normal with variance 1/C): what L_DIV starts from with randomly drawn
+    prototypes (0.045 at C = 320, 0.022 at C = 1,280)."""
+    return math.sqrt(2.0 / (math.pi * channels))
+
+
+def off_diagonal(matrix: np.ndarray) -> np.ndarray:
+    """The entries of a square matrix off its diagonal (K(K−1) values)."""
+    return matrix[~np.eye(len(matrix), dtype=bool)]
+
+
+def prototype_correlation_figure(method: CRT, *, untrained: CRT | None = None, branch: int = 1) -> plt.Figure:
+    """The K × K |cos(c_k, c_j)| between the prototypes of ``method`` (and of ``untrained``, the same CRT before
+    training, when given) with the diagonal masked (it is 1 by definition), on one colour scale fitted to the
+    off-diagonal of both, and a histogram of the off-diagonal values of each beside the mean |cos| of random
+    directions (:func:`random_prototype_cosine`).
+
+    Decision: on a 0–1 scale with the diagonal at 1, a bank at |cos| 0.000 and one at 0.045 looked the same; what
+    L_DIV changes is only visible on the off-diagonal's own scale, and most plainly as two histograms."""
+    banks = {"trained": prototype_correlation(method, branch=branch).cpu().numpy()}
+    if untrained is not None:
+        banks["untrained"] = prototype_correlation(untrained, branch=branch).cpu().numpy()
+    count, channels = len(banks["trained"]), method.bank(branch).prototypes.shape[1]
+    off = {name: off_diagonal(matrix) for name, matrix in banks.items()}
+    top = max(max((values.max() for values in off.values() if values.size), default=0.0), 1e-3)
+    figure, axes = plt.subplots(1, len(banks) + 1, figsize=(4.4 * (len(banks) + 1), 3.8))
+    colours = {"trained": plots.PALETTE[0], "untrained": plots.PALETTE[1]}
+    for axis, (name, matrix) in zip(axes, banks.items()):
+        masked = np.ma.masked_array(matrix, mask=np.eye(count, dtype=bool))
+        cmap = plt.get_cmap(plots.HEATMAP_CMAP).with_extremes(bad="0.85")  # the masked diagonal in grey
+        summary = f"off-diagonal mean {off[name].mean():.3f}, max {off[name].max():.3f}" if off[name].size else "K = 1"
+        plots.heatmap(
+            axis, masked, title=f"{name}: {summary}", label="|cos| (diagonal grey)", cmap=cmap, vmin=0, vmax=top
+        )
+        axis.title.set_fontsize(9)
+        axis.set(xlabel="prototype j", ylabel="prototype k")
+        plots.integer_ticks(axis, "x")
+        plots.integer_ticks(axis, "y")
+    histogram = axes[-1]
+    bins = np.linspace(0.0, top, 31)
+    for name, values in off.items():
+        histogram.hist(
+            values,
+            bins=bins,
+            color=colours[name],
+            histtype="step",  # outlines: the two histograms stay readable where they overlap
+            linewidth=1.8,
+            label=f"{name} (mean {values.mean():.3f})" if values.size else name,
+        )
+    expected = random_prototype_cosine(channels)
+    histogram.axvline(
+        expected, color="0.2", linestyle="--", linewidth=1, label=f"random directions, √(2/(πC)) = {expected:.3f}"
+    )
+    histogram.set(
+        xlabel="|cos(c_k, c_j)|, k ≠ j", ylabel="prototype pairs (log scale)", title="off-diagonal |cos|", xlim=(0, top)
+    )
+    histogram.set_yscale(
+        "log"
+    )  # a trained bank piles every pair into the first bin; the untrained spread stays visible
+    histogram.title.set_fontsize(9)
+    figure.suptitle(
+        f"Prototype correlations, K = {count} prototypes in C = {channels} dimensions (L_DIV pushes k ≠ j to 0)"
+    )
     figure.tight_layout()
+    plots.legend_outside(figure, [histogram])
     return figure

@@ -333,8 +333,17 @@ def sweep_figure(frame: pd.DataFrame, *, sweep: str, metric: str = "P@1") -> plt
         for (base, training), group in rows[rows["dataset"] == dataset].groupby(["base_loss", "training"], sort=False):
             stats = group.groupby(sweep)[metric].agg(["mean", "std"]).fillna(0.0) * 100
             style, label = plots.sweep_linestyle(stats.index), f"{BASE_LOSS_NAMES.get(base, base)}, {training}"
+            row = plots.method_style(group["variant"].iloc[0]) if "variant" in group else None
+            colour = {"color": row.colour} if row and row.marker != plots.OTHER_MARKER else {}  # a row's own colour
             axis.errorbar(
-                stats.index, stats["mean"], yerr=stats["std"], marker="o", linestyle=style, capsize=3, label=label
+                stats.index,
+                stats["mean"],
+                yerr=stats["std"],
+                marker="o",
+                linestyle=style,
+                capsize=0,
+                label=label,
+                **colour,
             )
         axis.set(xlabel=sweep, ylabel=f"{metric} (%)", title=dataset)
         if sweep == "K":
