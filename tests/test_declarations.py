@@ -11,7 +11,7 @@ import yaml
 
 from dmlstudy.experiments import ablations, declaration_schema
 from dmlstudy.experiments.declaration_schema import DeclarationError
-from dmlstudy.experiments.papers import crt, dgcrl, diml
+from dmlstudy.experiments.papers import cross_attention, crt, dgcrl, diml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,3 +161,24 @@ def test_the_reference_page_is_written_from_the_schema():
     for level in declaration_schema.LEVELS:  # every key of every level is on the page
         for key in level.get("properties", {}):
             assert f"| `{key}`" in page
+
+
+def test_every_declared_table_resolves_through_the_generic_path_or_is_typed_paper_specific():
+    """23 tables: each one's rows come from :func:`ablations.table_rows` at its notebook's defaults, except those
+    whose declaration says they are its paper module's alone (``paper_specific`` without rows or a sweep)."""
+    from dmlstudy.experiments.notebooks import notebook_configs
+
+    configs = notebook_configs()
+    papers = {crt: "10_crt", diml: "20_diml", cross_attention: "30_cross_attention", dgcrl: "40_dgcrl"}
+    generic, specific = [], []
+    for module, notebook in papers.items():
+        paper, config = module.DECLARED.paper, configs[f"{notebook}.ipynb"]()
+        for table, spec in module.DECLARED.tables.items():
+            if "rows" in spec or "sweep" in spec:
+                assert ablations.table_rows(module.DECLARED, table, config) or "sweep" in spec, (paper, table)
+                generic.append((paper, table))
+            else:
+                assert spec["paper_specific"], (paper, table)
+                specific.append((paper, table))
+    assert len(generic) + len(specific) == 23
+    assert specific == [("diml", "truncation"), ("diml", "grid")]

@@ -16,7 +16,7 @@ from dmlstudy import plots
 from dmlstudy.experiments import ablations, kit
 from dmlstudy.findings.numbers import numbers
 from dmlstudy.metrics import class_subset_recall
-from dmlstudy.rows import RERANK, method_label
+from dmlstudy.rows import is_reranked, method_label
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult
 from dmlstudy.study.grids import results_frame
@@ -209,8 +209,9 @@ def geometry_readings(frame: pd.DataFrame) -> list[str]:
 
 
 def own_embedding_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows with embeddings of their own: every row but the re-ranked one (its embeddings are the ``ms`` runs')."""
-    return frame[frame["variant"] != RERANK]
+    """The rows with embeddings of their own: every row but the re-ranked ones (their embeddings are those of the runs
+    they re-rank, :func:`~dmlstudy.rows.is_reranked`)."""
+    return frame[[not is_reranked(name) for name in frame["variant"]]]
 
 
 def scale_table(
@@ -277,7 +278,7 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
     table.insert(1, "method", [method_label(v) for v in table["variant"]])
     if "rerank_seconds" in table:
         table["rerank_seconds"] = [
-            text if v == RERANK else "–" for text, v in zip(table["rerank_seconds"], table["variant"])
+            text if is_reranked(v) else "–" for text, v in zip(table["rerank_seconds"], table["variant"])
         ]
     return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
 
