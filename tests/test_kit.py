@@ -269,3 +269,11 @@ def test_a_table_takes_keywords_from_notebook_parameters_and_names_them_by_suffi
         "grid_size": 2,
         "uniform_marginals": True,
     }
+
+
+def test_a_table_of_papers_yaml_names_the_one_paper_that_reports_it():
+    from dmlstudy.findings.numbers import reporting
+
+    assert reporting("ESD") == reporting("RHO") == "crt"  # the geometry the comparison sets beside the paper's
+    with pytest.raises(KeyError, match="no paper"):
+        reporting("NO_SUCH_TABLE")

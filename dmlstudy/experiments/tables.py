@@ -14,7 +14,7 @@ import pandas as pd
 
 from dmlstudy import plots
 from dmlstudy.experiments import ablations, kit
-from dmlstudy.findings.numbers import numbers
+from dmlstudy.findings.numbers import numbers, reporting
 from dmlstudy.metrics import class_subset_recall
 from dmlstudy.rows import is_reranked, method_label
 from dmlstudy.run.protocol import ProtocolConfig
@@ -184,8 +184,10 @@ def write_comparison(
 # ----------------------------------------------------------------------------------------------
 def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd.DataFrame:
     """Rows = methods, columns = datasets: :func:`kit.geometry_summary` of ``metric`` (``ESD`` or ``rho``) with the
-    CRT paper's MS / +CRT numbers beside. The re-ranked row is left out (same embeddings as ``ms``)."""
-    paper = numbers("crt", "ESD" if metric == "ESD" else "RHO")
+    numbers of the paper that measures them (:func:`~dmlstudy.findings.numbers.reporting`: the CRT paper's MS / +CRT)
+    beside. The re-ranked rows are left out (the same embeddings as the runs they re-rank)."""
+    table = "ESD" if metric == "ESD" else "RHO"
+    paper = numbers(reporting(table), table)
     return kit.geometry_summary(
         own_embedding_rows(frame),
         metric=metric,
@@ -197,9 +199,10 @@ def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd
 
 
 def geometry_pair() -> tuple[str, str]:
-    """The runs of the CRT paper's geometry claim (ESD up and ρ down against its baseline): the rows of its
-    declaration's main table, baseline first."""
-    baseline, method = (name for name, _ in ablations.table_rows(ablations.declaration("crt"), "main").values())
+    """The runs of the geometry claim (ESD up and ρ down against its baseline) of the paper that measures the
+    geometry (the CRT paper): the rows of its declaration's main table, baseline first."""
+    declared = ablations.declaration(reporting("ESD"))
+    baseline, method = (name for name, _ in ablations.table_rows(declared, "main").values())
     return baseline, method
 
 
