@@ -163,22 +163,34 @@ def test_the_reference_page_is_written_from_the_schema():
             assert f"| `{key}`" in page
 
 
-def test_every_declared_table_resolves_through_the_generic_path_or_is_typed_paper_specific():
-    """23 tables: each one's rows come from :func:`ablations.table_rows` at its notebook's defaults, except those
-    whose declaration says they are its paper module's alone (``paper_specific`` without rows or a sweep)."""
+def test_every_declared_table_is_shown_by_the_generic_path_or_typed_paper_specific():
+    """23 tables: 14 shown by the generic table (:func:`ablations.table`); 9 whose declaration names the function
+    that shows them (``paper_specific.shown_by``: one of the paper's module or of the kit), 7 of them with runs the
+    generic path resolves and DIML's two re-ranking sweeps, which are its module's alone."""
+    from dmlstudy.experiments import kit
     from dmlstudy.experiments.notebooks import notebook_configs
 
     configs = notebook_configs()
     papers = {crt: "10_crt", diml: "20_diml", cross_attention: "30_cross_attention", dgcrl: "40_dgcrl"}
-    generic, specific = [], []
+    generic, shown_by = [], []
     for module, notebook in papers.items():
         paper, config = module.DECLARED.paper, configs[f"{notebook}.ipynb"]()
         for table, spec in module.DECLARED.tables.items():
             if "rows" in spec or "sweep" in spec:
-                assert ablations.table_rows(module.DECLARED, table, config) or "sweep" in spec, (paper, table)
+                ablations.table_rows(module.DECLARED, table, config)  # the runs: the generic path
+            function = (spec.get("paper_specific") or {}).get("shown_by")
+            if function is None:
                 generic.append((paper, table))
-            else:
-                assert spec["paper_specific"], (paper, table)
-                specific.append((paper, table))
-    assert len(generic) + len(specific) == 23
-    assert specific == [("diml", "truncation"), ("diml", "grid")]
+                continue
+            owner, _, name = function.rpartition(".")
+            assert callable(getattr(kit if owner == "kit" else module, name, None)), (paper, table, function)
+            shown_by.append((paper, table))
+    assert len(generic) == 14 and len(shown_by) == 9
+    assert {paper for paper, _ in generic} == {"crt", "dgcrl", "cross_attention"}
+
+
+def test_the_generic_table_refuses_a_table_its_paper_shows():
+    with pytest.raises(ValueError, match="shown by its paper's loss_table"):
+        ablations.table(dgcrl.DECLARED, "losses", [], dgcrl.DGCRLStudy())
+    with pytest.raises(DeclarationError, match=r"tables\.grid\.paper_specific: 'shown_by' is a required property"):
+        declaration_schema.check({"paper": "p", "method": "m", "tables": {"grid": {"paper_specific": {}}}}, "p.yaml")

@@ -36,7 +36,8 @@ Every key, level by level, with its type and meaning: ``docs/declarations.md``, 
 each declaration when it loads (:mod:`~dmlstudy.experiments.declaration_schema`). What a schema cannot know is
 checked then too: the method keywords a row or sweep gives, and, once the paper's module binds its declaration to
 its notebook config and measurements (:func:`declaration`), every config field and measurement the declaration
-names. A table the generic path cannot read says so with ``paper_specific``, which only its paper's module reads.
+names. A table its paper's module shows says so with ``paper_specific.shown_by`` (the generic :func:`table`
+refuses it); the rest of ``paper_specific`` only that module reads.
 """
 
 from __future__ import annotations
@@ -404,6 +405,9 @@ def table(
     beside) and its readings: one sentence per dataset and declared contrast, by the study's verdict rule on the
     per-seed paired differences (:func:`dmlstudy.verdicts.effect_sentence`)."""
     spec = declared.table(name)
+    shown_by = (spec.get("paper_specific") or {}).get("shown_by")
+    if shown_by:
+        raise ValueError(f"{declared.paper} table {name!r} is shown by its paper's {shown_by}, not the generic table")
     rows = table_rows(declared, name, config)
     frame = run_frame(declared, name, results, config)
     measured = spec.get("columns") or {}

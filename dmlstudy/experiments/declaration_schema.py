@@ -147,10 +147,16 @@ PAPER_COLUMN = {
 PAPER_SPECIFIC = {
     "type": "object",
     "title": "paper-specific",
-    "description": "What only the paper's own module reads (`papers/<paper>.py`); a table with no `rows` and no "
-    "`sweep` is the paper module's alone, and the generic path refuses it.",
+    "description": "What only the paper's own module reads (`papers/<paper>.py`). A table with `shown_by` has its "
+    "runs resolved by the generic path but is shown by that function, and the generic table refuses it; a table "
+    "with no `rows` and no `sweep` is the paper module's alone.",
     "additionalProperties": False,
     "properties": {
+        "shown_by": {
+            "type": "string",
+            "description": "the function that shows the table: one of the paper's module (`loss_table`) or of the "
+            "study kit (`kit.projection_figure`)",
+        },
         "rerank": {
             "enum": ["K", "G"],
             "description": "DIML: the table re-ranks the trained runs at every truncation K or every grid size G",
@@ -207,6 +213,8 @@ TABLE = {
         "paper_specific": PAPER_SPECIFIC,
     },
     "anyOf": [{"required": ["rows"]}, {"required": ["sweep"]}, {"required": ["paper_specific"]}],
+    "if": {"not": {"anyOf": [{"required": ["rows"]}, {"required": ["sweep"]}]}},
+    "then": {"properties": {"paper_specific": {"required": ["shown_by"]}}},
 }
 
 NAMES_SECTION = {
