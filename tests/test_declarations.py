@@ -116,6 +116,8 @@ def test_a_method_keyword_the_method_does_not_take_fails_at_load(declare):
         declare("crt", lambda v: v["tables"]["components"]["rows"]["−CRT"].update(kwargs={"use_crtt": False}))
     with pytest.raises(DeclarationError, match=r"tables\.K1\.sweep: crt takes no \['K11'\]"):
         declare("crt", lambda v: v["tables"]["K1"]["sweep"].update(kwarg="K11"))
+    with pytest.raises(DeclarationError, match=r"names\.same\.ms: cross_attention takes no \['num_block'\]"):
+        declare("cross_attention", lambda v: v["names"].update(same={"ms": {"num_block": 0}}))
     with pytest.raises(DeclarationError, match=r"no method 'mss'"):
         declare("crt", lambda v: v["tables"]["main"]["rows"]["ms"].update(method="mss"))
 

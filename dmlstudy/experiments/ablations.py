@@ -134,7 +134,9 @@ def _method_problems(values: Mapping[str, Any]) -> list[str]:
             problems.append(f"{where}: {method} takes no {unknown}; its keywords: {sorted(defaults)}")
 
     own = values["method"]
-    check("method", own, [key for same in ((values.get("names") or {}).get("same") or {}).values() for key in same])
+    check("method", own, [])
+    for name, same in ((values.get("names") or {}).get("same") or {}).items():
+        check(f"names.same.{name}", own, list(same))
     for table, spec in (values.get("tables") or {}).items():
         sweep = spec.get("sweep") or {}
         rows = {**(spec.get("rows") or {}), **(sweep.get("choices") or {})}
