@@ -68,7 +68,7 @@ from dmlstudy import search_space as search
 from dmlstudy.config import load_yaml
 from dmlstudy.methods import method_info, search_space
 from dmlstudy.paths import project_file, project_root
-from dmlstudy.rows import SHARED_VARIANTS, trained_row
+from dmlstudy.rows import BASELINE, SHARED_VARIANTS, trained_row
 from dmlstudy.run import identity
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.protocol import PROTOCOL, VARIANT, ProtocolConfig, plan_protocol, resolve_run
@@ -360,7 +360,7 @@ class TuneConfig(StudySettings):
     workers: int = 2
     name: str = "tune"  # runs go to <runs_root>/<name>/, journals to <runs_root>/<name>/tuning/
     rows: list = field(
-        default_factory=lambda: ["ms"]
+        default_factory=lambda: [BASELINE]
     )  # row names (dmlstudy list methods; softmax), `registry` (every row) or a study plan (plans/default.yaml: its comparison's rows)
     protocol: str = ""  # a study plan (plans/default.yaml) whose `protocol:` block gives every shared value this plan leaves out; empty: none
     trials: int = 10  # trials per (dataset, row), the paper defaults first; the same for every row
