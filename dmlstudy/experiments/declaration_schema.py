@@ -65,6 +65,7 @@ CONTRAST = {
         {
             "type": "object",
             "title": "contrast options",
+            "description": "how the contrast is read (below)",
             "additionalProperties": False,
             "properties": {
                 "metric": {"type": "string", "description": "the metric compared (default `R@1`)"},
@@ -379,7 +380,7 @@ def reference_markdown() -> str:
             for index, spec in enumerate(level["prefixItems"]):
                 lines.append(f"| {index + 1} | {_kind(spec)} | {spec.get('description', '')} |")
             options = level["prefixItems"][3]["properties"]
-            lines += ["", "Its options:", "", "| key | type | what |", "|---|---|---|"]
+            lines += ["", "### contrast options", "", "| key | type | what |", "|---|---|---|"]
             lines += [f"| `{key}` | {_kind(spec)} | {spec['description']} |" for key, spec in options.items()]
     return "\n".join(lines) + "\n"
 
