@@ -24,6 +24,8 @@ from dmlstudy.methods import MethodInfo, list_methods, method_info
 
 BASELINE = "ms"  # the baseline every paper builds on: the first main row, and the runs DIML re-ranks at test time
 RERANK = "diml_rerank"  # the pseudo-method: the :data:`BASELINE` runs re-ranked by DIML at test time
+CI_ROWS = (BASELINE, "crt", RERANK)  # the comparison's main rows at CI size (its notebook's defaults)
+CI_CLASSIC_ROWS = ("triplet",)  # the comparison's classic baselines at CI size
 SHARED_VARIANTS: dict[str, dict] = {  # named runs one notebook trains and another shows (same name, same spec)
     "softmax": {"method": "dgcrl", "method_kwargs": {"normalize_scale": False, "margin": 0.0, "decorrelation": "none"}},
 }
@@ -66,6 +68,7 @@ EXTRA_ROWS = {  # rows of the comparison that are not registered methods (the ot
         "paper",
         "Zhao et al., ICCV 2021 (test-time use)",
         "the same ms models; each query's cosine top-K re-ranked by cos + s_struct (optimal transport between G × G local embeddings)",
+        reranks=BASELINE,
     ),
     "softmax": SHARED_ROWS["softmax"],
 }
@@ -79,6 +82,16 @@ def row_info(name: str) -> MethodInfo:
         return method_info(name)
     except KeyError:
         return MethodInfo(name, name, "classic")
+
+
+def trained_row(name: str) -> str:
+    """The row whose trained runs make row ``name``: the row it re-ranks (:attr:`MethodInfo.reranks`), else itself."""
+    return row_info(name).reranks or name
+
+
+def is_reranked(name: str) -> bool:
+    """Whether row ``name`` re-ranks another row's runs at test time (and so has no embeddings of its own)."""
+    return bool(row_info(name).reranks)
 
 
 def method_label(name: str) -> str:

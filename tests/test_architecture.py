@@ -159,3 +159,29 @@ def test_a_cycle_closed_by_a_type_checking_import_is_found_and_package_assembly_
         "pkg.sub.deep": {"pkg.low"},
     }
     assert import_cycle(graph) in (["pkg.low", "pkg.high", "pkg.low"], ["pkg.high", "pkg.low", "pkg.high"])
+
+
+def dynamic_imports(package: Path) -> dict[str, list[int]]:
+    """Module → the lines where it imports by a name computed at run time (``importlib.import_module``,
+    ``__import__``): arrows the import graph cannot see."""
+    found: dict[str, list[int]] = {}
+    for module, path in module_files(package).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in ("import_module", "__import__"):
+                    found.setdefault(module, []).append(node.lineno)
+    return found
+
+
+def test_no_module_imports_by_a_name_from_data():
+    """Every arrow is an import statement the graph reads: measurements and notebook configs are registered by the
+    modules that define them, never named as ``"module:function"`` strings. The one computed import left is the
+    method registry's discovery: its own package's modules, and the plugin modules a person names in
+    ``DMLSTUDY_METHOD_MODULES``."""
+    assert set(dynamic_imports(PACKAGE)) == {"dmlstudy.methods"}
+
+
+def test_a_computed_import_is_found(tmp_path):
+    package = _package(tmp_path, {"low.py": "import importlib\nf = importlib.import_module('pkg.high').f\n"})
+    assert dynamic_imports(package) == {"pkg.low": [2]}

@@ -324,25 +324,23 @@ def test_declared_main_readings_follow_the_paired_verdict_rule(dgcrl, verdict):
     assert [s.split(":")[1] for s in ablations.table(study.DECLARED, "main", kept, without)[1]] == [" DGCRL − MS"]
 
 
-def test_declared_tables_recompute_recall_at_the_notebook_ks_and_add_measured_columns(monkeypatch):
+def test_declared_tables_recompute_recall_at_the_notebook_ks_and_add_measured_columns():
     """``ks`` recomputes Recall@K from the stored test embeddings (K below the test-set size); ``columns`` adds a
     per-run measurement of (result, config), shown at its declared decimals."""
-    import sys
-    import types
-
     import numpy as np
 
     from dmlstudy.experiments import ablations
     from dmlstudy.experiments.papers import dgcrl as study
 
-    measure = types.ModuleType("measure")
-    measure.seed_share = lambda result, config: result.config.seed / 8 + config.accuracy_items
-    monkeypatch.setitem(sys.modules, "measure", measure)
+    def seed_share(result, config):
+        return result.config.seed / 8 + config.accuracy_items
+
     declared = ablations.Declaration(
         "dgcrl",
         "dgcrl",
         {},
-        {"t": {"rows": {"a": {}}, "ks": "table_ks", "columns": {"share": {"of": "measure:seed_share", "decimals": 3}}}},
+        {"t": {"rows": {"a": {}}, "ks": "table_ks", "columns": {"share": {"of": "seed_share", "decimals": 3}}}},
+        {"seed_share": seed_share},  # the measurements the paper's module registers, by name
     )
     embeddings = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9], [0.8, 0.2]])
     labels = [0, 0, 1, 1, 1]  # the last item's two nearest neighbours are of the other class: R@1 = R@2 = 4/5, R@4 = 1

@@ -200,6 +200,17 @@ def test_the_readme_layout_lists_every_plan():
     assert {name for name in named(tuning) if name.startswith("tune")} == {n for n in plans if n.startswith("tune")}
 
 
+def test_the_readme_layout_names_every_package_folder_and_root_module():
+    layout = section(read(README), "Layout")
+    package = ROOT / "dmlstudy"
+    folders = [f"{path.parent.name}/" for path in sorted(package.glob("*/__init__.py"))]
+    modules = [path.name for path in sorted(package.glob("*.py")) if path.name != "__init__.py"]
+    assert len(folders) >= 9 and len(modules) >= 13
+    named = set(re.findall(r"[\w.]+/?", layout))
+    missing = [name for name in [*folders, *modules] if name not in named]
+    assert not missing, f"the README's layout does not name {missing}"
+
+
 @pytest.mark.parametrize(
     "folder, pattern",
     [

@@ -11,7 +11,6 @@ import yaml
 from scipy import stats
 
 from dmlstudy import verdicts
-from dmlstudy.experiments import kit
 from dmlstudy.findings import numbers as papers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,34 +98,6 @@ def test_effect_sentence_reads_the_papers_direction_through_the_rule():
         assert verdicts.effect_sentence("x", ours=up, paper=missing).endswith(
             "→ held (A > B); the paper reports no number for this."
         )
-
-
-def test_variant_grids():
-    assert kit.with_reference([4, 1, 4], 64) == [1, 4, 64]
-    assert kit.with_reference([[32, 64]], (128, 1024)) == [(32, 64), (128, 1024)]
-    assert (
-        kit.variant_name(
-            "crt",
-            {"classes_per_batch": 8, "output_stride": 16, "K1": 4},
-            short={"classes_per_batch": "P"},
-            silent={"output_stride"},
-        )
-        == "crt-P=8-K1=4"
-    )
-    assert kit.as_grid({1: ("a", {"method": "ms"}), 2: ("b", {"method": "crt"})}) == {
-        "a": {"method": "ms"},
-        "b": {"method": "crt"},
-    }
-    assert kit.with_baseline(("crt", {"method": "crt"})) == {"ms": {"method": "ms"}, "crt": {"method": "crt"}}
-
-
-def test_paper_column_puts_each_dataset_beside_its_stand_in():
-    table = pd.DataFrame({"dataset": ["synbirds", "synbirds", "glyphs"], "variant": ["ms", "crt", "other"]})
-    shown = kit.paper_column(
-        table, {"CUB": {"ms": 1.0, "crt": 2.0}, "Cars": {"ms": 3.0}}, label=lambda name: f"paper ({name})"
-    )
-    assert shown["paper (CUB)"].tolist()[:2] == [1.0, 2.0]
-    assert shown["paper (Cars)"].tolist()[2] == "–"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,3 +269,11 @@ def test_a_table_takes_keywords_from_notebook_parameters_and_names_them_by_suffi
         "grid_size": 2,
         "uniform_marginals": True,
     }
+
+
+def test_a_table_of_papers_yaml_names_the_one_paper_that_reports_it():
+    from dmlstudy.findings.numbers import reporting
+
+    assert reporting("ESD") == reporting("RHO") == "crt"  # the geometry the comparison sets beside the paper's
+    with pytest.raises(KeyError, match="no paper"):
+        reporting("NO_SUCH_TABLE")

@@ -3,7 +3,6 @@ clear error when papermill injects a parameter of the wrong type. (nbval execute
 
 import ast
 import dataclasses
-import importlib
 import json
 import shutil
 import typing
@@ -15,17 +14,12 @@ import pytest
 from papermill.exceptions import PapermillExecutionError
 
 from dmlstudy.config import is_typed_config
-from dmlstudy.experiments import NOTEBOOK_CONFIGS
 from dmlstudy.experiments import notebooks as notebook_sources
 from dmlstudy.run.protocol import ProtocolConfig
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PRESENT = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
-
-
-def config_class(spec: str):
-    module, name = spec.split(":")
-    return getattr(importlib.import_module(module), name)
+NOTEBOOK_CONFIGS = notebook_sources.notebook_configs()
 
 
 def test_every_notebook_has_a_config():
@@ -38,7 +32,7 @@ def test_every_notebook_has_a_config():
 @pytest.mark.parametrize("name", PRESENT)
 def test_parameters_cell_mirrors_the_config(name):
     parameters = papermill.inspect_notebook(str(NOTEBOOKS / name))
-    config = config_class(NOTEBOOK_CONFIGS[name])
+    config = NOTEBOOK_CONFIGS[name]
     hints = typing.get_type_hints(config)
     fields = [spec.name for spec in dataclasses.fields(config)]
     assert list(parameters) == fields
@@ -102,7 +96,7 @@ def test_a_stale_notebook_or_parameters_cell_is_named(tmp_path):
 
 def test_parameters_cell_lines_come_from_the_config():
     lines = notebook_sources.parameters_source("20_diml").splitlines()
-    config = config_class(NOTEBOOK_CONFIGS["20_diml.ipynb"])
+    config = NOTEBOOK_CONFIGS["20_diml.ipynb"]
     assert [line.split(":")[0] for line in lines] == [spec.name for spec in dataclasses.fields(config)]
     for line, spec in zip(lines, dataclasses.fields(config)):
         value = line.split(" = ", 1)[1].split("  # ")[0]
@@ -115,7 +109,7 @@ def test_parameters_cell_lines_come_from_the_config():
 def test_a_paper_notebook_takes_the_shared_protocol_as_one_short_parameter(stem):
     [line] = [line for line in notebook_sources.parameters_source(stem).splitlines() if line.startswith("protocol:")]
     assert line.startswith(f"protocol: dict = {{'study': 'notebook-{stem}'}}  # the shared protocol: ")
-    config = config_class(NOTEBOOK_CONFIGS[f"{stem}.ipynb"])
+    config = NOTEBOOK_CONFIGS[f"{stem}.ipynb"]
     protocol_fields = set(ProtocolConfig.field_names())
     assert not protocol_fields & set(config.field_names()), "the protocol's fields are not parameters of their own"
     built = config.from_namespace({"protocol": {"study": f"notebook-{stem}"}}).protocol

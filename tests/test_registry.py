@@ -99,3 +99,11 @@ def test_a_method_in_a_new_module_appears_in_the_comparison_of_a_tiny_run(plugin
     assert table["method"].tolist() == ["MS baseline", "Proxy-Anchor on GeM (test)"]
     assert table.loc[1, "group"] == "classic" and 0.0 <= table.loc[1, "R@1_mean"] <= 100.0
     assert "| Proxy-Anchor on GeM (test) (`throwaway_gem`) | Generalised-mean pooling" in rows_markdown(config.rows())
+
+
+def test_a_reranked_row_is_registered_with_the_row_whose_runs_it_reranks():
+    from dmlstudy.rows import BASELINE, RERANK, is_reranked, trained_row
+
+    assert is_reranked(RERANK) and trained_row(RERANK) == BASELINE
+    assert not is_reranked("crt") and trained_row("crt") == "crt"
+    assert [name for name in main_rows() if is_reranked(name)] == [RERANK]

@@ -32,36 +32,20 @@ A declaration (``paper`` and ``method`` required)::
         paper: {table: K1}
         readings: best_worst
 
-A row: ``kwargs`` (the method's keywords), ``overrides`` (TrainConfig fields), ``method`` (another method),
-``shared`` (a shared variant of :data:`dmlstudy.rows.SHARED_VARIANTS`, under its own name), ``backbone`` (the
-notebook parameter naming a backbone to train on, with the overrides it needs: :func:`~dmlstudy.experiments.kit.
-backbone_overrides`), ``name`` (a fixed run name), ``explicit`` (keywords named even at their default),
-``final_evaluation`` (a run only this table reads: its test classes evaluated after the last epoch only, which
-changes no training). A table of rows may name ``parameters``: keywords of its rows' method set from the notebook
-parameters of the same name (a row's own ``kwargs`` win; at their default they are left out as usual).
-A sweep: ``kwarg`` (a keyword of the method; its default is a row too unless ``default: false``; ``explicit`` names
-the keyword even at its default;
-``final_evaluation`` as for a row), ``override`` with ``per`` (a TrainConfig field, the swept value divided
-by the protocol's ``per``; the protocol's product is the reference), or ``choices`` (named rows, ``reference``
-always shown, the others as the parameter lists them; with ``always: true`` the table is shown even when the
-parameter lists none, as its reference alone). ``paper``: ``table`` of papers.yaml, its values by row label
-(``by: label``), by swept value (``by: value``) or by stand-in dataset then run name (``by: dataset``), ``pick`` an
-entry of a tuple, ``column`` the column's title. ``readings``: ``[A, B, what]`` (rows by label; optional fourth entry
-``{metric, pick}``), ``best_worst`` (the values the paper ranks best and worst, among ours) or ``reference`` (each
-row against the reference, no paper number); ``cost: [cheaper, dearer]`` adds the measured cost of the second. A
-reading or cost naming a row the table does not show (left out by ``select`` or by the swept values) is skipped.
-``ks`` (a notebook parameter): Recall@K at its K, recomputed from each run's stored test embeddings (K below the
-test-set size) in place of the run's own R@K. ``columns``: per-run measurements, ``{column: "module:function"}`` or
-``{column: {of: "module:function", decimals: 3}}``, each ``function(result, config)`` of a run and the notebook
-config, shown as mean ± std beside the metrics (:func:`run_frame`).
+Every key, level by level, with its type and meaning: ``docs/declarations.md``, written from the schema that checks
+each declaration when it loads (:mod:`~dmlstudy.experiments.declaration_schema`). What a schema cannot know is
+checked then too: the method keywords a row or sweep gives, and, once the paper's module binds its declaration to
+its notebook config and measurements (:func:`declaration`), every config field and measurement the declaration
+names. A table its paper's module shows says so with ``paper_specific.shown_by`` (the generic :func:`table`
+refuses it); the rest of ``paper_specific`` only that module reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import importlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +53,7 @@ import pandas as pd
 
 from dmlstudy import metrics as metric_functions
 from dmlstudy.config import load_yaml
+from dmlstudy.experiments import declaration_schema
 from dmlstudy.experiments.kit import backbone_overrides, method_defaults, paper_dataset, recall_columns
 from dmlstudy.findings.numbers import numbers
 from dmlstudy.methods import METHODS
@@ -82,16 +67,18 @@ from dmlstudy.verdicts import effect_sentence, paired_differences
 DECLARATIONS = Path(__file__).with_name("papers")
 FINAL_EVALUATION_ONLY = {"eval_every": 1_000_000}  # a run only its table reads: test metrics after the last epoch
 Variant = tuple[str, dict[str, Any]]  # (run name, ProtocolConfig.grid spec)
+Measurement = Callable[[RunResult, Any], float]  # a per-run column: f(result, notebook config)
 
 
 @dataclass(frozen=True)
 class Declaration:
-    """One paper's declaration (see the module docstring)."""
+    """One paper's declaration (see the module docstring), with the measurements its ``columns`` may name."""
 
     paper: str
     method: str
     names: Mapping[str, Any]
     tables: Mapping[str, Mapping[str, Any]]
+    measurements: Mapping[str, Measurement] = field(default_factory=dict)
 
     def table(self, name: str) -> Mapping[str, Any]:
         if name not in self.tables:
@@ -100,21 +87,67 @@ class Declaration:
 
 
 @functools.cache
-def declaration(paper: str) -> Declaration:
-    """The declaration ``papers/<paper>.yaml``, read once."""
+def declaration(paper: str, *, config: type | None = None, measurements: Sequence[Measurement] = ()) -> Declaration:
+    """The declaration ``papers/<paper>.yaml``, read once and checked: every key against the schema
+    (:mod:`~dmlstudy.experiments.declaration_schema`), every method keyword against the method's signature, and,
+    when the paper's module binds it, every config field it names against the notebook's ``config`` class and every
+    measurement its ``columns`` name against ``measurements`` (the paper's functions ``f(result, config)``,
+    registered by their names). A mistake fails here, naming the file, the key's path and what is valid."""
     path = DECLARATIONS / f"{paper}.yaml"
     if not path.is_file():
         raise KeyError(f"no declaration {path.name}; declared papers: {declared_papers()}")
-    values = load_yaml(path.read_text()) or {}
-    unknown = sorted(set(values) - {"paper", "method", "names", "tables"})
-    if unknown or not {"paper", "method"} <= set(values):
-        raise ValueError(f"{path}: unknown keys {unknown}; 'paper' and 'method' are required")
+    values = load_yaml(path.read_text(encoding="utf-8")) or {}
+    declaration_schema.check(values, str(path))
+    registered = {function.__name__: function for function in measurements}
+    problems = _method_problems(values)
+    if config is not None:  # bound by the paper's module: its config's fields and its measurements
+        fields = {spec.name for spec in dataclasses.fields(config)}
+        problems += [
+            f"{where}: {name!r} is not a field of {config.__name__}; its fields: {sorted(fields)}"
+            for where, name in declaration_schema.config_fields(values)
+            if name not in fields
+        ]
+        problems += [
+            f"{where}: no measurement {name!r} registered; registered: {sorted(registered)}"
+            for where, name in declaration_schema.measurements_named(values)
+            if name not in registered
+        ]
+    if problems:
+        raise declaration_schema.DeclarationError(f"{path}: " + "; ".join(problems))
     return Declaration(
-        values["paper"],
-        values["method"],
-        values.get("names") or {},
-        values.get("tables") or {},
+        values["paper"], values["method"], values.get("names") or {}, values.get("tables") or {}, registered
     )
+
+
+def _method_problems(values: Mapping[str, Any]) -> list[str]:
+    """Every method a declaration names that is not registered and every keyword its rows, sweeps and ``names.same``
+    give that the method does not take, as ``<key path>: <what is wrong>``."""
+    problems = []
+
+    def check(where: str, method: str, keywords: Sequence[str]) -> None:
+        if method not in METHODS:
+            problems.append(f"{where}: no method {method!r}; registered: {sorted(METHODS)}")
+            return
+        defaults = method_defaults(METHODS[method])
+        unknown = sorted(set(keywords) - set(defaults))
+        if unknown:
+            problems.append(f"{where}: {method} takes no {unknown}; its keywords: {sorted(defaults)}")
+
+    own = values["method"]
+    check("method", own, [])
+    for name, same in ((values.get("names") or {}).get("same") or {}).items():
+        check(f"names.same.{name}", own, list(same))
+    for table, spec in (values.get("tables") or {}).items():
+        sweep = spec.get("sweep") or {}
+        rows = {**(spec.get("rows") or {}), **(sweep.get("choices") or {})}
+        for label, row in rows.items():
+            row = row or {}
+            if not row.get("shared"):
+                keywords = [*(row.get("kwargs") or {}), *(spec.get("parameters") or ()), *(row.get("explicit") or ())]
+                check(f"tables.{table}.rows.{label}", row.get("method", own), keywords)
+        if "kwarg" in sweep:
+            check(f"tables.{table}.sweep", own, [sweep["kwarg"], *(sweep.get("with") or {})])
+    return problems
 
 
 def declared_papers() -> list[str]:
@@ -208,6 +241,11 @@ def table_rows(declared: Declaration, table: str, config: Any = None) -> dict[An
             raise KeyError(f"{declared.paper} table {table!r}: unknown rows {unknown}; declared: {list(rows)}")
         from_config = {key: getattr(config, key) for key in spec.get("parameters") or ()}
         return {label: row_variant(declared, _with_kwargs(rows[label] or {}, from_config), config) for label in chosen}
+    if "sweep" not in spec:
+        raise KeyError(
+            f"{declared.paper} table {table!r} is paper-specific (paper_specific: {sorted(spec['paper_specific'])}): "
+            "its paper's module reads it, not the generic path"
+        )
     sweep = spec["sweep"]
     values = list(getattr(config, sweep["parameter"])) if config is not None else []
     if "choices" in sweep:
@@ -308,9 +346,8 @@ def recall_at(result: RunResult, ks: Sequence[int]) -> dict[str, float]:
     return {f"R@{k}": value for k, value in metric_functions.recall_at_k(embeddings, labels, usable).items()}
 
 
-def _measurement(entry: str | Mapping[str, Any]):
-    module, _, function = (entry["of"] if isinstance(entry, Mapping) else entry).partition(":")
-    return getattr(importlib.import_module(module), function)
+def _measurement(declared: Declaration, entry: str | Mapping[str, Any]) -> Measurement:
+    return declared.measurements[entry["of"] if isinstance(entry, Mapping) else entry]
 
 
 def run_frame(
@@ -325,7 +362,7 @@ def run_frame(
     ks = [int(k) for k in getattr(config, spec["ks"])] if spec.get("ks") else []
     if ks:
         frame = frame.drop(columns=[c for c in frame.columns if c.startswith("R@")])
-    measured = {column: _measurement(entry) for column, entry in (spec.get("columns") or {}).items()}
+    measured = {column: _measurement(declared, entry) for column, entry in (spec.get("columns") or {}).items()}
     extra = [
         {**recall_at(result, ks), **{column: f(result, config) for column, f in measured.items()}}
         for _, result in results
@@ -370,6 +407,9 @@ def table(
     beside) and its readings: one sentence per dataset and declared contrast, by the study's verdict rule on the
     per-seed paired differences (:func:`dmlstudy.verdicts.effect_sentence`)."""
     spec = declared.table(name)
+    shown_by = (spec.get("paper_specific") or {}).get("shown_by")
+    if shown_by:
+        raise ValueError(f"{declared.paper} table {name!r} is shown by its paper's {shown_by}, not the generic table")
     rows = table_rows(declared, name, config)
     frame = run_frame(declared, name, results, config)
     measured = spec.get("columns") or {}

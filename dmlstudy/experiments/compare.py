@@ -71,7 +71,7 @@ from dmlstudy.findings.claims import (
 )
 from dmlstudy.methods import list_methods
 from dmlstudy.paths import study_outputs
-from dmlstudy.rows import BASELINE, EXTRA_ROWS, RERANK, method_grid
+from dmlstudy.rows import BASELINE, CI_CLASSIC_ROWS, CI_ROWS, EXTRA_ROWS, is_reranked, method_grid, trained_row
 from dmlstudy.run.data import class_split_counts
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.regimes import regime
@@ -85,10 +85,10 @@ class CompareStudy(StudyConfig):
     """Parameters of ``notebooks/90_compare.ipynb``: the protocol plus which methods enter the table."""
 
     methods: list = field(
-        default_factory=lambda: ["ms", "crt", RERANK]
+        default_factory=lambda: list(CI_ROWS)
     )  # main rows, every seed: registered methods (dmlstudy.methods.list_methods()), diml_rerank, softmax
     classic_methods: list = field(
-        default_factory=lambda: ["triplet"]
+        default_factory=lambda: list(CI_CLASSIC_ROWS)
     )  # classic baselines (registry group 'classic'), with classic_seeds
     classic_seeds: list = field(
         default_factory=lambda: [0]
@@ -126,9 +126,11 @@ class CompareStudy(StudyConfig):
             unknown = [m for m in values if m not in known]
             if unknown:
                 raise ValueError(f"parameter {name!r}: unknown methods {unknown}; valid: {sorted(known)}")
-        if RERANK in self.classic_methods:
+        reranked = [name for name in self.classic_methods if is_reranked(name)]
+        if reranked:
             raise ValueError(
-                f"parameter 'classic_methods': {RERANK!r} is a main method (it re-ranks the ms runs of every seed)"
+                f"parameter 'classic_methods': {reranked} must each be a main method (a re-ranked row re-ranks the "
+                "runs of every seed of the row it re-ranks)"
             )
         overlap = sorted(set(self.methods) & set(self.classic_methods))
         if overlap:
@@ -172,6 +174,10 @@ class CompareStudy(StudyConfig):
         """The protocol of each regime of :meth:`regime_configs`, in that order."""
         return [config.protocol for config in self.regime_configs()]
 
+    def reranks(self) -> bool:
+        """Whether a main row re-ranks another row's runs (:func:`~dmlstudy.rows.is_reranked`)."""
+        return any(is_reranked(name) for name in self.methods)
+
     def classic_protocol(self) -> ProtocolConfig:
         """The protocol with the classic baselines' seeds."""
         return self.protocol.with_seeds(self.classic_seeds)
@@ -184,7 +190,7 @@ class CompareStudy(StudyConfig):
         """The DIML re-ranking of the ``ms`` runs: the ``diml_rerank`` row's top-K and grid, whether the row is
         shown, and the protocol's workers."""
         return Reranking(
-            top_k=self.rerank_top_k, grid=self.rerank_grid, shown=RERANK in self.methods, workers=self.protocol.workers
+            top_k=self.rerank_top_k, grid=self.rerank_grid, shown=self.reranks(), workers=self.protocol.workers
         )
 
     def table_note(self) -> str:
@@ -193,7 +199,7 @@ class CompareStudy(StudyConfig):
         return table_note(
             seeds=self.protocol.seeds,
             classic_seeds=self.classic_seeds if self.classic_methods else (),
-            rerank=(self.rerank_top_k, self.rerank_grid) if RERANK in self.methods else None,
+            rerank=(self.rerank_top_k, self.rerank_grid) if self.reranks() else None,
         )
 
     def claims_scope(self) -> ClaimsScope:
@@ -223,9 +229,9 @@ CLAIMS_BY_NAME = {claim.name: claim for claim in CLAIMS}
 
 
 def trained_methods(methods: Sequence[str]) -> list[str]:
-    """The registered methods to train for ``methods``: ``diml_rerank`` needs the ``ms`` runs."""
-    names = [(BASELINE if name == RERANK else name) for name in methods]
-    return list(dict.fromkeys(names))
+    """The registered methods to train for ``methods``: a re-ranked row needs the runs it re-ranks
+    (:func:`~dmlstudy.rows.trained_row`; ``diml_rerank`` the ``ms`` runs)."""
+    return list(dict.fromkeys(trained_row(name) for name in methods))
 
 
 def main_grid(config: CompareStudy) -> list[tuple[str, TrainConfig]]:
@@ -310,7 +316,7 @@ def validation_class_counts(config: CompareStudy) -> dict[str, int]:
     if protocol.validation_folds < 2:
         return {}
     return {
-        dataset: class_split_counts(protocol.train_config(dataset=dataset, method="ms", seed=0, name="classes"))[1]
+        dataset: class_split_counts(protocol.train_config(dataset=dataset, method=BASELINE, seed=0, name="classes"))[1]
         for dataset in protocol.datasets
     }
 
@@ -345,10 +351,9 @@ def run_more_seeds(config: CompareStudy, needs: dict[str, int]) -> tuple[list, l
     """Train (or load) the runs of the rows in ``needs`` up to their seed counts (re-rankings: the ``ms`` runs,
     re-ranked) and return them as :func:`~dmlstudy.findings.claims.claims_frame` parts: the runs of the rows,
     and the re-ranked rows."""
-    reranked = {RERANK, *claim_reranks()}
     trained: dict[str, int] = {}
     for name, count in needs.items():
-        run_name = BASELINE if name in reranked else name
+        run_name = BASELINE if name in claim_reranks() else trained_row(name)
         trained[run_name] = max(trained.get(run_name, 0), count)
     grid = []
     for name, count in trained.items():

@@ -2,11 +2,11 @@
 ``cross_attention``, ``dgcrl``) keep only their paper's specifics; ``compare`` and ``explore`` use this kit,
 the method registry and :mod:`dmlstudy.plots`, never a paper module.
 
-* variant grids: ``{key: (name, spec)}`` sweeps → ``{name: spec}`` grids → runs (:func:`as_grid`,
-  :func:`run_variants`, :func:`with_reference`, :func:`variant_name`, :func:`find_run`);
+* runs of a grid of variants and the lookup of one (:func:`run_variants`, :func:`find_run`; variants themselves are
+  named in one place, :func:`dmlstudy.experiments.ablations.variant`);
 * mean ± std tables and their lookups (:func:`summary`, :func:`lookup`);
 * the papers' numbers beside ours (the verdict rule itself is :mod:`dmlstudy.verdicts`);
-* the papers' numbers as table columns (:func:`paper_column`, :data:`PAPER_DATASET`);
+* the paper dataset each stand-in stands beside (:func:`paper_dataset`) and a paper's table as it prints it;
 * the embedding geometry table, projections (t-SNE / UMAP) and the diagram boxes and arrows;
 * the training step of several variants timed side by side (:func:`step_seconds`).
 """
@@ -56,8 +56,6 @@ class StudyConfig(TypedConfig):
     )  # the shared protocol: ProtocolConfig fields (dmlstudy/run/protocol.py); left out: CI-sized
 
 
-Variant = tuple[str, dict]  # (run name, ProtocolConfig.grid spec)
-BASELINE: Variant = ("ms", {"method": "ms"})  # the MS baseline every paper compares with
 NO_EXPLANATION = "no explanation for this method"
 MAX_PROJECTION_POINTS = 4095
 TSNE_ITERATIONS = (
@@ -68,40 +66,6 @@ TSNE_ITERATIONS = (
 # ----------------------------------------------------------------------------------------------
 # Variant grids and runs
 # ----------------------------------------------------------------------------------------------
-def with_reference(values: Iterable[Any], reference: Any) -> list[Any]:
-    """The swept values with the reference setting added, sorted, without duplicates (lists compare as tuples)."""
-    return sorted(
-        {*[tuple(v) if isinstance(v, list) else v for v in values], reference},
-        key=lambda v: v if not isinstance(v, (list, tuple)) else tuple(v),
-    )
-
-
-def variant_name(
-    prefix: str,
-    tags: Mapping[str, Any],
-    *,
-    short: Mapping[str, str] | None = None,
-    silent: Iterable[str] = (),
-    show: Callable[[Any], str] = str,
-) -> str:
-    """``prefix-key=value-…``: a run name from what differs from the defaults, keys abbreviated by ``short``,
-    values written by ``show``, keys in ``silent`` left out (implied by another tag)."""
-    short = short or {}
-    return "-".join(
-        [prefix, *[f"{short.get(key, key)}={show(value)}" for key, value in tags.items() if key not in silent]]
-    )
-
-
-def with_baseline(variant: Variant) -> dict[str, dict]:
-    """A paper's shared pair as a grid: ``ms`` and the method's default variant (both reused by the comparison)."""
-    return dict([BASELINE, variant])
-
-
-def as_grid(variants: Mapping[Any, Variant]) -> dict[str, dict]:
-    """``{value: (name, spec)}`` of a sweep → ``{name: spec}`` for :meth:`ProtocolConfig.grid`."""
-    return dict(variants.values())
-
-
 def run_variants(
     protocol: ProtocolConfig, variants: Mapping[str, Mapping[str, Any]], *, datasets: Iterable[str] | None = None
 ) -> list[tuple[str, RunResult]]:
@@ -259,7 +223,7 @@ def split_geometry(
 
 
 def initial_gradients(
-    protocol: ProtocolConfig, *, dataset: str, variants: Mapping[str, Variant], seed: int = 0
+    protocol: ProtocolConfig, *, dataset: str, variants: Mapping[str, tuple[str, dict]], seed: int = 0
 ) -> pd.DataFrame:
     """The gradient norm reaching the test-time embedding layer φ and the first trained convolution at
     initialisation, per variant (label → ``(name, spec)``), on one class-balanced training batch of ``protocol``:
@@ -344,25 +308,6 @@ def report(protocol: ProtocolConfig, table: pd.DataFrame, sentences: Sequence[st
 def paper_dataset(dataset: str, default: str = "") -> str:
     """The paper dataset an embedded set stands beside (SynBirds → CUB, Glyphs → Cars)."""
     return PAPER_DATASET.get(dataset, default)
-
-
-def paper_column(
-    table: pd.DataFrame,
-    values: Mapping[str, Mapping[str, Any]],
-    *,
-    label: Callable[[str], str],
-    show: Callable[[Any], Any] = lambda value: value,
-) -> pd.DataFrame:
-    """Per dataset of ``table``: its rows with a column ``label(paper dataset)`` holding ``show(value)`` of the
-    paper's number for each variant (``values[paper dataset][variant]``), "–" where the paper has none."""
-    rows = []
-    for dataset in dict.fromkeys(table["dataset"]):
-        name = paper_dataset(dataset)
-        paper = values.get(name, {})
-        shown = table[table["dataset"] == dataset].copy()
-        shown[label(name or "–")] = [show(paper[v]) if v in paper else "–" for v in shown["variant"]]
-        rows.append(shown)
-    return pd.concat(rows, ignore_index=True)
 
 
 def paper_frame(paper: str, name: str) -> pd.DataFrame:

@@ -7,7 +7,7 @@ so an edit can silently lose to a stale twin. Here the ``.ipynb`` is a determini
 (cells ``cell-NN``, no outputs, no jupytext metadata) and ``tests/test_notebooks.py`` fails when a committed
 one differs from what its source builds.
 
-The ``parameters`` cell is written from the notebook's config dataclass (:data:`NOTEBOOK_CONFIGS`): one line
+The ``parameters`` cell is written from the notebook's config dataclass (:func:`notebook_configs`): one line
 per field, ``name: type = literal  # the field's comment``, in field order, with the dataclass default
 unless :data:`CI_SIZED` gives the notebook's own CI-sized value. ``study`` is ``notebook-<stem>``, so
 CI-sized runs of different notebooks never share run folders; the explorer alone keeps its ``""`` (it trains
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import importlib
 import re
 import sys
 import typing
@@ -44,7 +43,6 @@ import jupytext
 import nbformat
 
 from dmlstudy.config import is_typed_config
-from dmlstudy.experiments import NOTEBOOK_CONFIGS
 from dmlstudy.paths import project_root
 
 CI_SIZED: dict[str, dict[str, typing.Any]] = {  # a notebook's parameter values that differ from its config's defaults
@@ -59,13 +57,37 @@ def notebooks_folder() -> Path:
     return project_root() / "notebooks"
 
 
+def notebook_configs() -> dict[str, type]:
+    """Each notebook → the config dataclass its ``parameters`` cell mirrors one to one (checked by
+    ``tests/test_notebooks.py``). Imported inside the function so that :func:`strip`, git's filter, stays light;
+    they are plain imports, so the import graph sees every one."""
+    from dmlstudy.experiments.compare import CompareStudy
+    from dmlstudy.experiments.datasets import DatasetTour
+    from dmlstudy.experiments.explore import ExploreConfig
+    from dmlstudy.experiments.one_run import OneRun
+    from dmlstudy.experiments.papers.cross_attention import CrossAttentionStudy
+    from dmlstudy.experiments.papers.crt import CRTStudy
+    from dmlstudy.experiments.papers.dgcrl import DGCRLStudy
+    from dmlstudy.experiments.papers.diml import DIMLStudy
+
+    return {
+        "00_datasets.ipynb": DatasetTour,
+        "01_train.ipynb": OneRun,
+        "10_crt.ipynb": CRTStudy,
+        "20_diml.ipynb": DIMLStudy,
+        "30_cross_attention.ipynb": CrossAttentionStudy,
+        "40_dgcrl.ipynb": DGCRLStudy,
+        "90_compare.ipynb": CompareStudy,
+        "95_explore.ipynb": ExploreConfig,
+    }
+
+
 def config_class(stem: str) -> type:
     """The dataclass that notebook ``stem``'s parameters cell mirrors."""
-    try:
-        module, name = NOTEBOOK_CONFIGS[f"{stem}.ipynb"].split(":")
-    except KeyError:
-        raise KeyError(f"notebook {stem!r} has no config in dmlstudy.experiments.NOTEBOOK_CONFIGS") from None
-    return getattr(importlib.import_module(module), name)
+    configs = notebook_configs()
+    if f"{stem}.ipynb" not in configs:
+        raise KeyError(f"notebook {stem!r} has no config; notebooks with one: {sorted(configs)}")
+    return configs[f"{stem}.ipynb"]
 
 
 def parameters_source(stem: str) -> str:

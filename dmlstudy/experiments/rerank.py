@@ -27,7 +27,7 @@ from dmlstudy.findings.claims import claim_reranks
 from dmlstudy.metrics.relatives import masked_cosine, relatives_out_recall
 from dmlstudy.paths import data_root
 from dmlstudy.records import write_json
-from dmlstudy.rows import BASELINE, RERANK
+from dmlstudy.rows import BASELINE, RERANK, is_reranked, trained_row
 from dmlstudy.run.train import RunResult, TrainConfig, run
 from dmlstudy.structural import transport
 from dmlstudy.structural.reranking import rerank_top_k, reranked_retrieval_metrics
@@ -157,9 +157,9 @@ def rerank_results(
 ) -> list[dict[str, Any]]:
     """One ``variant`` row per ``ms`` run: the retrieval metrics re-ranked in the top ``top_k`` on ``grid`` ×
     ``grid`` cells (default: the ``diml_rerank`` row's, :meth:`Reranking.at`), and the ``ms`` run's NMI, ESD,
-    ρ, training time and parameters (re-ranking does not change the embeddings). The default ``diml_rerank``
-    rows only when the comparison shows that row (``reranking.shown``)."""
-    if variant == RERANK and not reranking.shown:
+    ρ, training time and parameters (re-ranking does not change the embeddings). None unless the comparison shows
+    a re-ranked row (``reranking.shown``): the claims' extra re-rankings need it too."""
+    if not reranking.shown:
         return []
     top_k, grid = reranking.at(top_k=top_k, grid=grid)
     _rerank_in_processes(_missing_reranks(results, top_k=top_k, grid=grid), workers=reranking.workers)
@@ -243,7 +243,7 @@ def relatives_per_seed(
     records = []
     for entry in here.to_dict("records"):
         found = sorted(Path(runs_folder).glob(f"*-{entry['digest']}"))  # one configuration may carry two labels
-        named = BASELINE if entry["row"] == RERANK else entry["row"]
+        named = trained_row(entry["row"])
         run_dir = next((d for d in found if f"-{named}-seed{entry['seed']}-" in d.name), found[0] if found else None)
         if run_dir is None:
             raise FileNotFoundError(
@@ -253,7 +253,7 @@ def relatives_per_seed(
             embeddings, labels = stored["embeddings"], stored["labels"]
         if len(labels) != len(families):
             raise ValueError(f"{run_dir}: {len(labels)} test embeddings, but the test split has {len(families)} images")
-        if entry["row"] == RERANK:
+        if is_reranked(entry["row"]):
             sets = kit.evaluation_sets(run(TrainConfig.of_run_folder(run_dir)), grid_sizes=[rerank_grid])
             query = sets["query"]
             recall = relatives_out_reranked_recall(

@@ -14,9 +14,9 @@ import pandas as pd
 
 from dmlstudy import plots
 from dmlstudy.experiments import ablations, kit
-from dmlstudy.findings.numbers import numbers
+from dmlstudy.findings.numbers import numbers, reporting
 from dmlstudy.metrics import class_subset_recall
-from dmlstudy.rows import RERANK, method_label
+from dmlstudy.rows import is_reranked, method_label
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import RunResult
 from dmlstudy.study.grids import results_frame
@@ -184,8 +184,10 @@ def write_comparison(
 # ----------------------------------------------------------------------------------------------
 def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd.DataFrame:
     """Rows = methods, columns = datasets: :func:`kit.geometry_summary` of ``metric`` (``ESD`` or ``rho``) with the
-    CRT paper's MS / +CRT numbers beside. The re-ranked row is left out (same embeddings as ``ms``)."""
-    paper = numbers("crt", "ESD" if metric == "ESD" else "RHO")
+    numbers of the paper that measures them (:func:`~dmlstudy.findings.numbers.reporting`: the CRT paper's MS / +CRT)
+    beside. The re-ranked rows are left out (the same embeddings as the runs they re-rank)."""
+    table = "ESD" if metric == "ESD" else "RHO"
+    paper = numbers(reporting(table), table)
     return kit.geometry_summary(
         own_embedding_rows(frame),
         metric=metric,
@@ -197,9 +199,10 @@ def geometry_table(frame: pd.DataFrame, *, metric: str, decimals: int = 3) -> pd
 
 
 def geometry_pair() -> tuple[str, str]:
-    """The runs of the CRT paper's geometry claim (ESD up and ρ down against its baseline): the rows of its
-    declaration's main table, baseline first."""
-    baseline, method = (name for name, _ in ablations.table_rows(ablations.declaration("crt"), "main").values())
+    """The runs of the geometry claim (ESD up and ρ down against its baseline) of the paper that measures the
+    geometry (the CRT paper): the rows of its declaration's main table, baseline first."""
+    declared = ablations.declaration(reporting("ESD"))
+    baseline, method = (name for name, _ in ablations.table_rows(declared, "main").values())
     return baseline, method
 
 
@@ -209,8 +212,9 @@ def geometry_readings(frame: pd.DataFrame) -> list[str]:
 
 
 def own_embedding_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows with embeddings of their own: every row but the re-ranked one (its embeddings are the ``ms`` runs')."""
-    return frame[frame["variant"] != RERANK]
+    """The rows with embeddings of their own: every row but the re-ranked ones (their embeddings are those of the runs
+    they re-rank, :func:`~dmlstudy.rows.is_reranked`)."""
+    return frame[[not is_reranked(name) for name in frame["variant"]]]
 
 
 def scale_table(
@@ -292,7 +296,7 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
     table.insert(1, "method", [method_label(v) for v in table["variant"]])
     if "rerank_seconds" in table:
         table["rerank_seconds"] = [
-            text if v == RERANK else "–" for text, v in zip(table["rerank_seconds"], table["variant"])
+            text if is_reranked(v) else "–" for text, v in zip(table["rerank_seconds"], table["variant"])
         ]
     return table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]]
 

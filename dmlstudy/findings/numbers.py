@@ -49,6 +49,15 @@ def numbers(paper: str, table: str) -> Any:
     return _value(tables[table]["values"])
 
 
+def reporting(table: str) -> str:
+    """The one paper whose section holds ``table`` (``ESD``: the CRT paper, which alone measures the embedding
+    geometry), so a shared table finds the paper by what it reports rather than by its name."""
+    papers = [name for name, section in load().items() if table in (section.get("tables") or {})]
+    if len(papers) != 1:
+        raise KeyError(f"papers.yaml: table {table!r} is reported by {papers or 'no paper'}; expected exactly one")
+    return papers[0]
+
+
 def source(paper: str, table: str) -> str:
     """Where the numbers of ``table`` come from (the paper's table or figure)."""
     return load()[paper]["tables"][table]["source"]

@@ -147,7 +147,9 @@ GROUPS = {  # what a method is in the study's tables
 class MethodInfo:
     """What the study shows about a registered method: the comparison row's label, its group (:data:`GROUPS`),
     the paper it comes from, a one-line description (the notebooks' row table and the CLI's help) and its search
-    space (:mod:`dmlstudy.search_space`, declared in the method's file; read by :mod:`dmlstudy.study.tuning`)."""
+    space (:mod:`dmlstudy.search_space`, declared in the method's file; read by :mod:`dmlstudy.study.tuning`).
+    A row that trains nothing of its own but re-ranks another row's runs at test time names that row in
+    ``reranks`` (DIML's re-ranking of the MS runs: :data:`dmlstudy.rows.EXTRA_ROWS`)."""
 
     name: str
     label: str
@@ -155,6 +157,7 @@ class MethodInfo:
     paper: str = ""
     summary: str = ""
     search_space: SearchSpace = field(default_factory=dict, compare=False)
+    reranks: str = ""  # the row whose trained runs this row re-ranks at test time ("": runs of its own)
 
 
 METHOD_INFO: dict[str, MethodInfo] = {}

@@ -6,7 +6,7 @@ a row per run and as mean ± std tables."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -114,12 +114,3 @@ def mean_std_table(
 ) -> pd.DataFrame:
     """Mean ± std over seeds per (dataset, variant), in the order the variants were run."""
     return summarize(frame, by=list(by), metrics=metrics)
-
-
-def with_paper_column(
-    table: pd.DataFrame, paper: Mapping[str, Any], *, key: str = "variant", label: str = "paper"
-) -> pd.DataFrame:
-    """Add the paper's reported number per variant (for orientation only: other data, backbone and budget)."""
-    table = table.copy()
-    table[label] = [paper.get(value, "–") for value in table[key]]
-    return table

@@ -18,6 +18,7 @@ import re
 import time
 from typing import Any
 
+from dmlstudy.rows import BASELINE
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.protocol import ProtocolConfig
 from dmlstudy.run.train import TrainConfig
@@ -88,7 +89,7 @@ def stem_configs(plan: str, *, only: str = "") -> dict[str, TrainConfig]:
         for protocol in _protocols(values):
             datasets = [*protocol.datasets, *_names(values.get("ablation_datasets"))]
             for dataset in datasets:
-                config = protocol.train_config(dataset=dataset, method="ms", seed=0, name="stem-cache")
+                config = protocol.train_config(dataset=dataset, method=BASELINE, seed=0, name="stem-cache")
                 key = (dataset, config.backbone, config.image_size, config.stem_views, config.data_root)
                 if config.stem_views and key not in seen:
                     seen.add(key)

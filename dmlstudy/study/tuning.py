@@ -68,7 +68,7 @@ from dmlstudy import search_space as search
 from dmlstudy.config import load_yaml
 from dmlstudy.methods import method_info, search_space
 from dmlstudy.paths import project_file, project_root
-from dmlstudy.rows import RERANK, SHARED_VARIANTS
+from dmlstudy.rows import BASELINE, SHARED_VARIANTS, trained_row
 from dmlstudy.run import identity
 from dmlstudy.run.data import load_datasets
 from dmlstudy.run.protocol import PROTOCOL, VARIANT, ProtocolConfig, plan_protocol, resolve_run
@@ -277,10 +277,10 @@ COMPARISON_ROWS = ("methods", "classic_methods")  # the parameters of a study pl
 
 def comparison_rows(plan: str | Path) -> list[str]:
     """The rows a study plan's comparison shows: every entry's ``methods`` and ``classic_methods``
-    (:class:`dmlstudy.experiments.compare.CompareStudy`), in order; ``diml_rerank`` is the ``ms`` runs re-ranked,
-    so it stands for ``ms``."""
+    (:class:`dmlstudy.experiments.compare.CompareStudy`), in order; a re-ranked row stands for the row whose runs
+    it re-ranks (:func:`~dmlstudy.rows.trained_row`: ``diml_rerank`` for ``ms``)."""
     rows = [
-        "ms" if name == RERANK else name
+        trained_row(name)
         for entry in load_plan(project_file(plan))
         for key in COMPARISON_ROWS
         for name in entry.parameters.get(key) or []
@@ -360,7 +360,7 @@ class TuneConfig(StudySettings):
     workers: int = 2
     name: str = "tune"  # runs go to <runs_root>/<name>/, journals to <runs_root>/<name>/tuning/
     rows: list = field(
-        default_factory=lambda: ["ms"]
+        default_factory=lambda: [BASELINE]
     )  # row names (dmlstudy list methods; softmax), `registry` (every row) or a study plan (plans/default.yaml: its comparison's rows)
     protocol: str = ""  # a study plan (plans/default.yaml) whose `protocol:` block gives every shared value this plan leaves out; empty: none
     trials: int = 10  # trials per (dataset, row), the paper defaults first; the same for every row

@@ -36,12 +36,6 @@ from dmlstudy.study.grids import mean_std_table, results_frame
 from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import effect_sentence, paired_differences
 
-DECLARED = ablations.declaration("cross_attention")
-PAPER_PARAMETERS = numbers(DECLARED.paper, "PARAMETERS")  # model → (parameters in millions, R@1 CUB, R@1 Cars)
-PAPER_BLOCKS = numbers(DECLARED.paper, "BLOCKS")  # N of every experiment in the paper
-PAPER_FIGURE3_CAPTION = numbers(DECLARED.paper, "FIGURE3_CAPTION")
-PAPER_FIGURE3_TEXT = numbers(DECLARED.paper, "FIGURE3_TEXT")
-
 
 @dataclass
 class CrossAttentionStudy(StudyConfig):
@@ -65,6 +59,13 @@ class CrossAttentionStudy(StudyConfig):
     def ablation_protocol(self) -> ProtocolConfig:
         """The protocol with the ablation seeds."""
         return self.protocol.with_seeds(self.ablation_seeds)
+
+
+DECLARED = ablations.declaration("cross_attention", config=CrossAttentionStudy)
+PAPER_PARAMETERS = numbers(DECLARED.paper, "PARAMETERS")  # model → (parameters in millions, R@1 CUB, R@1 Cars)
+PAPER_BLOCKS = numbers(DECLARED.paper, "BLOCKS")  # N of every experiment in the paper
+PAPER_FIGURE3_CAPTION = numbers(DECLARED.paper, "FIGURE3_CAPTION")
+PAPER_FIGURE3_TEXT = numbers(DECLARED.paper, "FIGURE3_TEXT")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ from dmlstudy.study.grids import mean_std_table, results_frame
 from dmlstudy.study.report import mean_std_text
 from dmlstudy.verdicts import effect_sentence, judge, paired_differences
 
-DECLARED = ablations.declaration("crt")
 COMPLEXITY_OUTPUT_STRIDE = {"test_resnet": 16}  # as trained in the study; full-size ResNets at their own stride 32
 PAPER_NAME_OF_BACKBONE = {"resnet50": "ResNet-50", "deit_small_patch16_224": "DeiT-S"}  # timm name → the paper's
 
@@ -67,6 +66,9 @@ class CRTStudy(kit.StudyConfig):
     def ablation_protocol(self) -> ProtocolConfig:
         """The protocol with the ablation seeds (the ablation tables run on ``ablation_datasets``)."""
         return self.protocol.with_seeds(self.ablation_seeds)
+
+
+DECLARED = ablations.declaration("crt", config=CRTStudy)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,7 +37,6 @@ from dmlstudy.run.train import RunResult
 from dmlstudy.study.grids import mean_std_table
 from dmlstudy.verdicts import censor, judge, paired_differences
 
-DECLARED = ablations.declaration("dgcrl")
 COLUMN_DECIMALS = {"best R@1 (%)": 1, "s/epoch (run)": 2, "s/epoch (side by side)": 2, "s to best": 1}
 STABLE_ALPHA = 16.0  # the paper's Fig. 3: R@K stable for α ≥ 16
 
@@ -94,6 +93,9 @@ def centre_correlation(result: RunResult, config: Any = None) -> float:
         return float("nan")
     with torch.no_grad():
         return float(mean_abs_cosine(method.effective_centres()))
+
+
+DECLARED = ablations.declaration("dgcrl", config=DGCRLStudy, measurements=(training_accuracy, centre_correlation))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,8 +180,11 @@ def loss_reading(table: pd.DataFrame, dataset: str, *, frame: pd.DataFrame) -> s
     judged by the study's rule on the per-seed paired differences (epochs, margin 1 epoch), and by
     :func:`~dmlstudy.verdicts.censor` when runs reached the epoch cap still improving."""
     spec = DECLARED.table("losses")
-    fast, slow = spec["sweep"]["reference"], spec["speed"]["slower"]
-    speedup, paper = numbers(DECLARED.paper, spec["speed"]["paper"]), numbers(DECLARED.paper, spec["paper"]["table"])
+    fast, slow = spec["sweep"]["reference"], spec["paper_specific"]["speed"]["slower"]
+    speedup, paper = (
+        numbers(DECLARED.paper, spec["paper_specific"]["speed"]["paper"]),
+        numbers(DECLARED.paper, spec["paper"]["table"]),
+    )
     here = table[table["dataset"] == dataset].set_index(spec["label"])
     name = dict(zip(here.index, here["variant"]))
     epochs_run = int(here["epochs run_mean"].max())

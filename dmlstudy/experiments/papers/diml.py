@@ -29,14 +29,6 @@ from dmlstudy.study.grids import call_in_processes, run_grid
 from dmlstudy.study.report import summarize
 from dmlstudy.verdicts import effect_sentence, paired_differences
 
-DECLARED = ablations.declaration("diml")
-TRAININGS = {"baselines": "baseline", "trained": "DIML"}  # declared table of runs → its rows' training
-BASE_LOSS_NAMES: dict[str, str] = DECLARED.table("baselines")["labels"]
-RERANKED = {spec["rerank"]: spec for spec in DECLARED.tables.values() if "rerank" in spec}  # "K" / "G" → its table
-METRICS: list[str] = RERANKED["K"]["metrics"]
-PAPER = {sweep: numbers(DECLARED.paper, spec["paper"]["table"]) for sweep, spec in RERANKED.items()}
-PAPER_DATASETS = tuple(next(iter(PAPER["K"].values())))  # (base loss, K or G) → {dataset: (P@1, RP, MAP@R)}
-
 
 @dataclass
 class DIMLStudy(StudyConfig):
@@ -80,6 +72,19 @@ class DIMLStudy(StudyConfig):
     def reference_grid(self) -> int:
         """The G the readings compare with the smallest G: ``grid_size`` if swept, else the largest G."""
         return self.grid_size if self.grid_size in self.grid_sizes else max(self.grid_sizes)
+
+
+DECLARED = ablations.declaration("diml", config=DIMLStudy)
+TRAININGS = {"baselines": "baseline", "trained": "DIML"}  # declared table of runs → its rows' training
+BASE_LOSS_NAMES: dict[str, str] = DECLARED.table("baselines")["paper_specific"]["labels"]
+RERANKED = {  # "K" / "G" → its table
+    spec["paper_specific"]["rerank"]: spec
+    for spec in DECLARED.tables.values()
+    if "rerank" in spec.get("paper_specific", {})
+}
+METRICS: list[str] = RERANKED["K"]["metrics"]
+PAPER = {sweep: numbers(DECLARED.paper, spec["paper"]["table"]) for sweep, spec in RERANKED.items()}
+PAPER_DATASETS = tuple(next(iter(PAPER["K"].values())))  # (base loss, K or G) → {dataset: (P@1, RP, MAP@R)}
 
 
 # runs
