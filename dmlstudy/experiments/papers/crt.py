@@ -417,7 +417,7 @@ def prototype_correlation_figure(method: CRT, *, untrained: CRT | None = None, b
         cmap = plt.get_cmap(plots.HEATMAP_CMAP).with_extremes(bad="0.85")  # the masked diagonal in grey
         summary = f"off-diagonal mean {off[name].mean():.3f}, max {off[name].max():.3f}" if off[name].size else "K = 1"
         plots.heatmap(
-            axis, masked, title=f"{name}: {summary}", label="|cos| (diagonal grey)", cmap=cmap, vmin=0, vmax=top
+            axis, masked, title=f"{name}\n{summary}", label="|cos| (diagonal grey)", cmap=cmap, vmin=0, vmax=top
         )
         axis.title.set_fontsize(9)
         axis.set(xlabel="prototype j", ylabel="prototype k")
@@ -448,6 +448,6 @@ def prototype_correlation_figure(method: CRT, *, untrained: CRT | None = None, b
     figure.suptitle(
         f"Prototype correlations, K = {count} prototypes in C = {channels} dimensions (L_DIV pushes k ≠ j to 0)"
     )
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.9))  # the top tenth for the title, clear of the log axis' top label
     plots.legend_outside(figure, [histogram])
     return figure
