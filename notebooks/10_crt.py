@@ -364,7 +364,7 @@ for reading in readings:
 # 2. **Change one parameter.** Set `lambda2_values = [0.0]` (two branches trained without the consistency
 #    loss) and re-run the $\lambda_2$ table. Is R@1 at $\lambda_2 = 0$ lower than at 0.9, as in the paper
 #    (almost 3 points)? *Hint:* with one seed a difference of 2 points is within the spread of one row over
-#    seeds (MS: 53.9 ± 0.8 R@1 over 5 seeds in the published study); the paper's claim needs paired seeds
+#    seeds (MS: 54.3 ± 0.6 R@1 over 5 seeds in the published study); the paper's claim needs paired seeds
 #    (`ablation_seeds = [0, 1, 2]`, and `results/claims.md` for how a verdict is read).
 # 3. **Read a figure.** In the code heat maps, find a prototype that fires on the drawing in both test images
 #    and one that fires on the white background. Does the mean code ā in a title tell you which prototypes
