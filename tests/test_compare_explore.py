@@ -324,7 +324,14 @@ def test_figures_readme_lists_every_png_with_its_notebook(tmp_path):
     assert "notes.txt" not in text
     assert text.index("crt_heatmaps.png") < text.index("cross_attention_maps.png") < text.index("compare_umap.png")
     published = figure_index.figures_readme(tmp_path, study="default")  # the repository's plans/default.yaml
-    assert "Plan entry `crt` of `plans/default.yaml`; executed notebook `runs/default/crt/10_crt.ipynb`" in published
+    copy = figure_index.published_copy("default", "10_crt.ipynb", tmp_path)
+    executed = (
+        f"the executed notebook, with its outputs: {copy}"
+        if copy
+        else "executed notebook `runs/default/crt/10_crt.ipynb`"
+    )
+    assert f"Plan entry `crt` of `plans/default.yaml`; {executed}" in published
+    assert bool(copy) == (figure_index.project_root() / "published" / "10_crt.ipynb").is_file()
     assert "Plan entry" not in figure_index.figures_readme(tmp_path, study="no-such-plan")
 
 
