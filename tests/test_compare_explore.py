@@ -14,6 +14,7 @@ from scipy import stats
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from dmlstudy import numerics  # noqa: E402
 from dmlstudy.experiments import compare, explore, kit, regime_comparison, rerank, tables  # noqa: E402
 from dmlstudy.findings import claims as claims_module
 from dmlstudy.findings.claims import (  # noqa: E402
@@ -457,6 +458,9 @@ def test_diml_rerank_rows_keep_recall_at_k_and_the_ms_geometry(tiny_config):
     assert row["variant"] == "diml_rerank" and row["rerank_top_k"] == 8
     assert list(result.run_dir.glob("compare_rerank-*.json"))
     assert rerank.rerank_results([("ms", result)], config.reranking())[0]["R@1"] == row["R@1"]  # from the cache
+    # the row carries the numerics of the process that re-ranked, recorded in the cache beside its metrics
+    [cache] = result.run_dir.glob("compare_rerank-*.json")
+    assert row["numerics"] == json.loads(cache.read_text())["numerics"] == numerics.observed()["numerics"]
     frame = tables.comparison_frame([("ms", result)], [], rows, methods=config.methods)
     assert frame["variant"].tolist() == ["ms", "diml_rerank"]
     table = tables.comparison_table(frame)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dmlstudy import numerics
 from dmlstudy.data import evaluation_protocol
 from dmlstudy.data.emoji import test_split_families
 from dmlstudy.data.emoji_sources import RELATIVES
@@ -89,6 +90,7 @@ def rerank_metrics(
     cache = _rerank_cache(result.run_dir, settings)
     if cache.is_file():
         return json.loads(cache.read_text())["metrics"]
+    numerics.pin_process()
     started = time.perf_counter()
     sets = kit.evaluation_sets(result, grid_sizes=[grid])
     query, gallery = sets["query"], sets["gallery"]
@@ -114,8 +116,16 @@ def rerank_metrics(
         "rerank_top_k": k,
         "rerank_seconds": time.perf_counter() - started,
     }
-    write_json(cache, {"settings": settings, "metrics": metrics})
+    write_json(cache, {"settings": settings, "metrics": metrics, "numerics": numerics.observed()["numerics"]})
     return metrics
+
+
+def rerank_numerics(result: RunResult, *, top_k: int, grid: int, options: TransportOptions | None = None) -> str:
+    """The numerics tag of the process that computed a run's cached re-ranking (:func:`rerank_metrics`);
+    ``unrecorded`` for a cache written before re-rankings recorded it."""
+    settings = _rerank_settings(result.config, top_k=top_k, grid=grid, options=options or TransportOptions())
+    cache = _rerank_cache(result.run_dir, settings)
+    return str(json.loads(cache.read_text()).get("numerics", "unrecorded")) if cache.is_file() else "unrecorded"
 
 
 def _missing_reranks(results: Sequence[tuple[str, RunResult]], *, top_k: int, grid: int) -> list[tuple]:
@@ -176,6 +186,7 @@ def rerank_results(
             "method_kwargs": json.dumps({"top_k": reranked["rerank_top_k"], "grid_size": grid}),
             "run_dir": str(result.config.run_dir),  # the re-ranked ms run
             **result.metrics,
+            "numerics": rerank_numerics(result, top_k=top_k, grid=grid),  # of the re-ranking, not of the ms run
         }
         row.update(reranked)
         rows.append(row)
