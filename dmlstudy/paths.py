@@ -104,21 +104,21 @@ def different_numerics() -> str:
 def different_build_message(study: str) -> str:
     """What a published study says when :func:`different_build` or :func:`different_numerics` keeps its outputs
     beside its runs ('' otherwise)."""
-    difference = different_build() if study in PUBLISHED_STUDIES and study not in GENERATED_DATA_STUDIES else ""
-    if study in PUBLISHED_STUDIES and different_numerics():
-        where = ", ".join(str(study_outputs(study, kind)) for kind in OUTPUT_KINDS)
-        return (
-            f"numerics: this process runs with {different_numerics()}, so study {study!r} writes its tables, figures "
-            f"and published notebooks to {where}. To write them into the repository's folders anyway: "
-            f"{PUBLISH_DIFFERENT_BUILD}=1."
-        )
-    if not difference:
+    if study not in PUBLISHED_STUDIES:
+        return ""
+    reasons = []
+    build = different_build() if study not in GENERATED_DATA_STUDIES else ""
+    if build:
+        reasons.append(f"emoji: the build in {data_root() / 'emoji'} differs from the published build ({build})")
+    numerics = different_numerics()
+    if numerics:
+        reasons.append(f"numerics: this process runs with {numerics}")
+    if not reasons:
         return ""
     where = ", ".join(str(study_outputs(study, kind)) for kind in OUTPUT_KINDS)
     return (
-        f"emoji: the build in {data_root() / 'emoji'} differs from the published build ({difference}), so study "
-        f"{study!r} writes its tables, figures and published notebooks to {where}, not into the repository's "
-        f"folders. To write them there anyway: make study PUBLISH_DIFFERENT_BUILD=1 (or "
+        f"{'; '.join(reasons)}, so study {study!r} writes its tables, figures and published notebooks to {where}, "
+        f"not into the repository's folders. To write them there anyway: make study PUBLISH_DIFFERENT_BUILD=1 (or "
         f"{PUBLISH_DIFFERENT_BUILD}=1 in the environment)."
     )
 

@@ -1,7 +1,6 @@
 """The study's numerics (dmlstudy.numerics): pinned by the package itself, recorded by every run, and one computation
 on every x86-64 with AVX2: golden CI-sized runs whose final weights and R@1 equal committed values."""
 
-import hashlib
 import json
 import os
 import subprocess
@@ -54,12 +53,15 @@ def test_the_package_pins_the_process_that_imports_it_first():
 
 def test_native_numerics_are_tagged_and_publish_beside_the_runs(tmp_path):
     code = (
-        "import dmlstudy, json, torch; from dmlstudy import numerics; from dmlstudy.paths import study_outputs; "
-        "x = torch.ones(3).softmax(0); print(json.dumps([numerics.observed()['numerics'], str(study_outputs('default', 'results'))]))"
+        "import dmlstudy, json, torch; from dmlstudy import numerics; "
+        "from dmlstudy.paths import different_build_message, study_outputs; x = torch.ones(3).softmax(0); "
+        "print(json.dumps([numerics.observed()['numerics'], str(study_outputs('default', 'results')), "
+        "different_build_message('default')]))"
     )
-    tag, results = json.loads(_python(code, DMLSTUDY_NUMERICS="native", DMLSTUDY_HOME=str(tmp_path)).stdout)
+    tag, results, message = json.loads(_python(code, DMLSTUDY_NUMERICS="native", DMLSTUDY_HOME=str(tmp_path)).stdout)
     assert tag.startswith("native-")
     assert Path(results) == tmp_path / "runs" / "default" / "results"
+    assert message.startswith("numerics: this process runs with DMLSTUDY_NUMERICS=native") and results in message
     assert study_outputs("default", "results", runs_root_override=tmp_path) != Path(results)  # pinned: the repository's
 
 
@@ -92,14 +94,6 @@ def test_the_stem_cache_keeps_each_numerics_in_its_own_file():
     values = dict(dataset_digest="d", image_size=128, augmentation_seed=None, view=0, stem_digest="s")
     pinned, native = StemCacheKey(**values), StemCacheKey(**values, numerics="native-avx512")
     assert pinned.numerics == numerics.PINNED_TAG and pinned.file_name() != native.file_name()
-
-
-def _weights_digest(state: dict) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        digest.update(name.encode())
-        digest.update(state[name].detach().contiguous().cpu().numpy().tobytes())
-    return digest.hexdigest()
 
 
 @pytest.mark.skipif(not PINNABLE, reason="the golden digits are the pinned AVX2 numerics': this CPU has no AVX2")
