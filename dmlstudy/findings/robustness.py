@@ -70,8 +70,9 @@ class Perturbation:
 
 DEFAULT_RUNS, PARTITION_RUNS = "default runs", "class partitions"
 CPU_A, CPU_C = "CPU-A (AVX-512)", "CPU-C (AVX2 only)"  # the machine kinds of docs/time.md
+PINNED = "pinned-avx2"  # the study's pinned numerics (dmlstudy.numerics), the same digits on every such CPU
 PERTURBATIONS: tuple[Perturbation, ...] = (
-    Perturbation("default", "default", "emoji", "seeds", reading=DEFAULT_RUNS, numerics=CPU_A),
+    Perturbation("default", "default", "emoji", "seeds", reading=DEFAULT_RUNS, numerics=PINNED),
     Perturbation(
         "partition 1",
         "robust_partitions",
@@ -97,7 +98,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         "seeds + partitions + tuning",
         reading=PARTITION_RUNS,
         independent=False,
-        numerics=f"mixed: partition 0 (the default runs) on {CPU_A}, partitions 1 and 2 on {CPU_C}",
+        numerics=f"mixed: partition 0 (the default runs) {PINNED}, partitions 1 and 2 on {CPU_C}",
     ),
     Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds", numerics=CPU_A),
     Perturbation("30 epochs, no early stopping", "robust_epochs30", "emoji", "seeds"),
@@ -110,7 +111,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         "seeds",
         reading=DEFAULT_RUNS,
         independent=False,
-        numerics=f"{CPU_A} (the default runs)",
+        numerics=f"{PINNED} (the default runs)",
     ),
 )
 PARTITIONS = ("default", "partition 1", "partition 2")  # the columns the pooled reading pools
@@ -154,6 +155,9 @@ def collect_per_seed(
     if relatives is not None and len(relatives):
         frames.append(relatives.assign(perturbation=RELATIVES_OUT))
     per_seed = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if frames:  # rows of tables made before runs recorded their numerics: the machine their column ran on
+        declared = per_seed["perturbation"].map({p.name: p.numerics for p in PERTURBATIONS})
+        per_seed["numerics"] = per_seed.get("numerics", pd.Series(index=per_seed.index, dtype=object)).fillna(declared)
     return per_seed[["perturbation", *[c for c in per_seed.columns if c != "perturbation"]]] if frames else per_seed
 
 
