@@ -47,7 +47,7 @@ def test_falls_back_to_its_own_study_and_never_trains_into_a_named_one(tmp_path,
     assert explore.choose_study(config)[0] == explore.OWN_STUDY
     study, runs = explore.ensure_runs(config)
     assert study == explore.OWN_STUDY and len(runs) == 1
-    assert [(c.study, c.method, c.seed) for c in trained] == [(explore.OWN_STUDY, explore.FALLBACK_METHOD, 0)]
+    assert [(c.study, c.method, c.seed) for c in trained] == [(explore.OWN_STUDY, "diml", 0)]
     assert "has no runs here yet" in explore.study_header(config, runs)
     with pytest.raises(ValueError, match=r"no complete runs in study 'nothing-here'.*notebook-95_explore"):
         explore.ensure_runs(explore.ExploreConfig(runs_root=str(tmp_path), study="nothing-here"))
@@ -59,5 +59,18 @@ def test_the_first_method_shown_is_one_that_explains_among_the_studys_rows():
     assert not explore.explains("ms") and not explore.explains("triplet")  # preset builders of the baseline's losses
     assert not explore.explains("nope")
     rows = ["ms", "crt", "diml_rerank", "diml", "cross_attention", "dgcrl", "softmax", "triplet", "lifted"]
-    assert explore.first_method(rows) == explore.FALLBACK_METHOD
+    assert explore.fallback_method() == "diml"  # the one method explaining by transport plans
+    assert explore.first_method(rows) == "diml"
+    assert explore.first_method(["ms", "cross_attention", "crt"]) == "cross_attention"  # else the study's order
+
+
+def test_a_method_that_explains_names_the_kind_it_draws():
+    from dmlstudy.methods import METHODS, HeatMaps, Method, TransportPlans
+
+    classes = {name: builder for name, builder in METHODS.items() if isinstance(builder, type)}
+    assert {"diml", "crt", "cross_attention"} <= set(classes)
+    for name, cls in classes.items():
+        overrides = cls.explain is not Method.explain
+        assert overrides == (cls.explanation_kind is not None), name
+        assert cls.explanation_kind in (None, HeatMaps, TransportPlans), name
     assert explore.first_method(["triplet", "ms", "dgcrl"]) == "ms"

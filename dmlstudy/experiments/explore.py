@@ -39,7 +39,7 @@ import pandas as pd
 from dmlstudy import plots
 from dmlstudy.config import TypedConfig, load_yaml
 from dmlstudy.experiments.kit import explained_retrievals, top_k_retrievals
-from dmlstudy.methods import METHODS, Method
+from dmlstudy.methods import METHODS, Method, TransportPlans
 from dmlstudy.paths import PUBLISHED_STUDY
 from dmlstudy.paths import runs_root as default_runs_root
 from dmlstudy.rows import BASELINE
@@ -56,7 +56,7 @@ MAX_EXPLAINED = 3  # retrievals explained (the figures grow with each)
 
 
 OWN_STUDY = "notebook-95_explore"  # the explorer's own study: its fallback run, when no other study has runs
-FALLBACK_METHOD = "diml"  # a fresh clone's one run: a method the explorer can explain (its transport plans)
+FALLBACK_EXPLANATION = TransportPlans  # a fresh clone's one run: the first registered method explaining by these
 FALLBACK_PROTOCOL = {"datasets": ["synbirds"], "seeds": [0]}  # else ProtocolConfig's CI-sized defaults
 
 
@@ -161,7 +161,7 @@ def choose_study(config: ExploreConfig) -> tuple[str, str]:
 
 def ensure_runs(config: ExploreConfig) -> tuple[str, pd.DataFrame]:
     """The study to explore (:func:`choose_study`) and its :func:`find_runs`. An empty :data:`OWN_STUDY` first
-    gets one CI-sized run of :data:`FALLBACK_METHOD` (:data:`FALLBACK_PROTOCOL`; resumable like every run); any
+    gets one CI-sized run of :func:`fallback_method` (:data:`FALLBACK_PROTOCOL`; resumable like every run); any
     other study without runs raises, naming the studies that have some."""
     study, _ = choose_study(config)
     runs = find_runs(study, runs_root=config.runs_root)
@@ -169,7 +169,8 @@ def ensure_runs(config: ExploreConfig) -> tuple[str, pd.DataFrame]:
         protocol = ProtocolConfig(
             study=study, runs_root=config.runs_root, data_root=config.data_root, **FALLBACK_PROTOCOL
         )
-        run_grid(protocol.grid({FALLBACK_METHOD: {"method": FALLBACK_METHOD}}))
+        method = fallback_method()
+        run_grid(protocol.grid({method: {"method": method}}))
         runs = find_runs(study, runs_root=config.runs_root)
     if runs.empty:
         raise ValueError(
@@ -255,17 +256,31 @@ def retrieval_figure(loaded: LoadedRun, query: int, *, top_k: int) -> plt.Figure
     return figure
 
 
-def explains(method: str) -> bool:
-    """Whether the registered method ``method`` explains its retrievals (its own :meth:`Method.explain`). A name
-    registered with a preset (each loss of the baseline, ``gcrl``) is a builder, not a class: it explains nothing."""
+def explanation_kind(method: str) -> type | None:
+    """The kind of explanation the registered method ``method`` draws (its ``explanation_kind``: heat maps or
+    transport plans), None when it explains nothing. A name registered with a preset (each loss of the baseline,
+    ``gcrl``) is a builder, not a class: it explains nothing."""
     builder = METHODS.get(method)
-    return isinstance(builder, type) and builder.explain is not Method.explain
+    return builder.explanation_kind if isinstance(builder, type) and issubclass(builder, Method) else None
+
+
+def explains(method: str) -> bool:
+    """Whether the registered method ``method`` explains its retrievals (:func:`explanation_kind`)."""
+    return explanation_kind(method) is not None
+
+
+def fallback_method() -> str:
+    """The method of a fresh clone's one run: the first registered method whose explanation is
+    :data:`FALLBACK_EXPLANATION` (DIML's transport plans between the query's grid cells and a retrieval's, the
+    explanation that relates two images)."""
+    return next(name for name in METHODS if explanation_kind(name) is FALLBACK_EXPLANATION)
 
 
 def first_method(methods: Sequence[str]) -> str:
     """The method shown first among ``methods``: one that explains its retrievals (:func:`explains`), the
-    explorer's own :data:`FALLBACK_METHOD` before the others, else ``ms``, else the first."""
-    explaining = sorted((name for name in methods if explains(name)), key=lambda name: name != FALLBACK_METHOD)
+    explorer's own :func:`fallback_method` before the others, else the baseline, else the first."""
+    fallback = fallback_method()
+    explaining = sorted((name for name in methods if explains(name)), key=lambda name: name != fallback)
     return explaining[0] if explaining else (BASELINE if BASELINE in methods else methods[0])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -73,7 +74,10 @@ Explanation = HeatMaps | TransportPlans | str  # a string says why this configur
 
 
 class Method(nn.Module):
-    """Base class of every method: a backbone plus whatever the method adds."""
+    """Base class of every method: a backbone plus whatever the method adds. A method that explains its
+    retrievals overrides :meth:`explain` and names the kind it draws in ``explanation_kind``."""
+
+    explanation_kind: ClassVar[type | None] = None  # HeatMaps or TransportPlans: what explain() returns, if anything
 
     def __init__(self, backbone: Backbone, *, embedding_dim: int = 128) -> None:
         super().__init__()

@@ -144,6 +144,8 @@ class CrossAttention(Method):
         loss_kwargs: keyword arguments of :func:`dmlstudy.losses.multi_similarity_loss`.
     """
 
+    explanation_kind = HeatMaps
+
     def __init__(
         self,
         backbone: Backbone,

@@ -232,6 +232,8 @@ class CRT(Method):
         projection_gain: Γ_k initialisation bound × √C; 0 (default) = √K per branch, 1.0 = ``nn.Linear``'s.
     """
 
+    explanation_kind = HeatMaps
+
     def __init__(
         self,
         backbone: Backbone,

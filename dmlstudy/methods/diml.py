@@ -269,6 +269,8 @@ class DIML(Method):
         pooling: global pooling of the map (``avg``, as the grid cells).
     """
 
+    explanation_kind = TransportPlans
+
     def __init__(
         self,
         backbone: Backbone,

@@ -51,6 +51,7 @@ from dmlstudy.records import (
     write_json,
     write_npz,
 )
+from dmlstudy.rows import BASELINE
 from dmlstudy.run import guard, identity
 from dmlstudy.run.checkpoint_selection import CheckpointSelection
 from dmlstudy.run.compute import autocast_context, autocast_dtype, is_device_name, resolve_device, training_step
@@ -85,7 +86,7 @@ class TrainConfig(RunSettings):
     study: str = "scratch"  # runs are written to <runs_root>/<study>/<run folder>/ (see run_name)
     run_name: str = ""  # folder label, default <dataset>-<method>-seed<seed>; the config hash is appended
     dataset: str = "synbirds"  # a registered dataset name (dmlstudy list datasets)
-    method: str = "ms"  # a registered method name (dmlstudy list methods)
+    method: str = BASELINE  # a registered method name (dmlstudy list methods); default the baseline
     method_kwargs: dict = field(default_factory=dict)  # keyword arguments of the method (e.g. {"K1": 16})
     pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
     checkpoint_path: str = ""  # local backbone weights file, loaded after construction (relative: from the working directory, else the project root)
