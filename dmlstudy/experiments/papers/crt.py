@@ -445,9 +445,12 @@ def prototype_correlation_figure(method: CRT, *, untrained: CRT | None = None, b
         "log"
     )  # a trained bank piles every pair into the first bin; the untrained spread stays visible
     histogram.title.set_fontsize(9)
-    figure.suptitle(
-        f"Prototype correlations, K = {count} prototypes in C = {channels} dimensions (L_DIV pushes k ≠ j to 0)"
-    )
     figure.tight_layout(rect=(0, 0, 1, 0.9))  # the top tenth for the title, clear of the log axis' top label
+    top = max(axis.get_tightbbox().y1 for axis in axes) / figure.bbox.height  # the panels' titles, after layout
+    figure.suptitle(
+        f"Prototype correlations, K = {count} prototypes in C = {channels} dimensions (L_DIV pushes k ≠ j to 0)",
+        y=top + 0.02,
+        va="bottom",
+    )  # just above the panels' titles, however tall the square heat maps leave them
     plots.legend_outside(figure, [histogram])
     return figure
