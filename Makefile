@@ -11,7 +11,7 @@ ifdef PUBLISH_DIFFERENT_BUILD
 export DMLSTUDY_PUBLISH_DIFFERENT_BUILD := $(PUBLISH_DIFFERENT_BUILD)
 endif
 
-.PHONY: study publish teach test lint install lab data smoke full clean-runs notebooks tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-epochs30 robustness-table robustness-power
+.PHONY: study publish teach test lint install lab data smoke full clean-runs notebooks notebook-outputs tune robustness robustness-partitions robustness-budget robustness-224 robustness-designers robustness-epochs30 robustness-table robustness-power
 
 $(STAMP): pyproject.toml requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,9 +64,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 
-## the whole test suite: lint, unit tests and every notebook under nbval (CI-sized defaults)
+## the whole test suite: lint, unit tests and every notebook under nbval at CI size, its outputs compared with the
+## expected ones in tests/notebook_outputs/ (sanitize.cfg blanks times, paths and progress)
 test: $(STAMP) lint
-	$(BIN)/python -m pytest --nbval-lax --durations=25 tests notebooks
+	$(BIN)/python -m pytest --nbval --nbval-sanitize-with tests/notebook_outputs/sanitize.cfg --durations=25 tests
+
+## nbval's expected outputs: every notebook executed at CI size into tests/notebook_outputs/ (after editing one;
+## `make notebook-outputs NOTEBOOKS="10_crt"` for some)
+notebook-outputs: $(STAMP)
+	$(BIN)/python -m dmlstudy.experiments.notebooks expected $(NOTEBOOKS)
 
 smoke: $(STAMP)
 	$(BIN)/dmlstudy study run plans/smoke.yaml

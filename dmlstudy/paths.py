@@ -1,5 +1,5 @@
 """Where data, runs and a study's outputs live: ``<project>/data``, ``<project>/runs``, and the published
-study's ``<project>/figures`` and ``<project>/results``.
+study's ``<project>/figures`` and ``<project>/results``. Runs go elsewhere when ``$DMLSTUDY_RUNS`` names a folder.
 
 The project root is ``$DMLSTUDY_HOME`` if set, else the nearest folder at or above the working directory
 that holds this project's ``pyproject.toml`` (so notebooks executed from ``notebooks/`` share the data
@@ -38,7 +38,13 @@ def data_root() -> Path:
     return project_root() / "data"
 
 
+RUNS_VARIABLE = "DMLSTUDY_RUNS"  # another folder for runs/ (nbval's notebook kernels: a fresh one per test session)
+
+
 def runs_root() -> Path:
+    """``$DMLSTUDY_RUNS`` if set, else ``<project>/runs``."""
+    if os.environ.get(RUNS_VARIABLE):
+        return Path(os.environ[RUNS_VARIABLE]).resolve()
     return project_root() / "runs"
 
 

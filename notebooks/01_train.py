@@ -53,7 +53,7 @@ autocast: str = 'auto'  # precision: auto (bfloat16 on CUDA, float32 on CPU), bf
 study: str = 'notebook-01_train'  # runs are written to <runs_root>/<study>/<run folder>/ (see run_name)
 run_name: str = ''  # folder label, default <dataset>-<method>-seed<seed>; the config hash is appended
 dataset: str = 'synbirds'  # a registered dataset name (dmlstudy list datasets)
-method: str = 'ms'  # a registered method name (dmlstudy list methods)
+method: str = 'ms'  # a registered method name (dmlstudy list methods); default the baseline
 method_kwargs: dict = {}  # keyword arguments of the method (e.g. {"K1": 16})
 pretrained: bool = False  # timm's pretrained weights (Hugging Face cache; timm downloads them once when online)
 checkpoint_path: str = ''  # local backbone weights file, loaded after construction (relative: from the working directory, else the project root)
@@ -103,7 +103,7 @@ result = run(config)
 # plateau (or dip) while the loss keeps falling — that gap is what deep metric learning is about.
 
 # %%
-plots.training_curves(result.history, title=f"{config.method} on {config.dataset}")
+figure = plots.training_curves(result.history, title=f"{config.method} on {config.dataset}")
 # %% [markdown]
 # ## Recall@K
 #
@@ -111,7 +111,7 @@ plots.training_curves(result.history, title=f"{config.method} on {config.dataset
 # neighbours (cosine similarity; the query itself is excluded).
 
 # %%
-plots.recall_curve(result.metrics, title=f"{config.method} on {config.dataset}")
+figure = plots.recall_curve(result.metrics, title=f"{config.method} on {config.dataset}")
 # %% [markdown]
 # ## Queries and their top-5 retrievals
 #
@@ -120,7 +120,7 @@ plots.recall_curve(result.metrics, title=f"{config.method} on {config.dataset}")
 
 # %%
 evaluation = load_datasets(config)
-plots.retrieval_grid(
+figure = plots.retrieval_grid(
     evaluation["query"],
     result.embeddings["embeddings"],
     result.embeddings["labels"],
@@ -136,4 +136,4 @@ plots.retrieval_grid(
 # (a flatter spectrum), which Roth et al. relate to better generalisation to unseen classes.
 
 # %%
-plots.spectrum({config.method: result.embeddings["embeddings"]}, drop_first=0)
+figure = plots.spectrum({config.method: result.embeddings["embeddings"]}, drop_first=0)

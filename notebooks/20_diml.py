@@ -282,7 +282,7 @@ plots.save_and_show(figure, "diml_transport_plans", study=config.protocol.study)
 # their candidates. The cost grows linearly in $K$ and roughly with $G^4$ (a $G^2 \times G^2$ plan per
 # pair); timings are wall-clock on whatever machine runs the notebook (noisy on a shared one).
 
-# %%
+# %% tags=["nbval-ignore-output"]
 cost_sets = kit.evaluation_sets(example_run, grid_sizes=config.cost_grid_sizes)
 cost = pd.DataFrame(
     reranking.rerank_cost(

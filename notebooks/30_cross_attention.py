@@ -131,7 +131,7 @@ plots.save_and_show(figure, "cross_attention_hierarchy", study=config.protocol.s
 # original MS paper's BN-Inception result, its own row ResNet-50: the gap it reports (+8.9 R@1 on CUB) mixes
 # backbone and method; ours compares like with like.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 main_results, sentences = ablations.run_and_report(ca_study.DECLARED, "main", config)
 readings += sentences
 

@@ -217,7 +217,7 @@ readings += ablations.run_and_report(dgcrl.DECLARED, "decorrelation", config)[1]
 # from needing fewer epochs.
 #
 
-# %%
+# %% tags=["nbval-ignore-output"]
 if ablations.enabled(dgcrl.DECLARED, "losses", config):
     results = ablations.run_table(dgcrl.DECLARED, "losses", config)
     variants = ablations.grid(ablations.table_rows(dgcrl.DECLARED, "losses", config))

@@ -266,7 +266,7 @@ for kind, enabled in (("umap", config.umap), ("tsne", config.tsne)):
 # machine these vary with the load). The re-ranked MS row sits at the MS runs' training time: its cost
 # is at test time (the `rerank_seconds` column).
 
-# %%
+# %% tags=["nbval-ignore-output"]
 cost = tables.cost_table(frame)
 display(cost)
 write_table(cost, results_folder / "compare_cost")

@@ -21,6 +21,16 @@ CI-sized defaults, so the cell stays short and a plan's ``protocol: *protocol`` 
     python -m dmlstudy.experiments.notebooks build   # parameters cells from the configs, then every .ipynb
     python -m dmlstudy.experiments.notebooks check   # exit 1 naming every source or notebook out of date
     python -m dmlstudy.experiments.notebooks strip   # stdin → stdout: a notebook without outputs (git's filter)
+    python -m dmlstudy.experiments.notebooks expected [stem ...]   # execute at CI size → nbval's expected outputs
+
+**Expected outputs.** ``make test`` runs nbval in its comparing mode (``--nbval``) on
+``tests/notebook_outputs/<name>.ipynb``: each is a notebook as built here, executed at its CI-sized defaults
+under the study's pinned numerics with runs in an empty folder (:func:`execute_expected`), with its outputs kept as nbval's reference and
+images dropped (nbval compares a figure by its text, ``<Figure size … with n Axes>``, not by its pixels).
+``tests/notebook_outputs/sanitize.cfg`` blanks what may differ between two executions on any machine (times,
+paths, progress bars); every number a run computes is compared. :func:`out_of_date` names a copy whose cells
+differ from its notebook's, so an edited source without new expected outputs fails ``make test`` with the
+command that refreshes them (``make notebook-outputs``).
 
 Notebooks stay clean in git: ``.gitattributes`` sends ``notebooks/*.ipynb`` through the ``notebook-outputs``
 filter, whose clean step is :func:`strip` (``make install`` registers it in the clone's git config). A notebook
@@ -34,8 +44,11 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import os
 import re
+import shutil
 import sys
+import tempfile
 import typing
 from pathlib import Path
 
@@ -43,13 +56,25 @@ import jupytext
 import nbformat
 
 from dmlstudy.config import is_typed_config
-from dmlstudy.paths import project_root
+from dmlstudy.paths import RUNS_VARIABLE, project_root
 
 CI_SIZED: dict[str, dict[str, typing.Any]] = {  # a notebook's parameter values that differ from its config's defaults
     "00_datasets": {"knn_classes": 20, "knn_sizes": [32]},
     "01_train": {"epochs": 2, "train_classes": 16, "test_classes": 16, "steps_per_epoch": 6, "progress": False},
     "95_explore": {"study": ""},  # "": the published study when it has runs (explore.choose_study)
 }
+KERNEL_ENVIRONMENT = {"TQDM_DISABLE": "1"}  # a notebook kernel under nbval or making its expected outputs: no
+# progress bars, which show only while something is generated or trained (a fresh clone's first execution) and so
+# would change how many outputs a cell has; and its runs in a fresh folder (kernel_environment)
+
+
+def kernel_environment(runs: Path) -> dict[str, str]:
+    """The environment of a notebook kernel whose outputs are compared (nbval) or kept as the expected ones:
+    this process's, :data:`KERNEL_ENVIRONMENT`, and runs under ``runs`` (``$DMLSTUDY_RUNS``), an empty folder
+    per session, so that every notebook trains as on a fresh clone, whatever runs the project holds."""
+    return {**os.environ, **KERNEL_ENVIRONMENT, RUNS_VARIABLE: str(runs)}
+
+
 PARAMETERS_CELL = re.compile(r'^# %% tags=\["parameters"\]\n(?P<body>(?:(?!# %%).*\n)*?)(?=\n# %%|\Z)', re.MULTILINE)
 
 
@@ -169,6 +194,62 @@ def strip(text: str) -> str:
     return _clean_notebook(nbformat.reads(text, as_version=4).cells, where="notebook")
 
 
+def expected_folder() -> Path:
+    return project_root() / "tests" / "notebook_outputs"
+
+
+def _cell_key(cell) -> tuple:
+    return cell.cell_type, cell.source, tuple(cell.metadata.get("tags", [])), cell.get("id")
+
+
+def expected_copy(executed: nbformat.NotebookNode) -> str:
+    """The ``.ipynb`` text of ``executed`` as nbval's reference: the built cells with their outputs and execution
+    counts (nbval takes a cell without a count for one never run), images dropped (a figure keeps its
+    ``text/plain`` line) and execution metadata removed, so the file is small and changes only when an output does."""
+    notebook = nbformat.reads(_clean_notebook(executed.cells, where="executed notebook"), as_version=4)
+    for built, ran in zip(notebook.cells, executed.cells, strict=True):
+        if built.cell_type != "code":
+            continue
+        outputs = []
+        for output in ran.get("outputs", []):
+            output = nbformat.from_dict(dict(output))
+            if output.output_type != "stream":
+                output["metadata"] = {}
+            if "data" in output:
+                output["data"] = {key: value for key, value in output["data"].items() if not key.startswith("image/")}
+            outputs.append(output)
+        built["outputs"] = outputs
+        built["execution_count"] = ran.get("execution_count")
+    nbformat.validate(notebook)
+    return nbformat.writes(notebook) + "\n"
+
+
+def execute_expected(names: typing.Sequence[str] = (), *, timeout: int = 1800) -> list[Path]:
+    """Execute each built notebook (``names``: stems; default all) at its CI-sized defaults, from
+    :func:`expected_folder` as nbval does, and write its :func:`expected_copy` there; returns the files written."""
+    from jupyter_client import AsyncKernelManager
+    from nbclient import NotebookClient
+
+    from dmlstudy.study.executor import kernel_config
+
+    folder = expected_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    runs = Path(tempfile.mkdtemp(prefix="dmlstudy-notebook-outputs-")) / "runs"
+    try:
+        for stem in names or stems():
+            notebook = nbformat.reads(build((notebooks_folder() / f"{stem}.py").read_text()), as_version=4)
+            kernel = AsyncKernelManager(kernel_name="python3", config=kernel_config())
+            client = NotebookClient(notebook, km=kernel, timeout=timeout, resources={"metadata": {"path": str(folder)}})
+            client.execute(env=kernel_environment(runs))
+            path = folder / f"{stem}.ipynb"
+            path.write_text(expected_copy(notebook))
+            written.append(path)
+    finally:
+        shutil.rmtree(runs.parent, ignore_errors=True)
+    return written
+
+
 def stems(folder: Path | None = None) -> list[str]:
     return sorted(path.stem for path in (folder or notebooks_folder()).glob("*.py"))
 
@@ -189,6 +270,25 @@ def out_of_date(folder: Path | None = None) -> list[str]:
             problems.append(f"notebooks/{stem}.ipynb: differs from notebooks/{stem}.py (run `make notebooks`)")
     orphans = sorted({path.stem for path in folder.glob("*.ipynb")} - set(stems(folder)))
     problems += [f"notebooks/{stem}.ipynb: has no source notebooks/{stem}.py" for stem in orphans]
+    if folder == notebooks_folder():
+        problems += expected_out_of_date()
+    return problems
+
+
+def expected_out_of_date() -> list[str]:
+    """Every notebook whose expected outputs are missing or were executed from other cells than its source
+    builds now, as readable lines."""
+    problems = []
+    for stem in stems():
+        path = expected_folder() / f"{stem}.ipynb"
+        built = nbformat.reads(build((notebooks_folder() / f"{stem}.py").read_text()), as_version=4)
+        if not path.is_file():
+            problems.append(f"tests/notebook_outputs/{stem}.ipynb: missing (run `make notebook-outputs`)")
+        elif [_cell_key(c) for c in nbformat.read(path, as_version=4).cells] != [_cell_key(c) for c in built.cells]:
+            problems.append(
+                f"tests/notebook_outputs/{stem}.ipynb: executed from other cells than notebooks/{stem}.py "
+                "(run `make notebook-outputs`)"
+            )
     return problems
 
 
@@ -214,8 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dmlstudy.experiments.notebooks", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("command", choices=["build", "check", "strip"])
+    parser.add_argument("command", choices=["build", "check", "strip", "expected"])
+    parser.add_argument("stems", nargs="*", help="expected: the notebooks to execute (default: all)")
     args = parser.parse_args(argv)
+    if args.command == "expected":
+        for path in execute_expected(args.stems):
+            print("wrote", path.relative_to(project_root()))
+        return 0
     if args.command == "strip":
         sys.stdout.write(strip(sys.stdin.read()))
         return 0
