@@ -5,11 +5,16 @@ the bar closes, only hides it: the cell's saved output still holds a widget view
 kernel is, so a notebook saved and opened again shows "Error displaying widget: model not found" for every bar
 that was ever shown. :func:`transient_bar` draws the same widget while the work runs and, when it ends, replaces
 its output by an empty one; a bar that ends early (an error, an interrupt) stays, red, to show where it stopped.
+
+Every bar of the package passes its ``disable`` through :func:`disabled`, so tqdm's own ``TQDM_DISABLE`` turns all of
+them off, also those that set ``disable`` themselves (tqdm reads the variable only for bars that do not): the
+notebook kernels under nbval run so, their outputs compared with kept ones.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any
 
@@ -23,9 +28,18 @@ def _in_notebook_kernel() -> bool:
     return notebook is not None and issubclass(auto_tqdm, notebook.tqdm_notebook)
 
 
+DISABLE_VARIABLE = "TQDM_DISABLE"  # tqdm's switch for every bar
+
+
+def disabled(disable: bool | None) -> bool | None:
+    """A bar's ``disable``: True when ``$TQDM_DISABLE`` says so (1, true, yes), else ``disable`` as given."""
+    return True if os.environ.get(DISABLE_VARIABLE, "").strip().lower() in {"1", "true", "yes"} else disable
+
+
 def transient_bar(*args: Any, **kwargs: Any):
     """``tqdm.auto.tqdm(*args, leave=False, **kwargs)`` whose notebook widget leaves no output once it completes."""
     kwargs["leave"] = False
+    kwargs["disable"] = disabled(kwargs.get("disable", False))
     if not _in_notebook_kernel():
         return auto_tqdm(*args, **kwargs)
     return _transient_notebook_bar_class()(*args, **kwargs)

@@ -282,3 +282,14 @@ def test_make_studys_caching_step_asks_for_the_stem_bar_in_a_log_too(monkeypatch
     lines = plan_inputs.prepare_stem_caches({"toy (imagenet, 64 px)": config}, echo=lambda *args, **kwargs: None)
     assert asked == [True] and config.progress is False
     assert lines[0].startswith("toy (imagenet, 64 px): the frozen stem's activations") and "cached in" in lines[0]
+
+
+def test_tqdms_own_switch_turns_off_every_bar_of_the_package_also_one_that_sets_disable(monkeypatch):
+    from dmlstudy.progress_bars import DISABLE_VARIABLE, disabled, transient_bar
+
+    monkeypatch.delenv(DISABLE_VARIABLE, raising=False)
+    assert disabled(False) is False and disabled(None) is None
+    assert transient_bar(range(3), disable=False).disable is False
+    monkeypatch.setenv(DISABLE_VARIABLE, "1")
+    assert disabled(False) is True and disabled(None) is True
+    assert transient_bar(range(3), disable=False).disable is True

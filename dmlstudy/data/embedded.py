@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from dmlstudy.data.base import DatasetLayoutError, ImageListDataset, register_dataset
 from dmlstudy.data.cub import read_cub
+from dmlstudy.progress_bars import disabled
 
 MARKER = "GENERATED.json"
 PARTIAL_TAG = ".partial-"
@@ -178,7 +179,7 @@ def parallel_map(
     runs in this process.
     ``progress``: the description of a tqdm bar over the items (none when empty).
     """
-    with tqdm(total=len(items), desc=progress, unit="item", disable=not progress) as bar:
+    with tqdm(total=len(items), desc=progress, unit="item", disable=disabled(not progress)) as bar:
         if workers <= 1 or len(items) <= chunksize:
             results = []
             for item in items:

@@ -43,6 +43,7 @@ from dmlstudy.data.cars import CARS_LAYOUT
 from dmlstudy.data.cub import CUB_DIR, CUB_LAYOUT
 from dmlstudy.data.inshop import INSHOP_LAYOUT
 from dmlstudy.data.sop import SOP_DIR, SOP_LAYOUT
+from dmlstudy.progress_bars import disabled
 
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 60.0  # per socket operation, not for the whole transfer
@@ -213,7 +214,7 @@ def download(url: str, target: Path, *, md5: str, progress: bool = True, timeout
                     unit_scale=True,
                     unit_divisor=1024,
                     desc=target.name,
-                    disable=not progress,
+                    disable=disabled(not progress),
                 ) as bar,
             ):
                 try:

@@ -41,6 +41,7 @@ from dmlstudy import numerics
 from dmlstudy.data.batch_transforms import augment_batch, evaluation_crop, normalize_batch
 from dmlstudy.data.tensor_cache import BatchAugmentedTrain, EvaluationImages, TensorImageSplit
 from dmlstudy.models.backbones import Backbone
+from dmlstudy.progress_bars import disabled
 from dmlstudy.records import write_bytes_atomically
 
 CACHE_FORMAT = 1
@@ -334,7 +335,10 @@ def stem_activation_split(
     blocking = False
     described = f"stem activations of {split.name or 'a split'} ({training_views} training views + the test view)"
     with tqdm(
-        total=len(split) * len(views), desc=described, unit="image", disable=None if progress is None else not progress
+        total=len(split) * len(views),
+        desc=described,
+        unit="image",
+        disable=disabled(None if progress is None else not progress),
     ) as bar:
         while pending:
             waiting = []

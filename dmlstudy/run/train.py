@@ -41,7 +41,7 @@ from dmlstudy import distributed, numerics
 from dmlstudy.data import ClassBalancedBatchSampler
 from dmlstudy.methods import EVAL_BATCH_SIZE, Method
 from dmlstudy.paths import runs_root
-from dmlstudy.progress_bars import transient_bar
+from dmlstudy.progress_bars import disabled, transient_bar
 from dmlstudy.records import (
     environment_info,
     save_torch,
@@ -470,7 +470,7 @@ def _train_epochs(training: _Training) -> None:
     epochs = tqdm(
         range(training.start_epoch, plan.epochs),
         desc=plan.run_name,
-        disable=not plan.shows_progress,
+        disable=disabled(not plan.shows_progress),
         initial=training.start_epoch,
         total=plan.epochs,
     )

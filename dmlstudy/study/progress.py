@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlstudy.paths import project_root, runs_root
+from dmlstudy.progress_bars import disabled
 from dmlstudy.run.identity import is_complete
 
 
@@ -178,7 +179,7 @@ class PlanProgress:
             desc="runs, ended/known (more as notebooks submit)",
             unit="run",
             bar_format="{desc}: {n_fmt}/{total_fmt} |{bar:16}| {elapsed}{postfix}",
-            disable=not enabled,
+            disable=disabled(not enabled),
             dynamic_ncols=True,
         )
         self._stop, self._lock = threading.Event(), threading.Lock()
