@@ -6,7 +6,7 @@ without encryption". Here nbval's kernel manager gets the study runner's setting
 CurveZMQ keys, ``transport_encryption='auto'``), so notebook kernels are set up the same way under nbval as under
 ``dmlstudy study run``, and the warning is not logged. Its kernels also get
 :func:`dmlstudy.experiments.notebooks.kernel_environment`, as the expected outputs they are compared with did: no
-progress bars, and runs in an empty folder of this session, whatever runs the project holds.
+progress bars, and runs in an empty folder of this test run, whatever runs the project holds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def pytest_configure(config) -> None:
     from dmlstudy.experiments.notebooks import kernel_environment
     from dmlstudy.study.executor import kernel_config
 
-    runs = Path(tempfile.mkdtemp(prefix="dmlstudy-nbval-")) / "runs"  # one per session: notebooks share it, in order
+    runs = Path(tempfile.mkdtemp(prefix="dmlstudy-nbval-")) / "runs"  # one per test run: notebooks share it, in order
     config.add_cleanup(partial(shutil.rmtree, runs.parent, ignore_errors=True))
 
     class NotebookKernelManager(kernel.KernelManager):

@@ -38,7 +38,7 @@ def data_root() -> Path:
     return project_root() / "data"
 
 
-RUNS_VARIABLE = "DMLSTUDY_RUNS"  # another folder for runs/ (nbval's notebook kernels: a fresh one per test session)
+RUNS_VARIABLE = "DMLSTUDY_RUNS"  # another folder for runs/ (nbval's notebook kernels: a fresh one per test run)
 
 
 def runs_root() -> Path:

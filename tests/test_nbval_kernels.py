@@ -39,4 +39,4 @@ def test_nbval_kernels_get_the_environment_their_expected_outputs_were_made_in()
     environment = ast.literal_eval("".join(printed))
     runs = environment.pop(RUNS_VARIABLE)
     assert environment == KERNEL_ENVIRONMENT
-    assert runs and not Path(runs).is_relative_to(project_root())  # a folder of this session, not the project's runs/
+    assert runs and not Path(runs).is_relative_to(project_root())  # a folder of this test run, not the project's runs/

@@ -71,7 +71,7 @@ KERNEL_ENVIRONMENT = {"TQDM_DISABLE": "1"}  # a notebook kernel under nbval or m
 def kernel_environment(runs: Path) -> dict[str, str]:
     """The environment of a notebook kernel whose outputs are compared (nbval) or kept as the expected ones:
     this process's, :data:`KERNEL_ENVIRONMENT`, and runs under ``runs`` (``$DMLSTUDY_RUNS``), an empty folder
-    per session, so that every notebook trains as on a fresh clone, whatever runs the project holds."""
+    per test run, so that every notebook trains as on a fresh clone, whatever runs the project holds."""
     return {**os.environ, **KERNEL_ENVIRONMENT, RUNS_VARIABLE: str(runs)}
 
 
