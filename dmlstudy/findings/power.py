@@ -62,10 +62,29 @@ DECLARED_FROM = (  # the cells that had run when the simulation was declared: th
 )
 
 
+DECLARED_ON = "cpu_a"  # the folder, inside a column's results, of the rows the simulation was declared from
+
+
+def declared_rows() -> pd.DataFrame:
+    """The per-seed rows of the columns that were run again under the pinned numerics after the simulation was
+    declared (docs/protocol.md, third amendment): the rows it read then, kept in ``results/<study>/cpu_a/``."""
+    rows = rb.collect_per_seed(outputs=lambda study: study_outputs(study, "results") / DECLARED_ON)
+    return rows.assign(numerics=rb.CPU_A) if len(rows) else rows
+
+
 def as_declared(per_seed: pd.DataFrame) -> pd.DataFrame:
-    """The per-seed rows of :data:`DECLARED_FROM` alone, so that the committed simulation recomputes the same once
-    the later columns' rows join the per-seed table (they take the default's sd, as when it was declared)."""
-    return per_seed[per_seed["perturbation"].isin(DECLARED_FROM)] if len(per_seed) else per_seed
+    """The per-seed rows of :data:`DECLARED_FROM` alone, as they were when the simulation was declared, so that the
+    committed simulation recomputes the same once the later columns' rows join the per-seed table (they take the
+    default's sd, as when it was declared) and once a column is run again (its earlier rows, :func:`declared_rows`,
+    stand in for the new ones)."""
+    if not len(per_seed):
+        return per_seed
+    kept = per_seed[per_seed["perturbation"].isin(DECLARED_FROM)]
+    earlier = declared_rows()
+    if not len(earlier):
+        return kept
+    kept = kept[~kept["perturbation"].isin(earlier["perturbation"].unique())]
+    return pd.concat([kept, earlier[[c for c in kept.columns if c in earlier.columns]]], ignore_index=True)
 
 
 def _scenarios() -> list[tuple[str, float, str, dict[str, float]]]:
