@@ -103,7 +103,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         independent=False,
         numerics=f"mixed: partition 0 (the default runs) {PINNED}, partitions 1 and 2 on {CPU_C}",
     ),
-    Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds", numerics=CPU_A),
+    Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds", numerics=PINNED),
     Perturbation("30 epochs, no early stopping", "robust_epochs30", "emoji", "seeds", numerics=PINNED),
     Perturbation("224 px", "robust_224", "emoji224", "seeds"),
     Perturbation("unseen designers", "robust_designers", "emoji_designers", "seeds", numerics=CPU_A),
