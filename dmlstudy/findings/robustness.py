@@ -106,7 +106,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
     Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds", numerics=PINNED),
     Perturbation("30 epochs, no early stopping", "robust_epochs30", "emoji", "seeds", numerics=PINNED),
     Perturbation("224 px", "robust_224", "emoji224", "seeds"),
-    Perturbation("unseen designers", "robust_designers", "emoji_designers", "seeds", numerics=CPU_A),
+    Perturbation("unseen designers", "robust_designers", "emoji_designers", "seeds", numerics=PINNED),
     Perturbation(
         RELATIVES_OUT,
         "",
