@@ -303,3 +303,37 @@ def test_the_committed_label_simulation_keeps_the_declared_bound():
     assert set(amended["columns"]) == {"default alone", "run so far", "all declared"}
     labelled = amended[amended["columns"] != "default alone"]  # one look alone is the scale: about 5 %
     assert (labelled["robust with a direction"] <= robustness.FALSE_ROBUST_BOUND).all()
+
+
+def test_reruns_replace_the_rows_of_their_runs_only():
+    first = per_seed("partition 1", "emoji_p1", [50.0, 51.0], [40.0, 41.0]).drop(columns="perturbation")
+    again = pd.DataFrame(
+        [
+            {"regime": "imagenet", "dataset": "emoji_p1", "row": "a", "seed": 1, "R@1": 52.5, "numerics": "pinned"},
+            {"regime": "imagenet", "dataset": "emoji_p2", "row": "a", "seed": 0, "R@1": 99.0, "numerics": "pinned"},
+        ]
+    )
+    merged = robustness.with_reruns(first, again).set_index(["row", "seed"])
+    assert len(merged) == 4
+    assert merged.loc[("a", 1), "R@1"] == 52.5 and merged.loc[("a", 1), "numerics"] == "pinned"
+    assert merged.loc[("a", 0), "R@1"] == 50.0 and merged.loc[("b", 1), "R@1"] == 41.0
+    assert robustness.with_reruns(first, again[again["dataset"] == "emoji_p2"]).equals(first)
+
+
+def test_the_committed_per_seed_table_is_the_columns_tables_with_their_reruns():
+    """``results/robustness/runs_per_seed.csv`` holds each column's committed rows, a partition's runs trained again
+    (docs/protocol.md, fourth amendment) in place of their first rows: no row is edited by hand."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "results" / "robustness"
+    committed = pd.read_csv(folder / robustness.PER_SEED)
+    relatives = committed[committed["perturbation"] == RELATIVES_OUT].drop(columns="perturbation")
+    collected = robustness.collect_per_seed(relatives)
+    keys = ["perturbation", "regime", "dataset", "row", "seed"]
+    mine = committed.sort_values(keys).reset_index(drop=True)
+    theirs = collected.sort_values(keys).reset_index(drop=True)
+    assert mine[keys].equals(theirs[keys])
+    assert np.array_equal(mine["R@1"].to_numpy(), theirs["R@1"].to_numpy())
+    reruns = pd.read_csv(folder.parent / robustness.PARTITION_RERUNS / robustness.PER_SEED)
+    partitions = mine[mine["perturbation"].isin(["partition 1", "partition 2"])].merge(reruns, on=keys[1:])
+    assert len(partitions) == len(reruns) and (partitions["R@1_x"] == partitions["R@1_y"]).all()

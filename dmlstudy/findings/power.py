@@ -66,10 +66,16 @@ DECLARED_ON = "cpu_a"  # the folder, inside a column's results, of the rows the 
 
 
 def declared_rows() -> pd.DataFrame:
-    """The per-seed rows of the columns that were run again under the pinned numerics after the simulation was
-    declared (docs/protocol.md, third amendment): the rows it read then, kept in ``results/<study>/cpu_a/``."""
-    rows = rb.collect_per_seed(outputs=lambda study: study_outputs(study, "results") / DECLARED_ON)
-    return rows.assign(numerics=rb.CPU_A) if len(rows) else rows
+    """The per-seed rows of the columns whose runs were trained again under the pinned numerics after the
+    simulation was declared, as it read them then: the CPU-A columns' rows kept in ``results/<study>/cpu_a/``
+    (docs/protocol.md, third amendment) and the partitions' rows as they ran (fourth amendment)."""
+    earlier = rb.collect_per_seed(outputs=lambda study: study_outputs(study, "results") / DECLARED_ON, reruns=False)
+    earlier = earlier.assign(numerics=rb.CPU_A) if len(earlier) else earlier
+    again = [p.name for p in rb.PERTURBATIONS if p.reruns]
+    as_run = rb.collect_per_seed(reruns=False) if again else pd.DataFrame()
+    as_run = as_run[as_run["perturbation"].isin(again)] if len(as_run) else as_run
+    frames = [frame for frame in (earlier, as_run) if len(frame)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def as_declared(per_seed: pd.DataFrame) -> pd.DataFrame:

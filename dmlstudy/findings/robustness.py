@@ -43,7 +43,7 @@ import pandas as pd
 from dmlstudy import verdicts
 from dmlstudy.findings import across_columns
 from dmlstudy.findings.claims import Claim, load_claims
-from dmlstudy.paths import study_outputs
+from dmlstudy.paths import project_root, study_outputs
 
 REGIME = "imagenet"
 PER_SEED = "runs_per_seed.csv"
@@ -66,14 +66,17 @@ class Perturbation:
     reading: str = ""  # the reading its runs belong to, where cells share runs (the label counts a reading once)
     independent: bool = True  # runs of its own: a column of the every-column and across-columns readings
     numerics: str = ""  # the CPU kind of its runs ("": not run yet)
+    reruns: str = ""  # a folder of results/ whose per-seed rows (the same runs trained again) replace its rows
 
 
 DEFAULT_RUNS, PARTITION_RUNS = "default runs", "class partitions"
 CPU_A, CPU_C = "CPU-A (AVX-512)", "CPU-C (AVX2 only)"  # the machine kinds of docs/time.md
 PINNED = "pinned-avx2"  # the study's pinned numerics (dmlstudy.numerics), the same digits on every such CPU
-PARTITIONS_NUMERICS = (  # three partition runs trained again pinned (results/rerun_partitions_pinned/)
-    f"{CPU_C}; run again pinned, MS and CRT give the same digits, cross-attention does not (R@1 +0.22)"
+PARTITIONS_NUMERICS = (  # docs/protocol.md, fourth amendment to the robustness study
+    f"{PINNED}: cross-attention's runs trained again pinned; the other rows as {CPU_C} computed them natively, "
+    "equal to the pinned digits in every row checked"
 )
+PARTITION_RERUNS = "rerun_partitions_pinned"  # the partitions' runs trained again pinned (benchmarks/rerun_runs.py)
 PERTURBATIONS: tuple[Perturbation, ...] = (
     Perturbation("default", "default", "emoji", "seeds", reading=DEFAULT_RUNS, numerics=PINNED),
     Perturbation(
@@ -84,6 +87,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         False,
         PARTITION_RUNS,
         numerics=PARTITIONS_NUMERICS,
+        reruns=PARTITION_RERUNS,
     ),
     Perturbation(
         "partition 2",
@@ -93,6 +97,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         False,
         PARTITION_RUNS,
         numerics=PARTITIONS_NUMERICS,
+        reruns=PARTITION_RERUNS,
     ),
     Perturbation(
         POOLED,
@@ -101,7 +106,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         "seeds + partitions + tuning",
         reading=PARTITION_RUNS,
         independent=False,
-        numerics=f"mixed: partition 0 (the default runs) {PINNED}, partitions 1 and 2 on {CPU_C}",
+        numerics=f"{PINNED}: partition 0 the default runs, partitions 1 and 2 as their cells say",
     ),
     Perturbation(SCHEDULE, "robust_budget", "emoji", "seeds", numerics=PINNED),
     Perturbation("30 epochs, no early stopping", "robust_epochs30", "emoji", "seeds", numerics=PINNED),
@@ -139,11 +144,29 @@ def headline_claims() -> tuple[Claim, ...]:
 # ----------------------------------------------------------------------------------------------
 # The per-seed table
 # ----------------------------------------------------------------------------------------------
+RUN_KEYS = ["regime", "dataset", "row", "seed"]
+
+
+def with_reruns(frame: pd.DataFrame, reruns: pd.DataFrame) -> pd.DataFrame:
+    """A column's per-seed rows with those of its runs trained again (the same ``regime, dataset, row, seed``)
+    replaced by the reruns' rows; reruns of other datasets are ignored."""
+    reruns = reruns[reruns["dataset"].isin(frame["dataset"].unique())]
+    if reruns.empty:
+        return frame
+    again = pd.MultiIndex.from_frame(frame[RUN_KEYS]).isin(pd.MultiIndex.from_frame(reruns[RUN_KEYS]))
+    return pd.concat([frame[~again], reruns[[c for c in reruns.columns if c in frame.columns or c == "numerics"]]])
+
+
 def collect_per_seed(
-    relatives: pd.DataFrame | None = None, *, outputs: Callable[[str], Path] | None = None
+    relatives: pd.DataFrame | None = None,
+    *,
+    outputs: Callable[[str], Path] | None = None,
+    reruns: bool = True,
 ) -> pd.DataFrame:
     """Every column's per-seed rows (``regime, dataset, row, seed, R@1, …``) with a ``perturbation`` column:
-    each study's ``runs_per_seed.csv`` (those not run yet are missing) and the relatives-out rows."""
+    each study's ``runs_per_seed.csv`` (those not run yet are missing), with the rows of a column's runs trained
+    again (:attr:`Perturbation.reruns`, docs/protocol.md, fourth amendment) in place of the first ones unless
+    ``reruns`` is False, and the relatives-out rows."""
     outputs = outputs or (lambda study: study_outputs(study, "results"))
     frames = []
     for perturbation in PERTURBATIONS:
@@ -154,6 +177,8 @@ def collect_per_seed(
             continue
         frame = pd.read_csv(path)
         frame = frame[(frame["dataset"] == perturbation.dataset) & (frame["regime"] == REGIME)]
+        if reruns and perturbation.reruns:
+            frame = with_reruns(frame, pd.read_csv(project_root() / "results" / perturbation.reruns / PER_SEED))
         frames.append(frame.assign(perturbation=perturbation.name))
     if relatives is not None and len(relatives):
         frames.append(relatives.assign(perturbation=RELATIVES_OUT))
