@@ -67,6 +67,7 @@ class Perturbation:
     independent: bool = True  # runs of its own: a column of the every-column and across-columns readings
     numerics: str = ""  # the CPU kind of its runs ("": not run yet)
     reruns: str = ""  # a folder of results/ whose per-seed rows (the same runs trained again) replace its rows
+    row_numerics: str = ""  # the tag of its per-seed rows that do not record theirs ("": :attr:`numerics`)
 
 
 DEFAULT_RUNS, PARTITION_RUNS = "default runs", "class partitions"
@@ -88,6 +89,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         PARTITION_RUNS,
         numerics=PARTITIONS_NUMERICS,
         reruns=PARTITION_RERUNS,
+        row_numerics=CPU_C,
     ),
     Perturbation(
         "partition 2",
@@ -98,6 +100,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         PARTITION_RUNS,
         numerics=PARTITIONS_NUMERICS,
         reruns=PARTITION_RERUNS,
+        row_numerics=CPU_C,
     ),
     Perturbation(
         POOLED,
@@ -120,6 +123,7 @@ PERTURBATIONS: tuple[Perturbation, ...] = (
         reading=DEFAULT_RUNS,
         independent=False,
         numerics=f"{PINNED} (the default runs)",
+        row_numerics=PINNED,
     ),
 )
 PARTITIONS = ("default", "partition 1", "partition 2")  # the columns the pooled reading pools
@@ -184,7 +188,7 @@ def collect_per_seed(
         frames.append(relatives.assign(perturbation=RELATIVES_OUT))
     per_seed = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if frames:  # rows of tables made before runs recorded their numerics: the machine their column ran on
-        declared = per_seed["perturbation"].map({p.name: p.numerics for p in PERTURBATIONS})
+        declared = per_seed["perturbation"].map({p.name: p.row_numerics or p.numerics for p in PERTURBATIONS})
         per_seed["numerics"] = per_seed.get("numerics", pd.Series(index=per_seed.index, dtype=object)).fillna(declared)
     return per_seed[["perturbation", *[c for c in per_seed.columns if c != "perturbation"]]] if frames else per_seed
 
