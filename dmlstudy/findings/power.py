@@ -70,7 +70,6 @@ def declared_rows() -> pd.DataFrame:
     simulation was declared, as it read them then: the CPU-A columns' rows kept in ``results/<study>/cpu_a/``
     (docs/protocol.md, third amendment) and the partitions' rows as they ran (fourth amendment)."""
     earlier = rb.collect_per_seed(outputs=lambda study: study_outputs(study, "results") / DECLARED_ON, reruns=False)
-    earlier = earlier.assign(numerics=rb.CPU_A) if len(earlier) else earlier
     again = [p.name for p in rb.PERTURBATIONS if p.reruns]
     as_run = rb.collect_per_seed(reruns=False) if again else pd.DataFrame()
     as_run = as_run[as_run["perturbation"].isin(again)] if len(as_run) else as_run
